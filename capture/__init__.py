@@ -1,0 +1,3 @@
+"""Capture: logical replication (pgoutput) into durable, compacted changelog streams."""
+
+__all__: list[str] = []

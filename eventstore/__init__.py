@@ -1,0 +1,3 @@
+"""Event store: an append-only PostgreSQL log of domain events with a gap-free global order."""
+
+__all__: list[str] = []

