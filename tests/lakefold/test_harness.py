@@ -20,7 +20,7 @@ def test_redis_is_real_and_empty(redis_url: str) -> None:
     client.close()
 
 
-def test_spark_runs_python_workers(spark) -> None:  # type: ignore[no-untyped-def]
+def test_spark_runs_python_workers(spark) -> None:
     rows = spark.range(100).selectExpr("sum(id) AS s").collect()
     assert rows[0]["s"] == 4950
     assert spark.sparkContext.parallelize(range(10), 2).map(lambda x: x * 2).sum() == 90
