@@ -33,7 +33,17 @@ _EXPORTS: dict[str, str] = {
     "spark_session": "lakefold.spark",
 }
 
-__all__ = sorted(_EXPORTS)
+__all__ = [
+    "ConfigurationError",
+    "LakefoldError",
+    "LocalPostgres",
+    "LocalRedis",
+    "Settings",
+    "TerminalError",
+    "TransientError",
+    "load_settings",
+    "spark_session",
+]
 
 
 def __getattr__(name: str) -> Any:

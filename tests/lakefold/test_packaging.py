@@ -25,7 +25,9 @@ def test_editable_install_maps_top_level_folders() -> None:
     for name in PACKAGES:
         assert Path(files[name]) == REPO / name / "__init__.py"
     assert Path(files["lakefold"]) == REPO / "lakefold" / "__init__.py"
-    assert sorted(lakefold.__all__) == lakefold.__all__
+    assert set(lakefold.__all__) == set(lakefold._EXPORTS)
+    for name in lakefold.__all__:
+        assert getattr(lakefold, name) is not None
 
 
 @pytest.mark.timeout(240)
