@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
@@ -36,6 +37,10 @@ def spark_session(
     """
     from pyspark.sql import SparkSession
 
+    # PySpark takes the workers' interpreter from PYSPARK_PYTHON only (the spark.pyspark.python
+    # conf is ignored by SparkContext), defaulting to `python3` on PATH, which is not this venv
+    # and cannot import lakefold's sources and sinks.
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     builder = SparkSession.builder.master(master or "local[*]").appName(app_name)
     settings = {**DEFAULT_CONF, "spark.pyspark.python": sys.executable,
                 "spark.pyspark.driver.python": sys.executable, **(conf or {})}

@@ -11,3 +11,20 @@ class SparkLayerError(TerminalError):
 
 class DeltaCommitConflict(TransientError):
     """Another writer committed to the Delta table first; retry the batch."""
+
+
+class SchemaMergeError(SparkLayerError):
+    """A batch's schema cannot be merged into the Delta table's; nothing was committed."""
+
+
+class NotADeltaTableError(SparkLayerError):
+    """A path that should hold a Delta table does not."""
+
+
+class UnknownTableError(SparkLayerError):
+    """A query names a table the catalog does not know."""
+
+
+class QueryError(SparkLayerError):
+    """A query could not be parsed or analysed; the message is the engine's, without a JVM
+    stack trace."""

@@ -1,0 +1,131 @@
+"""Reading a Delta table into Spark without delta-spark: the delta-rs snapshot picks the files.
+
+The JVM Delta reader is not available (no Maven), so the snapshot's file list (delta-rs) goes to
+Spark's own Parquet reader with ``basePath`` set to the table root, so that Hive-style partition
+directories become columns, and with the table's schema given explicitly, so that partition
+columns keep their Delta types and columns missing from older files read as null.
+
+Partition pruning happens twice: ``partition_filters`` prune the file list from the Delta log
+before Spark sees it, and filters on partition columns in the query become Spark
+``PartitionFilters`` that skip the remaining files of other partitions.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import pyarrow as pa
+from deltalake import DeltaTable
+from deltalake.exceptions import DeltaError
+
+from lakefold.spark._delta_commit import require_table
+from lakefold.spark._delta_target import normalize_table_uri
+from lakefold.spark.exceptions import SparkLayerError
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+
+# (column, op, value) as delta-rs takes them: op in =, !=, <, <=, >, >=, in, not in.
+PartitionFilter = tuple[str, str, Any]
+# Tuple filters (a conjunction), or a SQL predicate string such as "region = 'eu'".
+FileFilter = Sequence[PartitionFilter] | str
+
+# Reader features lakefold's file-list reader handles; anything else would silently misread.
+_READABLE_FEATURES = {"timestampNtz"}
+
+
+@dataclass(frozen=True)
+class DeltaSnapshot:
+    """The files and schema of one version of a table, as a reader needs them."""
+
+    uri: str
+    version: int
+    schema: pa.Schema
+    partition_by: tuple[str, ...]
+    files: tuple[str, ...]
+
+
+def load_snapshot(path: str, *, version: int | None = None, as_of: dt.datetime | None = None,
+                  partition_filters: FileFilter | None = None) -> DeltaSnapshot:
+    """The snapshot at the latest version, at ``version``, or as of a timestamp.
+
+    Raises NotADeltaTableError for a path without a Delta table, SparkLayerError for a version
+    that does not exist (or was vacuumed) and for tables that need a reader feature this reader
+    does not implement (deletion vectors, column mapping).
+    """
+    uri = normalize_table_uri(path)
+    table = require_table(uri)
+    try:
+        if version is not None:
+            table.load_as_version(version)
+        elif as_of is not None:
+            table.load_as_version(as_of)
+    except (DeltaError, ValueError, OSError) as e:
+        raise SparkLayerError(
+            f"cannot load {uri} at {version if version is not None else as_of}: {e}; "
+            f"the table's versions are listed by `DeltaTable(path).history()`"
+        ) from e
+    features = set(table.protocol().reader_features or [])
+    unsupported = features - _READABLE_FEATURES
+    if unsupported:
+        raise SparkLayerError(
+            f"{uri} uses Delta reader feature(s) {sorted(unsupported)} that lakefold's reader "
+            "does not support; read it with delta-spark, or rewrite it without them"
+        )
+    try:
+        if not partition_filters:
+            files = table.file_uris()
+        elif isinstance(partition_filters, str):
+            files = table.file_uris(file_pruning_predicate=partition_filters)
+        else:
+            files = table.file_uris(file_pruning_predicate=list(partition_filters))
+    except (DeltaError, ValueError) as e:
+        raise SparkLayerError(f"bad partition filter {partition_filters!r} for {uri}: {e}") from e
+    return DeltaSnapshot(
+        uri=uri,
+        version=table.version(),
+        schema=pa.schema(table.schema().to_arrow()),
+        partition_by=tuple(table.metadata().partition_columns),
+        files=tuple(files),
+    )
+
+
+def spark_schema_of(schema: pa.Schema) -> Any:
+    """The Spark StructType for a Delta table's Arrow schema."""
+    from pyspark.sql.pandas.types import from_arrow_schema
+
+    return from_arrow_schema(schema, prefer_timestamp_ntz=True)
+
+
+def read_delta(spark: SparkSession, path: str, *, version: int | None = None,
+               as_of: dt.datetime | None = None,
+               partition_filters: FileFilter | None = None) -> DataFrame:
+    """The table (at the latest version, ``version``, or ``as_of``) as a Spark DataFrame.
+
+    The DataFrame reads exactly the files of that snapshot: later commits, and files that were
+    written but never committed, are invisible to it. ``partition_filters`` (tuples, or a SQL
+    predicate) prune the file list with the log's partition values and column statistics; they
+    select files, not rows, so filter the DataFrame too for an exact result.
+    """
+    snapshot = load_snapshot(path, version=version, as_of=as_of,
+                             partition_filters=partition_filters)
+    return snapshot_dataframe(spark, snapshot)
+
+
+def snapshot_dataframe(spark: SparkSession, snapshot: DeltaSnapshot) -> DataFrame:
+    """A Spark DataFrame over the snapshot's files (empty, with the schema, when none)."""
+    schema = spark_schema_of(snapshot.schema)
+    if not snapshot.files:
+        return spark.createDataFrame([], schema)
+    reader = spark.read.schema(schema).option("basePath", snapshot.uri)
+    frame = reader.parquet(*snapshot.files)
+    # Spark appends partition columns at the end; keep the table's column order.
+    return frame.select(*[f"`{name.replace('`', '``')}`" for name in snapshot.schema.names])
+
+
+def table_version(path: str) -> int:
+    """The latest version of the Delta table at ``path``."""
+    return DeltaTable(normalize_table_uri(path)).version()
