@@ -1,0 +1,300 @@
+"""Values that describe a projection: its sources, its target, its options, and the record that
+fold handlers receive.
+
+All of them are frozen dataclasses: a projection definition is data that the registry validates
+once, the runner ships to Spark's Python workers (so every value here pickles), and the catalog
+fingerprints.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, Literal
+
+from lakefold.projections.exceptions import (
+    IncompatibleTargetError,
+    MissingKeyError,
+    ProjectionDefinitionError,
+)
+
+NAME_PATTERN = re.compile(r"^[a-z][a-z0-9_]{0,62}$")
+#: Columns the runner adds to, or reads from, every projection's output.
+POSITION_COLUMN = "_position"
+DELETED_COLUMN = "_deleted"
+TIMESTAMP_COLUMN = "_ts"
+
+
+def check_name(kind: str, name: str) -> str:
+    """Return ``name`` if it is a valid lower-case identifier, else raise a clear error."""
+    if not isinstance(name, str) or not NAME_PATTERN.match(name):
+        raise ProjectionDefinitionError(
+            f"{kind} name {name!r} is not valid; use 1-63 characters of a-z, 0-9 and _, "
+            "starting with a letter (it becomes part of table names, Redis keys and paths)"
+        )
+    return name
+
+
+# --------------------------------------------------------------------------------- sources
+
+
+@dataclass(frozen=True)
+class ChangelogSource:
+    """The changelog stream of one captured table (``schema.table``; ``public`` by default)."""
+
+    table: str
+    alias: str
+
+    @property
+    def kind(self) -> Literal["changelog"]:
+        return "changelog"
+
+    @property
+    def label(self) -> str:
+        return f"changelog {self.table}"
+
+
+@dataclass(frozen=True)
+class EventSource:
+    """Events of one category (None: every category), optionally only some event types."""
+
+    category: str | None
+    types: tuple[str, ...]
+    alias: str
+
+    @property
+    def kind(self) -> Literal["events"]:
+        return "events"
+
+    @property
+    def label(self) -> str:
+        what = f"category {self.category}" if self.category else "all categories"
+        return f"events of {what}" + (f" of types {', '.join(self.types)}" if self.types else "")
+
+
+Source = ChangelogSource | EventSource
+
+
+def changelog(table: str, *, alias: str | None = None) -> ChangelogSource:
+    """A changelog stream as a source: ``changelog("public.orders")`` or ``changelog("orders")``.
+
+    ``alias`` names the source for transforms (keyword argument) and fold records
+    (``record.source``); it defaults to the table name without its schema.
+    """
+    if not isinstance(table, str) or not table.strip():
+        raise ProjectionDefinitionError("changelog() needs a table name such as 'public.orders'")
+    qualified = table if "." in table else f"public.{table}"
+    return ChangelogSource(
+        table=qualified, alias=check_name("source alias", alias or qualified.split(".", 1)[1])
+    )
+
+
+def event_type_name(event_type: object) -> str:
+    """The type name of an event given as a string or as a registered event class."""
+    if isinstance(event_type, str):
+        if not event_type:
+            raise ProjectionDefinitionError("an event type name cannot be empty")
+        return event_type
+    for attribute in ("event_type", "__event_type__", "type_name"):
+        value = getattr(event_type, attribute, None)
+        if isinstance(value, str) and value:
+            return value
+    name = getattr(event_type, "__name__", None)
+    if isinstance(name, str):
+        return name
+    raise ProjectionDefinitionError(
+        f"{event_type!r} is neither an event type name nor an event class"
+    )
+
+
+def events(
+    category: str | None = None, *, types: tuple[object, ...] | list[object] = (),
+    alias: str | None = None,
+) -> EventSource:
+    """Event-store events as a source: a category (``events("order")``), some types of it
+    (``events("order", types=[OrderPlaced])``), or every event (``events()``)."""
+    if category is not None and (not isinstance(category, str) or not category):
+        raise ProjectionDefinitionError("events() needs a category name or None for all events")
+    names = tuple(event_type_name(t) for t in types)
+    default_alias = re.sub(r"[^a-z0-9_]", "_", (category or "events").lower())
+    if not default_alias[:1].isalpha():
+        default_alias = f"e_{default_alias}"
+    return EventSource(category=category, types=names,
+                       alias=check_name("source alias", alias or default_alias))
+
+
+# --------------------------------------------------------------------------------- targets
+
+DeltaMode = Literal["append", "upsert", "scd2"]
+
+
+@dataclass(frozen=True)
+class DeltaTableTarget:
+    """A Delta table: ``append`` rows, ``upsert`` by ``keys`` (rows with ``_deleted`` true
+    delete), or ``scd2`` history with ``valid_from``/``valid_to``/``current`` columns."""
+
+    mode: DeltaMode
+    keys: tuple[str, ...] = ()
+    partition_by: tuple[str, ...] = ()
+    valid_from: str = TIMESTAMP_COLUMN
+
+    @property
+    def kind(self) -> Literal["delta"]:
+        return "delta"
+
+
+@dataclass(frozen=True)
+class RedisCacheTarget:
+    """One Redis value per key: a hash of the row's columns, or the row as a JSON string."""
+
+    key: str
+    format: Literal["hash", "json"] = "hash"
+
+    @property
+    def kind(self) -> Literal["redis"]:
+        return "redis"
+
+    @property
+    def keys(self) -> tuple[str, ...]:
+        return (self.key,)
+
+
+@dataclass(frozen=True)
+class SearchIndexTarget:
+    """A Tantivy index, one document per key. ``text`` columns are tokenized for full-text
+    search; every other column is stored and indexed as-is (strings as exact terms)."""
+
+    key: str
+    text: tuple[str, ...]
+
+    @property
+    def kind(self) -> Literal["search"]:
+        return "search"
+
+    @property
+    def keys(self) -> tuple[str, ...]:
+        return (self.key,)
+
+
+Target = DeltaTableTarget | RedisCacheTarget | SearchIndexTarget
+
+
+def delta_table(
+    mode: DeltaMode = "upsert", *, keys: tuple[str, ...] | list[str] = (),
+    partition_by: tuple[str, ...] | list[str] = (), valid_from: str = TIMESTAMP_COLUMN,
+) -> DeltaTableTarget:
+    """A Delta table target; ``keys`` are required for ``upsert`` and ``scd2``."""
+    if mode not in ("append", "upsert", "scd2"):
+        raise IncompatibleTargetError(
+            f"Delta mode {mode!r} is unknown; use 'append', 'upsert' or 'scd2'"
+        )
+    keys_t = tuple(keys)
+    if mode != "append" and not keys_t:
+        raise MissingKeyError(f"a Delta {mode} target needs keys=[...] naming the key columns")
+    return DeltaTableTarget(mode=mode, keys=keys_t, partition_by=tuple(partition_by),
+                            valid_from=valid_from)
+
+
+def redis_cache(key: str, *, format: Literal["hash", "json"] = "hash") -> RedisCacheTarget:
+    """A Redis cache target keyed by the ``key`` column."""
+    if not isinstance(key, str) or not key:
+        raise MissingKeyError("redis_cache() needs key='<column>' naming the key column")
+    if format not in ("hash", "json"):
+        raise IncompatibleTargetError(f"Redis format {format!r} is unknown; use 'hash' or 'json'")
+    return RedisCacheTarget(key=key, format=format)
+
+
+def search_index(key: str, *, text: tuple[str, ...] | list[str]) -> SearchIndexTarget:
+    """A Tantivy search index target keyed by ``key`` with full-text ``text`` columns."""
+    if not isinstance(key, str) or not key:
+        raise MissingKeyError("search_index() needs key='<column>' naming the document id column")
+    text_t = tuple(text)
+    if not text_t:
+        raise IncompatibleTargetError(
+            "search_index() needs text=[...] naming at least one column to search"
+        )
+    if key in text_t:
+        raise IncompatibleTargetError(
+            f"search_index(): the key column {key!r} cannot also be a tokenized text column"
+        )
+    return SearchIndexTarget(key=key, text=text_t)
+
+
+# --------------------------------------------------------------------------------- options
+
+
+@dataclass(frozen=True)
+class ProjectionOptions:
+    """How a projection runs. ``on_error``: after ``retries`` attempts with exponential backoff
+    (``backoff_seconds`` doubling up to ``max_backoff_seconds``) a failing record goes to the
+    dead letters (``"dead_letter"``) or stops the projection (``"stop"``)."""
+
+    trigger_seconds: float = 1.0
+    max_records_per_batch: int = 20_000
+    rebuild_records_per_batch: int = 1_000_000
+    on_error: Literal["dead_letter", "stop"] = "dead_letter"
+    retries: int = 3
+    backoff_seconds: float = 0.05
+    max_backoff_seconds: float = 5.0
+    keep_generations: int = 1
+
+    def __post_init__(self) -> None:
+        if self.trigger_seconds < 0:
+            raise ProjectionDefinitionError("trigger_seconds must be >= 0")
+        if self.max_records_per_batch < 1 or self.rebuild_records_per_batch < 1:
+            raise ProjectionDefinitionError("records per batch must be >= 1")
+        if self.on_error not in ("dead_letter", "stop"):
+            raise ProjectionDefinitionError(
+                f"on_error={self.on_error!r} is unknown; use 'dead_letter' or 'stop'"
+            )
+        if self.retries < 1:
+            raise ProjectionDefinitionError("retries must be >= 1 (the first attempt counts)")
+        if self.backoff_seconds < 0 or self.max_backoff_seconds < self.backoff_seconds:
+            raise ProjectionDefinitionError("need 0 <= backoff_seconds <= max_backoff_seconds")
+        if self.keep_generations < 0:
+            raise ProjectionDefinitionError("keep_generations must be >= 0")
+
+    def backoff(self, attempt: int) -> float:
+        """Seconds to wait after failed attempt number ``attempt`` (1-based)."""
+        return float(min(self.max_backoff_seconds, self.backoff_seconds * 2 ** (attempt - 1)))
+
+
+# --------------------------------------------------------------------------------- records
+
+
+@dataclass(frozen=True)
+class Record:
+    """One source record as a fold handler sees it.
+
+    ``type`` is the event type for events, and ``insert``/``update``/``delete`` for changelog
+    records; ``data`` is the event payload or the row after the change (before it, for a
+    delete); ``stream`` is the event stream id or the table; ``position`` is the record's
+    position in its source (event store: the global position).
+    """
+
+    source: str
+    position: int
+    type: str
+    stream: str
+    data: dict[str, Any]
+    timestamp: datetime | None = None
+    before: dict[str, Any] | None = None
+    event_class: Any = field(default=None, compare=False, repr=False)
+
+    @property
+    def event(self) -> Any:
+        """The payload validated into the event class the handler was registered with
+        (``on(OrderPlaced)``), or the payload dict when it was registered by name."""
+        if self.event_class is None:
+            return self.data
+        validate = getattr(self.event_class, "model_validate", None)
+        return validate(self.data) if validate is not None else self.event_class(**self.data)
+
+
+def fingerprint(value: object) -> str:
+    """A short stable hash of a JSON-able description (used to spot changed definitions)."""
+    text = json.dumps(value, sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]

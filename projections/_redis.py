@@ -1,0 +1,285 @@
+"""The Redis cache target and its reader.
+
+Layout of one generation (prefix ``lf:NAME:gN:``):
+
+- ``<prefix>k:<key>``: the value of one key, a hash of the row's columns or a JSON string;
+- ``<prefix>_pos``: a hash key → the source position the key's value reflects (kept after a
+  delete, as a tombstone, so a replayed older write cannot resurrect a deleted key);
+- ``<prefix>_ckpt``: the last applied (batch id, chunk);
+- ``lf:NAME:current``: JSON pointer to the current generation, mirrored from the catalog for
+  readers.
+
+Exactly-once effect: a batch is applied in chunks, each by one Lua script that (1) skips the
+chunk if the checkpoint is at or past it, (2) writes, or deletes, each key unless its stored
+position is newer than the write's, and (3) stores the checkpoint, all atomically (Redis runs a
+script without interleaving). A replay after a crash is therefore a no-op, and no key ever moves
+backwards, even under a zombie writer.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import time
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass
+from decimal import Decimal
+from typing import Any, Literal
+
+import pyarrow as pa
+import redis
+
+from lakefold.dsn import mask_dsn
+from lakefold.projections._catalog import redis_pointer_key
+from lakefold.projections._model import DELETED_COLUMN, POSITION_COLUMN
+from lakefold.projections.exceptions import ProjectionNotFound, TargetError, TargetUnavailable
+
+CHUNK_KEYS = 2_000
+_APPLY = """
+local ckpt, poskey, prefix = KEYS[1], KEYS[2], ARGV[1]
+local batch, chunk = tonumber(ARGV[2]), tonumber(ARGV[3])
+local last = redis.call('HMGET', ckpt, 'batch', 'chunk')
+if last[1] then
+  local lb, lc = tonumber(last[1]), tonumber(last[2])
+  if batch < lb or (batch == lb and chunk <= lc) then return {-1, 0} end
+end
+local written, refused = 0, 0
+local i = 4
+while i <= #ARGV do
+  local key, pos, op, n = ARGV[i], tonumber(ARGV[i + 1]), ARGV[i + 2], tonumber(ARGV[i + 3])
+  local current = redis.call('HGET', poskey, key)
+  if current and tonumber(current) > pos then
+    refused = refused + 1
+  else
+    local full = prefix .. 'k:' .. key
+    if op == 'd' then
+      redis.call('DEL', full)
+    elseif op == 'h' then
+      redis.call('DEL', full)
+      if n > 0 then redis.call('HSET', full, unpack(ARGV, i + 4, i + 3 + n)) end
+    else
+      redis.call('SET', full, ARGV[i + 4])
+    end
+    redis.call('HSET', poskey, key, ARGV[i + 1])
+    written = written + 1
+  end
+  i = i + 4 + n
+end
+redis.call('HSET', ckpt, 'batch', batch, 'chunk', chunk)
+return {written, refused}
+"""
+
+
+def _scalar(value: object) -> str:
+    """A hash field value: text for scalars, JSON for nested values."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int | float | Decimal):
+        return str(value)
+    if isinstance(value, dt.datetime | dt.date | dt.time):
+        return value.isoformat()
+    if isinstance(value, bytes):
+        return value.decode("utf-8", errors="backslashreplace")
+    return json.dumps(value, default=_json_default, sort_keys=True)
+
+
+def _json_default(value: object) -> object:
+    if isinstance(value, Decimal):
+        return str(value)
+    if isinstance(value, dt.datetime | dt.date | dt.time):
+        return value.isoformat()
+    if isinstance(value, bytes):
+        return value.decode("utf-8", errors="backslashreplace")
+    raise TypeError(f"cannot encode {type(value).__name__} as JSON")
+
+
+def key_text(value: object) -> str:
+    """The text form of a key value, as used in Redis keys and search document ids."""
+    if value is None:
+        raise TargetError("a row has a null key; the key column must never be null")
+    return _scalar(value)
+
+
+@dataclass(frozen=True)
+class RedisWriteResult:
+    """What one batch did: keys written, writes refused as older than the stored value, and
+    chunks skipped because the checkpoint showed them already applied."""
+
+    written: int
+    refused: int
+    skipped_chunks: int
+
+
+class RedisCacheWriter:
+    """Writes batches of rows into one generation's key prefix, exactly once per batch."""
+
+    def __init__(self, url: str, prefix: str, *, key: str,
+                 format: Literal["hash", "json"] = "hash") -> None:
+        self._url = url
+        self.prefix = prefix
+        self.key = key
+        self.format = format
+        self._client = redis.Redis.from_url(url)
+        self._script = self._client.register_script(_APPLY)
+
+    def close(self) -> None:
+        self._client.close()
+
+    def checkpoint(self) -> tuple[int, int] | None:
+        """The last applied (batch id, chunk), or None for a fresh generation."""
+        try:
+            raw = self._client.hmget(self.prefix + "_ckpt", ["batch", "chunk"])
+        except redis.RedisError as e:
+            raise TargetUnavailable(f"Redis at {mask_dsn(self._url)}: {e}") from e
+        if raw[0] is None:
+            return None
+        return int(raw[0]), int(raw[1])
+
+    def encode(self, row: Mapping[str, Any], position: int) -> list[str | int]:
+        """The script arguments for one row: key, position, op, field count, fields."""
+        key = key_text(row.get(self.key))
+        if row.get(DELETED_COLUMN):
+            return [key, position, "d", 0]
+        values = {c: v for c, v in row.items()
+                  if c not in (DELETED_COLUMN, POSITION_COLUMN) and v is not None}
+        if self.format == "json":
+            return [key, position, "j", 1,
+                    json.dumps(values, default=_json_default, sort_keys=True)]
+        fields: list[str | int] = []
+        for column, value in values.items():
+            fields += [column, _scalar(value)]
+        return [key, position, "h", len(fields), *fields]
+
+    def write(self, rows: pa.Table, *, batch_id: int, position: int,
+              rejected: list[tuple[dict[str, Any], str]] | None = None) -> RedisWriteResult:
+        """Apply ``rows`` as batch ``batch_id``. Rows without a ``_position`` column carry
+        ``position`` (the batch's source position). Rows that cannot be encoded are appended
+        to ``rejected`` with their error (the caller dead-letters them) instead of failing
+        the batch; with ``rejected=None`` they raise TargetError."""
+        encoded: list[tuple[str, list[str | int]]] = []
+        has_position = POSITION_COLUMN in rows.column_names
+        for row in _rows(rows):
+            row_position = int(row[POSITION_COLUMN]) if has_position and \
+                row.get(POSITION_COLUMN) is not None else position
+            try:
+                args = self.encode(row, row_position)
+            except (TargetError, TypeError, ValueError) as e:
+                if rejected is None:
+                    raise TargetError(f"cannot write row {row!r} to Redis: {e}") from e
+                rejected.append((row, str(e)))
+                continue
+            encoded.append((str(args[0]), args))
+        # Deterministic chunks (sorted by key) so that a replay skips exactly what was applied.
+        encoded.sort(key=lambda item: item[0])
+        written = refused = skipped = 0
+        chunks = [encoded[i:i + CHUNK_KEYS] for i in range(0, len(encoded), CHUNK_KEYS)] or [[]]
+        for number, chunk in enumerate(chunks):
+            argv: list[str | int] = [self.prefix, batch_id, number]
+            for _, args in chunk:
+                argv.extend(args)
+            try:
+                result = self._script(keys=[self.prefix + "_ckpt", self.prefix + "_pos"],
+                                      args=argv)
+            except redis.ConnectionError as e:
+                raise TargetUnavailable(
+                    f"Redis at {mask_dsn(self._url)} is unreachable ({e}); retrying"
+                ) from e
+            except redis.RedisError as e:
+                raise TargetError(f"Redis refused batch {batch_id}: {e}") from e
+            if int(result[0]) < 0:
+                skipped += 1
+            else:
+                written += int(result[0])
+                refused += int(result[1])
+        return RedisWriteResult(written=written, refused=refused, skipped_chunks=skipped)
+
+    def publish(self, name: str, namespace: str, generation: int) -> None:
+        """Point readers at this generation (after the catalog switched to it)."""
+        pointer = {"generation": generation, "prefix": self.prefix, "format": self.format}
+        self._client.set(redis_pointer_key(namespace, name), json.dumps(pointer))
+
+
+def _rows(table: pa.Table) -> Iterator[dict[str, Any]]:
+    for batch in table.to_batches(max_chunksize=10_000):
+        yield from batch.to_pylist()
+
+
+def drop_prefix(url: str, prefix: str) -> int:
+    """Delete every key of a generation (used after a switch); returns how many."""
+    client = redis.Redis.from_url(url)
+    try:
+        removed = 0
+        batch: list[bytes] = []
+        for key in client.scan_iter(match=prefix + "*", count=1_000):
+            batch.append(key)
+            if len(batch) >= 1_000:
+                removed += int(client.unlink(*batch))
+                batch = []
+        if batch:
+            removed += int(client.unlink(*batch))
+        return removed
+    finally:
+        client.close()
+
+
+class RedisCacheReader:
+    """Reads a cache view by NAME, resolving its current generation through the pointer that
+    the runner mirrors from the catalog. ``get`` never sees a half-built generation: the
+    pointer only ever names a generation after it was completely built and switched to."""
+
+    def __init__(self, url: str, *, namespace: str = "lf", pointer_ttl: float = 0.5) -> None:
+        self._url = url
+        self._namespace = namespace
+        self._client = redis.Redis.from_url(url, decode_responses=True)
+        self._pointer_ttl = pointer_ttl
+        self._pointers: dict[str, tuple[float, dict[str, Any]]] = {}
+
+    def close(self) -> None:
+        self._client.close()
+
+    def __enter__(self) -> RedisCacheReader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def pointer(self, view: str) -> dict[str, Any]:
+        """The current generation of ``view``: ``{"generation", "prefix", "format"}``."""
+        cached = self._pointers.get(view)
+        now = time.monotonic()
+        if cached is not None and now - cached[0] < self._pointer_ttl:
+            return cached[1]
+        raw = self._client.get(redis_pointer_key(self._namespace, view))
+        if raw is None:
+            raise ProjectionNotFound(
+                f"no Redis cache view named {view!r}; is a projection with a redis_cache target "
+                "of that name running (`lakefold status`)?"
+            )
+        pointer: dict[str, Any] = json.loads(raw)
+        self._pointers[view] = (now, pointer)
+        return pointer
+
+    def get(self, view: str, key: object) -> dict[str, Any] | None:
+        """The value of ``key`` in ``view`` (a dict), or None when the key is absent."""
+        pointer = self.pointer(view)
+        full = f"{pointer['prefix']}k:{key_text(key)}"
+        if pointer["format"] == "json":
+            raw = self._client.get(full)
+            return None if raw is None else dict(json.loads(raw))
+        value = self._client.hgetall(full)
+        return dict(value) if value else None
+
+    def position(self, view: str, key: object) -> int | None:
+        """The source position the stored value of ``key`` reflects."""
+        pointer = self.pointer(view)
+        raw = self._client.hget(pointer["prefix"] + "_pos", key_text(key))
+        return None if raw is None else int(raw)
+
+    def keys(self, view: str) -> Iterable[str]:
+        """Every key present in ``view`` (a scan; for tests and small views)."""
+        pointer = self.pointer(view)
+        start = len(pointer["prefix"]) + 2
+        return sorted(k[start:] for k in self._client.scan_iter(
+            match=pointer["prefix"] + "k:*", count=1_000))

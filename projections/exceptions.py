@@ -1,0 +1,54 @@
+"""Errors of the projections package: definitions, validation, targets, the runner and the catalog.
+
+Every error is a ``LakefoldError``; transient ones (a lost connection, a commit conflict) are
+retried with backoff by the runner, terminal ones stop the projection and are shown to a person.
+"""
+
+from __future__ import annotations
+
+from lakefold.exceptions import TerminalError, TransientError
+
+
+class ProjectionError(TerminalError):
+    """A projection cannot run as defined or as asked; the message says what to change."""
+
+
+class ProjectionDefinitionError(ProjectionError):
+    """A projection definition is malformed (bad name, no sources, a handler without a type...)."""
+
+
+class UnknownSourceError(ProjectionDefinitionError):
+    """A projection reads a changelog stream, event category or event type that does not exist."""
+
+
+class MissingKeyError(ProjectionDefinitionError):
+    """A key column or field that the projection or its target needs is not in the data."""
+
+
+class IncompatibleTargetError(ProjectionDefinitionError):
+    """The projection's output cannot be written to its target (mode, columns or types)."""
+
+
+class ProjectionNotFound(ProjectionError):
+    """A command names a projection that is not registered or not in the catalog."""
+
+
+class ProjectionStateError(ProjectionError):
+    """The catalog refuses a change of state (e.g. a rebuild while one is already running)."""
+
+
+class TargetError(ProjectionError):
+    """A target (Delta, Redis, search) refused a write in a way that retrying will not fix."""
+
+
+class TargetUnavailable(TransientError):
+    """A target could not be reached or a commit conflicted; retry the batch with backoff."""
+
+
+class CatalogUnavailable(TransientError):
+    """The catalog database could not be reached; retry with backoff."""
+
+
+class RecordFailed(ProjectionError):
+    """User code failed on one record after every retry; the record goes to the dead letters
+    or, by the projection's policy, stops it."""
