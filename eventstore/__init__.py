@@ -1,3 +1,86 @@
-"""Event store: an append-only PostgreSQL log of domain events with a gap-free global order."""
+"""Event store: an append-only PostgreSQL log of domain events with a gap-free global order.
 
-__all__: list[str] = []
+Public interface (see each docstring for guarantees):
+
+- ``EventStore(dsn, registry=..., options=StoreOptions(...))``; ``install()`` creates schema
+  ``lakefold``. ``append(stream_id, events, expected_version=...)`` and
+  ``append_streams([StreamEvents(...), ...])`` (atomic over streams, idempotent by event id);
+  ``read_stream``, ``read_category``, ``read_all(from_position, limit)``, ``head()``;
+  ``subscribe(name)`` (durable) and ``tail()`` (ephemeral); ``delete_stream(..., hard=...)``;
+  ``transaction()`` for appends and checkpoints together with your own writes; ``status()``.
+- Conventions: stream versions are 1-based; global positions are 1-based and dense, ``head()``
+  is the last visible one (0 when empty), ``from_position`` is inclusive and ranges are
+  ``[start, end)``.
+- ``read_events_range(dsn, start, end, category=..., types=...)`` yields Arrow record batches
+  (``EVENTS_ARROW_SCHEMA``) for Spark workers; ``head_position(dsn)`` gives the range's end.
+- Ports: ``EventRecorder`` with ``PostgresRecorder`` and ``InMemoryRecorder``.
+"""
+
+from lakefold.eventstore._arrow import EVENTS_ARROW_SCHEMA, head_position, read_events_range
+from lakefold.eventstore._memory import InMemoryRecorder
+from lakefold.eventstore._model import (
+    ANY,
+    NO_STREAM,
+    STREAM_EXISTS,
+    AppendedEvent,
+    AppendResult,
+    EventStoreStatus,
+    Expected,
+    ExpectedVersion,
+    LogQuery,
+    StreamQuery,
+    StreamState,
+    WatermarkHolder,
+)
+from lakefold.eventstore._postgres import PostgresRecorder, save_checkpoint
+from lakefold.eventstore._recorder import EventRecorder, Waiter
+from lakefold.eventstore._store import EventStore, StoreOptions, StreamEvents, UnitOfWork
+from lakefold.eventstore._subscriptions import EventBatch, Subscription, SubscriptionOptions
+from lakefold.eventstore.exceptions import (
+    EventStoreError,
+    EventStoreNotInstalled,
+    EventStoreUnavailable,
+    IdempotencyConflict,
+    InvalidRequest,
+    StreamDeleted,
+    WatermarkHeld,
+    WrongExpectedVersion,
+)
+
+__all__: list[str] = [
+    "ANY",
+    "EVENTS_ARROW_SCHEMA",
+    "NO_STREAM",
+    "STREAM_EXISTS",
+    "AppendResult",
+    "AppendedEvent",
+    "EventBatch",
+    "EventRecorder",
+    "EventStore",
+    "EventStoreError",
+    "EventStoreNotInstalled",
+    "EventStoreStatus",
+    "EventStoreUnavailable",
+    "Expected",
+    "ExpectedVersion",
+    "IdempotencyConflict",
+    "InMemoryRecorder",
+    "InvalidRequest",
+    "LogQuery",
+    "PostgresRecorder",
+    "StoreOptions",
+    "StreamDeleted",
+    "StreamEvents",
+    "StreamQuery",
+    "StreamState",
+    "Subscription",
+    "SubscriptionOptions",
+    "UnitOfWork",
+    "Waiter",
+    "WatermarkHeld",
+    "WatermarkHolder",
+    "WrongExpectedVersion",
+    "head_position",
+    "read_events_range",
+    "save_checkpoint",
+]

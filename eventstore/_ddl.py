@@ -1,0 +1,326 @@
+"""The event store's tables and server-side functions in schema ``lakefold``, and ``install()``.
+
+Tables
+------
+``lakefold.streams``
+    One row per stream: its current version (the version of its last event, 1-based; a stream
+    with no row has no events) and its deletion state. Appends update this row, so two appends to
+    the *same* stream serialise on its row lock while appends to different streams never wait
+    for each other.
+``lakefold.events``
+    The append-only log. Each row records the top-level transaction id of its writer
+    (``xid``, ``pg_current_xact_id()``) and an insertion number (``seq``); ``(xid, seq)`` is the
+    primary key and the order in which the sequencer hands out global positions (see
+    ``_sequencer.py``). ``deleted`` marks the events of a soft-deleted stream.
+``lakefold.event_positions``
+    Dense, 1-based global positions, assigned after visibility by the sequencer, with the
+    category and type of the event so that reading one category or one type is an index range
+    scan over what is read. Never updated; an assigned position is never reassigned.
+``lakefold.event_sequencer``
+    The single-row cursor of the sequencer: the last position handed out and the ``(xid, seq)``
+    of the event that got it. Its row lock is the sequencers' mutex; writers never touch it.
+``lakefold.subscription_checkpoints``
+    The durable checkpoint (last processed position) of each named subscription.
+
+Server-side functions keep an append to one round trip: ``append_events`` checks and bumps the
+stream versions (in stream-id order, so multi-stream appends cannot deadlock) and inserts the
+events; ``sequence_events`` assigns positions. Errors that callers act on carry SQLSTATEs of our
+own class ``LF``: ``LF001`` wrong expected version, ``LF002`` stream deleted, ``LF010`` the
+sequencer was called inside a transaction. Their ``DETAIL`` is a JSON object.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+import psycopg
+from psycopg import sql
+
+from lakefold.dsn import mask_dsn
+from lakefold.eventstore.exceptions import EventStoreUnavailable
+
+SCHEMA: Final = "lakefold"
+NOTIFY_CHANNEL: Final = "lakefold_events"
+DELETED_EVENT_TYPE: Final = "$stream.deleted"
+SQLSTATE_WRONG_EXPECTED_VERSION: Final = "LF001"
+SQLSTATE_STREAM_DELETED: Final = "LF002"
+SQLSTATE_SEQUENCER_IN_TRANSACTION: Final = "LF010"
+
+# A fixed key so that concurrent install() calls (several processes starting at once) do not
+# race on CREATE ... IF NOT EXISTS, which is not atomic against itself.
+_INSTALL_LOCK_KEY: Final = 0x6C616B65_666F6C64  # "lakefold"
+
+_TABLES = """
+CREATE SCHEMA IF NOT EXISTS lakefold;
+
+CREATE SEQUENCE IF NOT EXISTS lakefold.event_seq AS bigint CACHE 64;
+
+CREATE TABLE IF NOT EXISTS lakefold.streams (
+    stream_id   text PRIMARY KEY,
+    category    text NOT NULL,
+    version     bigint NOT NULL CHECK (version >= 0),
+    deleted     text CHECK (deleted IN ('soft', 'hard')),
+    deleted_at  timestamptz,
+    created_at  timestamptz NOT NULL DEFAULT now(),
+    updated_at  timestamptz NOT NULL DEFAULT now()
+);
+
+CREATE TABLE IF NOT EXISTS lakefold.events (
+    xid             xid8 NOT NULL DEFAULT pg_current_xact_id(),
+    seq             bigint NOT NULL DEFAULT nextval('lakefold.event_seq'),
+    event_id        uuid NOT NULL,
+    stream_id       text NOT NULL,
+    stream_version  bigint NOT NULL CHECK (stream_version >= 1),
+    type            text NOT NULL,
+    schema_version  integer NOT NULL CHECK (schema_version >= 1),
+    data            jsonb NOT NULL,
+    metadata        jsonb NOT NULL DEFAULT '{}',
+    correlation_id  uuid,
+    causation_id    uuid,
+    recorded_at     timestamptz NOT NULL DEFAULT now(),
+    deleted         boolean NOT NULL DEFAULT false,
+    CONSTRAINT events_pkey PRIMARY KEY (xid, seq),
+    CONSTRAINT events_event_id_key UNIQUE (event_id),
+    CONSTRAINT events_stream_version_key UNIQUE (stream_id, stream_version)
+);
+
+CREATE TABLE IF NOT EXISTS lakefold.event_positions (
+    position  bigint PRIMARY KEY CHECK (position >= 1),
+    xid       xid8 NOT NULL,
+    seq       bigint NOT NULL,
+    category  text NOT NULL,
+    type      text NOT NULL,
+    CONSTRAINT event_positions_event_key UNIQUE (xid, seq)
+);
+CREATE INDEX IF NOT EXISTS event_positions_category_idx
+    ON lakefold.event_positions (category, position);
+CREATE INDEX IF NOT EXISTS event_positions_type_idx
+    ON lakefold.event_positions (type, position);
+
+CREATE TABLE IF NOT EXISTS lakefold.event_sequencer (
+    singleton      boolean PRIMARY KEY DEFAULT true CHECK (singleton),
+    last_position  bigint NOT NULL DEFAULT 0,
+    last_xid       xid8 NOT NULL DEFAULT '0',
+    last_seq       bigint NOT NULL DEFAULT 0,
+    sequenced_at   timestamptz
+);
+INSERT INTO lakefold.event_sequencer DEFAULT VALUES ON CONFLICT DO NOTHING;
+
+CREATE TABLE IF NOT EXISTS lakefold.subscription_checkpoints (
+    name        text PRIMARY KEY,
+    position    bigint NOT NULL CHECK (position >= 0),
+    updated_at  timestamptz NOT NULL DEFAULT now()
+);
+"""
+
+# p_expected: NULL = any, -1 = no stream, -2 = stream exists, n >= 1 = exactly version n.
+# p_events: a JSON array of {"i": event id, "k": 1-based index into the stream arrays,
+# "t": type, "v": schema version, "d": data, "m": metadata, "c": correlation id,
+# "z": causation id}, in append order. Returns each stream's version before the append.
+_APPEND_FUNCTION = """
+CREATE OR REPLACE FUNCTION lakefold.append_events(
+    p_stream_ids text[], p_categories text[], p_expected bigint[], p_counts integer[],
+    p_events jsonb)
+RETURNS bigint[]
+LANGUAGE plpgsql
+AS $fn$
+DECLARE
+    v_prev     bigint[] := array_fill(0::bigint, ARRAY[cardinality(p_stream_ids)]);
+    v_i        integer;
+    v_version  bigint;
+    v_actual   bigint;
+    v_deleted  text;
+BEGIN
+    -- Lock stream rows in stream-id order: concurrent multi-stream appends cannot deadlock.
+    FOR v_i IN
+        SELECT u.o FROM unnest(p_stream_ids) WITH ORDINALITY AS u(s, o) ORDER BY u.s COLLATE "C"
+    LOOP
+        v_version := NULL;
+        IF p_expected[v_i] IS NULL THEN
+            INSERT INTO lakefold.streams AS st (stream_id, category, version)
+            VALUES (p_stream_ids[v_i], p_categories[v_i], p_counts[v_i])
+            ON CONFLICT (stream_id) DO UPDATE
+                SET version = st.version + p_counts[v_i], updated_at = now()
+                WHERE st.deleted IS NULL
+            RETURNING st.version - p_counts[v_i] INTO v_version;
+        ELSIF p_expected[v_i] = -1 THEN
+            INSERT INTO lakefold.streams (stream_id, category, version)
+            VALUES (p_stream_ids[v_i], p_categories[v_i], p_counts[v_i])
+            ON CONFLICT (stream_id) DO NOTHING
+            RETURNING 0 INTO v_version;
+        ELSIF p_expected[v_i] = -2 THEN
+            UPDATE lakefold.streams
+            SET version = version + p_counts[v_i], updated_at = now()
+            WHERE stream_id = p_stream_ids[v_i] AND deleted IS NULL
+            RETURNING version - p_counts[v_i] INTO v_version;
+        ELSE
+            UPDATE lakefold.streams
+            SET version = version + p_counts[v_i], updated_at = now()
+            WHERE stream_id = p_stream_ids[v_i] AND version = p_expected[v_i]
+              AND deleted IS NULL
+            RETURNING p_expected[v_i] INTO v_version;
+        END IF;
+        IF v_version IS NULL THEN
+            SELECT s.version, s.deleted INTO v_actual, v_deleted
+            FROM lakefold.streams s WHERE s.stream_id = p_stream_ids[v_i];
+            IF v_deleted IS NOT NULL THEN
+                RAISE EXCEPTION USING
+                    ERRCODE = 'LF002',
+                    MESSAGE = format('stream %s is deleted (%s)', p_stream_ids[v_i], v_deleted),
+                    DETAIL = json_build_object('stream_id', p_stream_ids[v_i],
+                                               'deleted', v_deleted)::text;
+            END IF;
+            RAISE EXCEPTION USING
+                ERRCODE = 'LF001',
+                MESSAGE = format('wrong expected version for stream %s', p_stream_ids[v_i]),
+                DETAIL = json_build_object('stream_id', p_stream_ids[v_i],
+                                           'expected', p_expected[v_i],
+                                           'actual', v_actual)::text;
+        END IF;
+        v_prev[v_i] := v_version;
+    END LOOP;
+
+    INSERT INTO lakefold.events (event_id, stream_id, stream_version, type, schema_version,
+                                 data, metadata, correlation_id, causation_id)
+    SELECT (x.d->>'i')::uuid, p_stream_ids[x.k],
+           v_prev[x.k] + row_number() OVER (PARTITION BY x.k ORDER BY x.o),
+           x.d->>'t', (x.d->>'v')::integer, x.d->'d', x.d->'m',
+           (x.d->>'c')::uuid, (x.d->>'z')::uuid
+    FROM (SELECT a.d, (a.d->>'k')::integer AS k, a.o
+          FROM jsonb_array_elements(p_events) WITH ORDINALITY AS a(d, o)) AS x
+    ORDER BY x.o;
+    RETURN v_prev;
+END
+$fn$;
+"""
+
+# Deletes a stream, soft (events hidden, kept) or hard (events erased), and appends the
+# deletion record that readers and projections receive. Returns the record's stream version.
+_DELETE_FUNCTION = """
+CREATE OR REPLACE FUNCTION lakefold.delete_stream(
+    p_stream_id text, p_expected bigint, p_hard boolean, p_event_id uuid)
+RETURNS bigint
+LANGUAGE plpgsql
+AS $fn$
+DECLARE
+    v_version  bigint;
+    v_deleted  text;
+BEGIN
+    SELECT s.version, s.deleted INTO v_version, v_deleted
+    FROM lakefold.streams s WHERE s.stream_id = p_stream_id FOR UPDATE;
+    IF v_deleted = 'hard' OR (v_deleted = 'soft' AND NOT p_hard) THEN
+        RAISE EXCEPTION USING
+            ERRCODE = 'LF002',
+            MESSAGE = format('stream %s is already deleted (%s)', p_stream_id, v_deleted),
+            DETAIL = json_build_object('stream_id', p_stream_id, 'deleted', v_deleted)::text;
+    END IF;
+    IF v_version IS NULL
+       OR (p_expected = -1)
+       OR (p_expected >= 0 AND p_expected <> v_version) THEN
+        RAISE EXCEPTION USING
+            ERRCODE = 'LF001',
+            MESSAGE = format('wrong expected version for stream %s', p_stream_id),
+            DETAIL = json_build_object('stream_id', p_stream_id, 'expected', p_expected,
+                                       'actual', v_version)::text;
+    END IF;
+    IF p_hard THEN
+        DELETE FROM lakefold.event_positions p
+        USING lakefold.events e
+        WHERE e.stream_id = p_stream_id AND p.xid = e.xid AND p.seq = e.seq;
+        DELETE FROM lakefold.events e WHERE e.stream_id = p_stream_id;
+    ELSE
+        UPDATE lakefold.events e SET deleted = true
+        WHERE e.stream_id = p_stream_id AND NOT e.deleted;
+    END IF;
+    UPDATE lakefold.streams
+    SET version = v_version + 1, deleted = CASE WHEN p_hard THEN 'hard' ELSE 'soft' END,
+        deleted_at = now(), updated_at = now()
+    WHERE stream_id = p_stream_id;
+    INSERT INTO lakefold.events (event_id, stream_id, stream_version, type, schema_version, data)
+    VALUES (p_event_id, p_stream_id, v_version + 1, '$stream.deleted', 1,
+            jsonb_build_object('stream_id', p_stream_id,
+                               'mode', CASE WHEN p_hard THEN 'hard' ELSE 'soft' END,
+                               'last_version', v_version));
+    RETURN v_version + 1;
+END
+$fn$;
+"""
+
+_SEQUENCE_FUNCTION = """
+CREATE OR REPLACE FUNCTION lakefold.sequence_events(p_limit bigint)
+RETURNS TABLE (o_head bigint, o_pending boolean, o_assigned bigint)
+LANGUAGE plpgsql
+AS $fn$
+DECLARE
+    v_watermark  xid8;
+    v_last       bigint;
+    v_xid        xid8;
+    v_seq        bigint;
+    v_n          bigint;
+BEGIN
+    IF pg_current_xact_id_if_assigned() IS NOT NULL
+       OR current_setting('transaction_isolation') <> 'read committed' THEN
+        RAISE EXCEPTION USING
+            ERRCODE = 'LF010',
+            MESSAGE = 'lakefold.sequence_events() must run in its own READ COMMITTED '
+                      'transaction',
+            HINT = 'call it on an autocommit connection';
+    END IF;
+    -- 1. The watermark, from a snapshot taken before this transaction has an xid of its own:
+    --    every transaction with an xid below it has finished, committed or not.
+    v_watermark := pg_snapshot_xmin(pg_current_snapshot());
+    SELECT q.last_position, q.last_xid, q.last_seq INTO v_last, v_xid, v_seq
+    FROM lakefold.event_sequencer q;
+    IF NOT EXISTS (SELECT 1 FROM lakefold.events e
+                   WHERE (e.xid, e.seq) > (v_xid, v_seq) AND e.xid < v_watermark) THEN
+        RETURN QUERY SELECT v_last,
+            EXISTS (SELECT 1 FROM lakefold.events e WHERE (e.xid, e.seq) > (v_xid, v_seq)),
+            0::bigint;
+        RETURN;
+    END IF;
+    -- 2. The sequencers' mutex. Re-read the cursor: another sequencer may have moved it.
+    SELECT q.last_position, q.last_xid, q.last_seq INTO v_last, v_xid, v_seq
+    FROM lakefold.event_sequencer q FOR UPDATE;
+    -- 3. Hand out the next positions, in (xid, seq) order, to final events only.
+    INSERT INTO lakefold.event_positions (position, xid, seq, category, type)
+    SELECT v_last + row_number() OVER (ORDER BY b.xid, b.seq), b.xid, b.seq,
+           split_part(b.stream_id, '-', 1), b.type
+    FROM (SELECT e.xid, e.seq, e.stream_id, e.type FROM lakefold.events e
+          WHERE (e.xid, e.seq) > (v_xid, v_seq) AND e.xid < v_watermark
+          ORDER BY e.xid, e.seq LIMIT p_limit) AS b;
+    GET DIAGNOSTICS v_n = ROW_COUNT;
+    IF v_n > 0 THEN
+        v_last := v_last + v_n;
+        SELECT p.xid, p.seq INTO v_xid, v_seq
+        FROM lakefold.event_positions p WHERE p.position = v_last;
+        UPDATE lakefold.event_sequencer
+        SET last_position = v_last, last_xid = v_xid, last_seq = v_seq,
+            sequenced_at = now();
+        -- Wake subscribers. Only sequencers notify: NOTIFY serialises committing
+        -- transactions on a global lock, which must never be on the writers' path.
+        PERFORM pg_notify('lakefold_events', v_last::text);
+    END IF;
+    RETURN QUERY SELECT v_last,
+        EXISTS (SELECT 1 FROM lakefold.events e WHERE (e.xid, e.seq) > (v_xid, v_seq)),
+        v_n;
+END
+$fn$;
+"""
+
+STATEMENTS: Final = (_TABLES, _APPEND_FUNCTION, _DELETE_FUNCTION, _SEQUENCE_FUNCTION)
+
+
+def install(dsn: str) -> None:
+    """Create schema ``lakefold`` with the event store's tables and functions; idempotent and
+    safe to run from several processes at once. Raises EventStoreUnavailable when the server
+    cannot be reached."""
+    try:
+        with psycopg.connect(dsn, autocommit=False) as conn:
+            conn.execute("SELECT pg_advisory_xact_lock(%s)", (_INSTALL_LOCK_KEY,))
+            for statement in STATEMENTS:
+                conn.execute(sql.SQL(statement))
+    except psycopg.OperationalError as e:
+        raise EventStoreUnavailable(
+            f"cannot install the event store at {mask_dsn(dsn)}: {e}; check that the server is "
+            "running and the DSN is right"
+        ) from e

@@ -1,0 +1,416 @@
+"""Values that cross the event store's boundary: expected versions, appends and their results,
+read queries, stream state and status. All frozen; inputs are validated on construction, so a
+bad argument fails before anything touches the store."""
+
+from __future__ import annotations
+
+import enum
+import json
+import math
+import uuid
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, Final
+
+from lakefold.eventstore.exceptions import InvalidRequest
+from lakefold.schemas.events import SYSTEM_PREFIX, EventMetadata, NewEvent, category_of
+
+MAX_STREAM_ID_LENGTH: Final = 512
+MAX_EVENTS_PER_APPEND: Final = 100_000
+
+
+class Expected(enum.Enum):
+    """Expected-version conditions other than an exact version."""
+
+    ANY = "any"  #: append whatever the stream's version (creating it if needed)
+    NO_STREAM = "no stream"  #: the stream must not exist yet
+    STREAM_EXISTS = "stream exists"  #: the stream must exist (any version)
+
+
+ANY: Final = Expected.ANY
+NO_STREAM: Final = Expected.NO_STREAM
+STREAM_EXISTS: Final = Expected.STREAM_EXISTS
+
+#: An exact stream version (>= 1; 0 means "no stream") or one of the ``Expected`` conditions.
+ExpectedVersion = int | Expected
+
+
+def describe_expected(expected: ExpectedVersion) -> str:
+    """Human words for an expected version, for error messages."""
+    if isinstance(expected, Expected):
+        return expected.value
+    return f"version {expected}"
+
+
+def normalise_expected(expected: object) -> ExpectedVersion:
+    """Validate an expected version; 0 is the same as ``NO_STREAM``."""
+    if isinstance(expected, Expected):
+        return expected
+    if isinstance(expected, bool) or not isinstance(expected, int):
+        raise InvalidRequest(
+            f"expected_version {expected!r} is invalid: pass an int >= 0 or one of "
+            "ANY, NO_STREAM, STREAM_EXISTS"
+        )
+    if expected < 0:
+        raise InvalidRequest(
+            f"expected_version {expected} is negative: stream versions start at 1 (0 or "
+            "NO_STREAM for a new stream)"
+        )
+    return NO_STREAM if expected == 0 else expected
+
+
+def check_stream_id(stream_id: object, *, allow_system: bool = False) -> str:
+    """Validate a stream id: a non-empty string of at most 512 characters, no NUL, no
+    surrounding spaces, not starting with ``$`` (reserved)."""
+    if not isinstance(stream_id, str):
+        raise InvalidRequest(f"stream id {stream_id!r} is a {type(stream_id).__name__}, not a str")
+    if not stream_id or stream_id != stream_id.strip():
+        raise InvalidRequest(
+            f"stream id {stream_id!r} is empty or has surrounding spaces; use e.g. 'order-42'"
+        )
+    if len(stream_id) > MAX_STREAM_ID_LENGTH:
+        raise InvalidRequest(
+            f"stream id {stream_id[:40]!r}... is {len(stream_id)} characters long; the limit "
+            f"is {MAX_STREAM_ID_LENGTH}"
+        )
+    if "\x00" in stream_id:
+        raise InvalidRequest(f"stream id {stream_id!r} contains a NUL character")
+    if stream_id.startswith(SYSTEM_PREFIX) and not allow_system:
+        raise InvalidRequest(
+            f"stream id {stream_id!r} starts with {SYSTEM_PREFIX!r}, which is reserved for "
+            "lakefold; pick another id"
+        )
+    if not category_of(stream_id):
+        raise InvalidRequest(
+            f"stream id {stream_id!r} has an empty category (it starts with '-'); use "
+            "'<category>-<id>', e.g. 'order-42'"
+        )
+    return stream_id
+
+
+def check_category(category: object) -> str:
+    """Validate a category name; a trailing ``-`` is accepted (``order-`` is ``order``)."""
+    if not isinstance(category, str):
+        raise InvalidRequest(f"category {category!r} is not a str")
+    name = category[:-1] if category.endswith("-") else category
+    if not name or "-" in name or name != name.strip() or "\x00" in name:
+        raise InvalidRequest(
+            f"category {category!r} is invalid: a category is the part of a stream id before "
+            "its first '-', e.g. 'order' for 'order-42'"
+        )
+    return name
+
+
+def check_types(types: object) -> tuple[str, ...] | None:
+    """Validate an event-type filter: None (all types) or a non-empty collection of names."""
+    if types is None:
+        return None
+    if isinstance(types, str) or not isinstance(types, Sequence | frozenset | set):
+        raise InvalidRequest(f"types {types!r} must be a list of event type names, or None")
+    names = tuple(types)
+    if not names or not all(isinstance(t, str) and t for t in names):
+        raise InvalidRequest(f"types {types!r} must be a non-empty list of non-empty names")
+    return names
+
+
+def check_position(value: object, what: str) -> int:
+    """Validate a global position argument (an int >= 0)."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise InvalidRequest(f"{what} {value!r} is invalid: positions are ints >= 0")
+    return value
+
+
+def check_limit(value: object) -> int:
+    """Validate a read limit (an int >= 1)."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise InvalidRequest(f"limit {value!r} is invalid: pass an int >= 1")
+    return value
+
+
+def _json_text(value: object, what: str) -> str:
+    try:
+        text = json.dumps(value, allow_nan=False, separators=(",", ":"), ensure_ascii=False)
+    except (TypeError, ValueError) as e:
+        raise InvalidRequest(
+            f"{what} is not JSON-serialisable ({e}); use str/int/float/bool/None, lists and "
+            "dicts with str keys, or a registered pydantic model"
+        ) from e
+    if "\\u0000" in text:
+        raise InvalidRequest(f"{what} contains a NUL character, which PostgreSQL jsonb rejects")
+    return text
+
+
+@dataclass(frozen=True, slots=True)
+class EncodedEvent:
+    """A validated ``NewEvent`` with its JSON texts, ready for a recorder."""
+
+    event: NewEvent
+    data_json: str
+    metadata_json: str
+
+
+def encode_event(event: object, index: int) -> EncodedEvent:
+    """Validate one ``NewEvent`` and serialise its data and free-form metadata."""
+    if not isinstance(event, NewEvent):
+        raise InvalidRequest(
+            f"event #{index} is a {type(event).__name__}, not a NewEvent (or a registered "
+            "pydantic model when the store has a registry)"
+        )
+    if not isinstance(event.type, str) or not event.type or event.type != event.type.strip():
+        raise InvalidRequest(f"event #{index} has an invalid type {event.type!r}")
+    if event.type.startswith(SYSTEM_PREFIX):
+        raise InvalidRequest(
+            f"event #{index} has type {event.type!r}; types starting with {SYSTEM_PREFIX!r} are "
+            "written by lakefold only"
+        )
+    version = event.schema_version
+    if isinstance(version, bool) or not isinstance(version, int) or version < 1:
+        raise InvalidRequest(f"event #{index} has schema_version {version!r}; use an int >= 1")
+    if not isinstance(event.event_id, uuid.UUID):
+        raise InvalidRequest(f"event #{index} has event_id {event.event_id!r}, not a UUID")
+    if not isinstance(event.data, Mapping):
+        raise InvalidRequest(
+            f"event #{index} ({event.type}) has data of type {type(event.data).__name__}; "
+            "data must be a JSON object (a dict)"
+        )
+    metadata = event.metadata
+    if not isinstance(metadata, EventMetadata):
+        raise InvalidRequest(f"event #{index} has metadata {metadata!r}, not an EventMetadata")
+    for name in ("correlation_id", "causation_id"):
+        value = getattr(metadata, name)
+        if value is not None and not isinstance(value, uuid.UUID):
+            raise InvalidRequest(f"event #{index} has metadata.{name} {value!r}, not a UUID")
+    if not isinstance(metadata.extra, Mapping):
+        raise InvalidRequest(f"event #{index} has metadata.extra that is not a dict")
+    return EncodedEvent(
+        event=event,
+        data_json=_json_text(event.data, f"event #{index} ({event.type}) data"),
+        metadata_json=_json_text(metadata.extra, f"event #{index} metadata.extra"),
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class StreamAppend:
+    """Events to append to one stream, with the stream's expected version."""
+
+    stream_id: str
+    events: tuple[EncodedEvent, ...]
+    expected_version: ExpectedVersion = ANY
+
+    @property
+    def category(self) -> str:
+        return category_of(self.stream_id)
+
+
+def build_appends(items: Sequence[tuple[object, object, object]]) -> tuple[StreamAppend, ...]:
+    """Validate ``(stream_id, events, expected_version)`` triples into ``StreamAppend``s: each
+    stream at most once, at least one event each, event ids unique across the call."""
+    if not items:
+        raise InvalidRequest("nothing to append: pass at least one stream with events")
+    appends: list[StreamAppend] = []
+    seen_streams: set[str] = set()
+    seen_ids: set[uuid.UUID] = set()
+    total = 0
+    for stream_id, events, expected in items:
+        sid = check_stream_id(stream_id)
+        if sid in seen_streams:
+            raise InvalidRequest(
+                f"stream {sid!r} appears twice in one append; put all its events in one entry"
+            )
+        seen_streams.add(sid)
+        if isinstance(events, NewEvent | str | bytes | Mapping) or not isinstance(
+            events, Sequence
+        ):
+            raise InvalidRequest(f"events for stream {sid!r} must be a list of events")
+        if not events:
+            raise InvalidRequest(f"no events to append to stream {sid!r}")
+        encoded = tuple(encode_event(e, total + i) for i, e in enumerate(events))
+        for item in encoded:
+            if item.event.event_id in seen_ids:
+                raise InvalidRequest(
+                    f"event id {item.event.event_id} appears twice in one append; every event "
+                    "needs its own id"
+                )
+            seen_ids.add(item.event.event_id)
+        total += len(encoded)
+        appends.append(StreamAppend(sid, encoded, normalise_expected(expected)))
+    if total > MAX_EVENTS_PER_APPEND:
+        raise InvalidRequest(
+            f"{total} events in one append; the limit is {MAX_EVENTS_PER_APPEND}: split it"
+        )
+    return tuple(appends)
+
+
+@dataclass(frozen=True, slots=True)
+class AppendedEvent:
+    """Where an appended event went. ``position`` is ``None`` until the event is visible to
+    global readers (PostgreSQL assigns it after commit; see ``EventStore.wait_for_positions``)."""
+
+    event_id: uuid.UUID
+    stream_id: str
+    stream_version: int
+    position: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class AppendResult:
+    """The outcome of an append. ``duplicate`` is True when every event was already stored
+    (an idempotent retry): the result then describes the original append and nothing was
+    written."""
+
+    events: tuple[AppendedEvent, ...]
+    duplicate: bool = False
+
+    @property
+    def stream_versions(self) -> dict[str, int]:
+        """Each stream's version after the append."""
+        versions: dict[str, int] = {}
+        for event in self.events:
+            versions[event.stream_id] = max(versions.get(event.stream_id, 0),
+                                            event.stream_version)
+        return versions
+
+    @property
+    def positions(self) -> list[int | None]:
+        """The global positions of the appended events, in append order."""
+        return [event.position for event in self.events]
+
+
+@dataclass(frozen=True, slots=True)
+class LogQuery:
+    """A read of the global log: positions ``[from_position, to_position)`` (``to_position``
+    None: up to the head), at most ``limit`` events, optionally one category and/or some types.
+    Deletion records are always included under a type filter; events of soft-deleted streams
+    only with ``include_deleted``."""
+
+    from_position: int = 0
+    limit: int = 1000
+    to_position: int | None = None
+    category: str | None = None
+    types: tuple[str, ...] | None = None
+    include_deleted: bool = False
+
+    def __post_init__(self) -> None:
+        check_position(self.from_position, "from_position")
+        check_limit(self.limit)
+        if self.to_position is not None:
+            check_position(self.to_position, "to_position")
+        if self.category is not None:
+            object.__setattr__(self, "category", check_category(self.category))
+        object.__setattr__(self, "types", check_types(self.types))
+
+
+@dataclass(frozen=True, slots=True)
+class StreamQuery:
+    """A read of one stream from ``from_version`` (inclusive; None: the first event going
+    forwards, the last going backwards), at most ``limit`` events (None: all)."""
+
+    from_version: int | None = None
+    backwards: bool = False
+    limit: int | None = None
+    include_deleted: bool = False
+
+    def __post_init__(self) -> None:
+        if self.from_version is not None and (
+            isinstance(self.from_version, bool) or not isinstance(self.from_version, int)
+            or self.from_version < 0
+        ):
+            raise InvalidRequest(f"from_version {self.from_version!r} is invalid: use an int >= 0")
+        if self.limit is not None:
+            check_limit(self.limit)
+
+
+@dataclass(frozen=True, slots=True)
+class StreamState:
+    """A stream's version (0: it has no events) and deletion state (None, 'soft' or 'hard')."""
+
+    stream_id: str
+    version: int
+    deleted: str | None = None
+
+    @property
+    def exists(self) -> bool:
+        return self.version > 0
+
+
+@dataclass(frozen=True, slots=True)
+class Sequenced:
+    """The result of a sequencing round: the head (last position visible to readers) and
+    whether committed events are still waiting for the watermark."""
+
+    head: int
+    pending: bool
+
+
+@dataclass(frozen=True, slots=True)
+class WatermarkHolder:
+    """The oldest running transaction that holds an xid, i.e. the one holding the watermark
+    (from pg_stat_activity; ``query`` may read '<insufficient privilege>')."""
+
+    pid: int | None
+    database: str | None
+    user: str | None
+    application: str | None
+    state: str | None
+    xact_start: datetime | None
+    held_for_s: float
+    query: str | None
+    prepared_gid: str | None = None
+
+    def describe(self) -> str:
+        if self.prepared_gid is not None:
+            return (f"prepared transaction {self.prepared_gid!r} in database {self.database}, "
+                    f"held for {self.held_for_s:.1f} s")
+        query = (self.query or "").replace("\n", " ")
+        if len(query) > 200:
+            query = query[:200] + "..."
+        return (f"pid {self.pid} ({self.user}@{self.database}, {self.application or '-'}, "
+                f"{self.state}), transaction started {self.xact_start}, held for "
+                f"{self.held_for_s:.1f} s, query: {query}")
+
+
+@dataclass(frozen=True, slots=True)
+class EventStoreStatus:
+    """Head, events waiting for the watermark, and whether it has been held too long."""
+
+    head: int
+    pending_events: int
+    oldest_pending_at: datetime | None
+    sequenced_at: datetime | None
+    holder: WatermarkHolder | None
+    threshold_s: float
+    held: bool = field(default=False)
+
+    def as_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict (for ``--json``)."""
+        holder = None
+        if self.holder is not None:
+            holder = {
+                "pid": self.holder.pid, "database": self.holder.database,
+                "user": self.holder.user, "application": self.holder.application,
+                "state": self.holder.state,
+                "xact_start": self.holder.xact_start.isoformat()
+                if self.holder.xact_start else None,
+                "held_for_s": round(self.holder.held_for_s, 3), "query": self.holder.query,
+                "prepared_gid": self.holder.prepared_gid,
+            }
+        return {
+            "head": self.head,
+            "pending_events": self.pending_events,
+            "oldest_pending_at": self.oldest_pending_at.isoformat()
+            if self.oldest_pending_at else None,
+            "sequenced_at": self.sequenced_at.isoformat() if self.sequenced_at else None,
+            "watermark_held": self.held,
+            "threshold_s": self.threshold_s,
+            "holder": holder,
+        }
+
+
+def finite_seconds(value: object, what: str) -> float:
+    """Validate a duration in seconds (a finite number >= 0)."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(
+        value
+    ) or value < 0:
+        raise InvalidRequest(f"{what} {value!r} is invalid: pass seconds as a number >= 0")
+    return float(value)

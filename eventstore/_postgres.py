@@ -1,0 +1,501 @@
+"""The PostgreSQL recorder: appends through ``lakefold.append_events`` (one round trip, no global
+lock), reads through ``lakefold.event_positions`` (only sequenced events; see
+``_sequencer.py`` for why that makes the global order gap-free), and a pool of autocommit
+connections shared by threads.
+
+Idempotency: an append whose version check fails, or whose event id collides, looks the event
+ids up. If they are all stored with the same stream, type, schema version and data, the
+original result is returned (``duplicate=True``) and nothing is written; a partial or
+different match is an ``IdempotencyConflict``. The fast path pays nothing for this.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any, Final
+
+import psycopg
+import psycopg_pool
+from psycopg import sql
+from psycopg.rows import TupleRow
+
+from lakefold.dsn import mask_dsn
+from lakefold.eventstore import _ddl
+from lakefold.eventstore._model import (
+    AppendedEvent,
+    AppendResult,
+    EventStoreStatus,
+    Expected,
+    ExpectedVersion,
+    LogQuery,
+    Sequenced,
+    StreamAppend,
+    StreamQuery,
+    StreamState,
+    describe_expected,
+)
+from lakefold.eventstore._recorder import EventRecorder, Waiter
+from lakefold.eventstore._sequencer import (
+    BackgroundSequencer,
+    one_row,
+    read_status,
+    sequence_once,
+)
+from lakefold.eventstore.exceptions import (
+    EventStoreError,
+    EventStoreNotInstalled,
+    EventStoreUnavailable,
+    IdempotencyConflict,
+    StreamDeleted,
+    WrongExpectedVersion,
+)
+from lakefold.schemas.events import (
+    EMPTY_METADATA,
+    STREAM_DELETED_TYPE,
+    EventEnvelope,
+    EventMetadata,
+)
+
+Conn = psycopg.Connection[TupleRow]
+
+_APPEND: Final = (
+    "SELECT lakefold.append_events(%s::text[], %s::text[], %s::bigint[], %s::integer[], "
+    "%s::jsonb)"
+)
+_DUPLICATES: Final = """
+SELECT e.event_id, e.stream_id, e.stream_version, p.position,
+       (e.stream_id = c.s AND e.type = c.t AND e.schema_version = c.v AND e.data = c.d)
+FROM (SELECT (a.d->>'i')::uuid AS i, (%s::text[])[(a.d->>'k')::integer] AS s, a.d->>'t' AS t,
+             (a.d->>'v')::integer AS v, a.d->'d' AS d, a.o
+      FROM jsonb_array_elements(%s::jsonb) WITH ORDINALITY AS a(d, o)) AS c
+JOIN lakefold.events e ON e.event_id = c.i
+LEFT JOIN lakefold.event_positions p ON p.xid = e.xid AND p.seq = e.seq
+ORDER BY c.o
+"""
+_READ_STREAM: Final = sql.SQL(
+    "SELECT p.position, e.event_id, e.stream_id, e.stream_version, e.type, e.schema_version, "
+    "e.data, e.metadata, e.correlation_id, e.causation_id, e.recorded_at, e.deleted "
+    "FROM lakefold.events e "
+    "LEFT JOIN lakefold.event_positions p ON p.xid = e.xid AND p.seq = e.seq "
+    "WHERE e.stream_id = %(stream)s AND {version} {deleted} "
+    "ORDER BY e.stream_version {direction} LIMIT %(limit)s"
+)
+# Positions first (an index range scan over what is read), then the events they point to.
+_READ_LOG: Final = sql.SQL(
+    "SELECT p.position, e.event_id, e.stream_id, e.stream_version, e.type, e.schema_version, "
+    "e.data, e.metadata, e.correlation_id, e.causation_id, e.recorded_at, e.deleted "
+    "FROM ({positions}) AS p "
+    "LEFT JOIN lakefold.events e ON e.xid = p.xid AND e.seq = p.seq ORDER BY p.position"
+)
+_POSITIONS: Final = sql.SQL(
+    "SELECT position, xid, seq FROM lakefold.event_positions "
+    "WHERE position >= %(from)s AND position < %(to)s "
+    "ORDER BY position LIMIT %(limit)s"
+)
+_POSITIONS_CATEGORY: Final = sql.SQL(
+    "SELECT position, xid, seq FROM lakefold.event_positions "
+    "WHERE category = %(category)s AND position >= %(from)s AND position < %(to)s "
+    "ORDER BY position LIMIT %(limit)s"
+)
+_POSITIONS_CATEGORY_TYPES: Final = sql.SQL(
+    "SELECT position, xid, seq FROM lakefold.event_positions "
+    "WHERE category = %(category)s AND position >= %(from)s AND position < %(to)s "
+    "AND type = ANY(%(types)s::text[]) ORDER BY position LIMIT %(limit)s"
+)
+# One ordered index scan per type, merged: cost follows the events read, not the store.
+_POSITIONS_TYPES: Final = sql.SQL(
+    "SELECT q.position, q.xid, q.seq FROM unnest(%(types)s::text[]) AS t(type) "
+    "CROSS JOIN LATERAL (SELECT position, xid, seq FROM lakefold.event_positions "
+    "  WHERE type = t.type AND position >= %(from)s AND position < %(to)s "
+    "  ORDER BY position LIMIT %(limit)s) AS q "
+    "ORDER BY q.position LIMIT %(limit)s"
+)
+_NO_END: Final = 2**63 - 1
+
+
+def _uuid_json(value: uuid.UUID | None) -> str:
+    return "null" if value is None else f'"{value}"'
+
+
+def _expected_code(expected: ExpectedVersion) -> int | None:
+    if expected is Expected.ANY:
+        return None
+    if expected is Expected.NO_STREAM:
+        return -1
+    if expected is Expected.STREAM_EXISTS:
+        return -2
+    return expected
+
+
+def append_params(appends: Sequence[StreamAppend]) -> tuple[Any, ...]:
+    """The arguments of ``lakefold.append_events`` for validated appends."""
+    stream_ids, categories, expected, counts, parts = [], [], [], [], []
+    for k, append in enumerate(appends, start=1):
+        stream_ids.append(append.stream_id)
+        categories.append(append.category)
+        expected.append(_expected_code(append.expected_version))
+        counts.append(len(append.events))
+        for encoded in append.events:
+            event = encoded.event
+            meta = event.metadata
+            parts.append(
+                f'{{"i":"{event.event_id}","k":{k},"t":{json.dumps(event.type)},'
+                f'"v":{event.schema_version},"d":{encoded.data_json},'
+                f'"m":{encoded.metadata_json},"c":{_uuid_json(meta.correlation_id)},'
+                f'"z":{_uuid_json(meta.causation_id)}}}'
+            )
+    return (stream_ids, categories, expected, counts, "[" + ",".join(parts) + "]")
+
+
+def _envelope(row: TupleRow) -> EventEnvelope:
+    (position, event_id, stream_id, version, type_, schema_version, data, extra, correlation,
+     causation, recorded_at, _deleted) = row
+    metadata = EMPTY_METADATA if correlation is None and causation is None and not extra \
+        else EventMetadata(correlation, causation, extra)
+    return EventEnvelope(event_id, stream_id, version, position, type_, schema_version, data,
+                         metadata, recorded_at)
+
+
+class _ListenWaiter(Waiter):
+    """LISTEN on the sequencer's channel on a dedicated connection."""
+
+    def __init__(self, conn: Conn) -> None:
+        self._conn = conn
+        conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(_ddl.NOTIFY_CHANNEL)))
+
+    def wait(self, timeout: float) -> bool:
+        try:
+            for _ in self._conn.notifies(timeout=timeout, stop_after=1):
+                return True
+        except psycopg.OperationalError as e:
+            raise EventStoreUnavailable(f"lost the LISTEN connection: {e}; retry") from e
+        return False
+
+    def close(self) -> None:
+        self._conn.close()
+
+
+class PostgresRecorder(EventRecorder):
+    """The event store in schema ``lakefold`` of a PostgreSQL database.
+
+    ``pool_size`` connections are shared by threads; a background thread sequences events
+    shortly after appends (see ``_sequencer.BackgroundSequencer``)."""
+
+    def __init__(self, dsn: str, *, pool_size: int = 10, connect_timeout_s: float = 10.0,
+                 sequence_interval_s: float = 0.005, watermark_threshold_s: float = 5.0,
+                 application_name: str = "lakefold-eventstore") -> None:
+        self.dsn = dsn
+        self._masked = mask_dsn(dsn)
+        try:
+            params = psycopg.conninfo.conninfo_to_dict(dsn)
+        except psycopg.ProgrammingError as e:
+            raise EventStoreError(f"the event store DSN is invalid: {e}; check it") from e
+        self._connect_kwargs: dict[str, Any] = {"autocommit": True}
+        if "application_name" not in params:
+            self._connect_kwargs["application_name"] = application_name
+        if "connect_timeout" not in params:
+            self._connect_kwargs["connect_timeout"] = max(1, round(connect_timeout_s))
+        self._pool = psycopg_pool.ConnectionPool(
+            dsn, min_size=1, max_size=pool_size, kwargs=self._connect_kwargs, open=False,
+            timeout=connect_timeout_s, name="lakefold-eventstore",
+        )
+        try:
+            self._pool.open(wait=True, timeout=connect_timeout_s)
+        except psycopg_pool.PoolTimeout as e:
+            self._pool.close()
+            raise EventStoreUnavailable(
+                f"cannot connect to the event store at {self._masked} within "
+                f"{connect_timeout_s:.0f} s; check that the server is up and the DSN is right"
+            ) from e
+        self._sequencer = BackgroundSequencer(self.connect, interval_s=sequence_interval_s,
+                                              threshold_s=watermark_threshold_s)
+
+    # -- connections --------------------------------------------------------------------------
+
+    def connect(self) -> Conn:
+        """A new autocommit connection (not from the pool); the caller closes it."""
+        try:
+            return psycopg.connect(self.dsn, **self._connect_kwargs)
+        except psycopg.OperationalError as e:
+            raise EventStoreUnavailable(
+                f"cannot connect to the event store at {self._masked}: {e}"
+            ) from e
+
+    @contextmanager
+    def connection(self) -> Iterator[Conn]:
+        """A pooled autocommit connection, with driver errors translated."""
+        with translate_errors(self._masked), self._pool.connection() as conn:
+            yield conn
+
+    def poke(self) -> None:
+        """Ask the background sequencer for a round (after a commit that appended)."""
+        self._sequencer.poke()
+
+    def close(self) -> None:
+        self._sequencer.close()
+        self._pool.close()
+
+    def install(self) -> None:
+        _ddl.install(self.dsn)
+
+    # -- append -------------------------------------------------------------------------------
+
+    def append(self, appends: Sequence[StreamAppend]) -> AppendResult:
+        params = append_params(appends)
+        with self.connection() as conn:
+            result = append_on(conn, appends, params)
+        if not result.duplicate:
+            self._sequencer.poke()
+        return result
+
+    # -- reads --------------------------------------------------------------------------------
+
+    def read_stream(self, stream_id: str, query: StreamQuery) -> list[EventEnvelope]:
+        if query.backwards:
+            version = sql.SQL("e.stream_version <= %(version)s")
+            start = _NO_END if query.from_version is None else query.from_version
+        else:
+            version = sql.SQL("e.stream_version >= %(version)s")
+            start = 0 if query.from_version is None else query.from_version
+        statement = _READ_STREAM.format(
+            version=version,
+            deleted=sql.SQL("") if query.include_deleted else sql.SQL("AND NOT e.deleted"),
+            direction=sql.SQL("DESC" if query.backwards else "ASC"),
+        )
+        params = {"stream": stream_id, "version": start,
+                  "limit": _NO_END if query.limit is None else query.limit}
+        with self.connection() as conn:
+            rows = conn.execute(statement, params, prepare=True).fetchall()
+        return [_envelope(row) for row in rows]
+
+    def read_log(self, query: LogQuery) -> list[EventEnvelope]:
+        with self.connection() as conn:
+            return read_log_on(conn, query)
+
+    def sequence(self) -> Sequenced:
+        with self.connection() as conn:
+            return sequence_once(conn)
+
+    def stream_state(self, stream_id: str) -> StreamState:
+        with self.connection() as conn:
+            row = conn.execute(
+                "SELECT version, deleted FROM lakefold.streams WHERE stream_id = %s",
+                (stream_id,),
+            ).fetchone()
+        if row is None:
+            return StreamState(stream_id, 0)
+        return StreamState(stream_id, int(row[0]), row[1])
+
+    def positions_of(self, event_ids: Sequence[uuid.UUID]) -> dict[uuid.UUID, int | None]:
+        with self.connection() as conn:
+            rows = conn.execute(
+                "SELECT e.event_id, p.position FROM lakefold.events e "
+                "LEFT JOIN lakefold.event_positions p ON p.xid = e.xid AND p.seq = e.seq "
+                "WHERE e.event_id = ANY(%s)",
+                (list(event_ids),),
+            ).fetchall()
+        return {row[0]: row[1] for row in rows}
+
+    # -- deletion -----------------------------------------------------------------------------
+
+    def delete_stream(self, stream_id: str, *, expected_version: ExpectedVersion, hard: bool,
+                      event_id: uuid.UUID) -> AppendedEvent:
+        with self.connection() as conn:
+            try:
+                row = conn.execute(
+                    "SELECT lakefold.delete_stream(%s, %s::bigint, %s, %s)",
+                    (stream_id, _expected_code(expected_version), hard, event_id),
+                ).fetchone()
+            except psycopg.Error as e:
+                error = _append_error(e, {stream_id: expected_version})
+                if error is e:
+                    raise
+                raise error from e
+        self._sequencer.poke()
+        return AppendedEvent(event_id, stream_id, int(one_row(row)[0]))
+
+    # -- checkpoints, waiting, status ---------------------------------------------------------
+
+    def load_checkpoint(self, name: str) -> int | None:
+        with self.connection() as conn:
+            row = conn.execute(
+                "SELECT position FROM lakefold.subscription_checkpoints WHERE name = %s", (name,)
+            ).fetchone()
+        return None if row is None else int(row[0])
+
+    def save_checkpoint(self, name: str, position: int) -> None:
+        with self.connection() as conn:
+            save_checkpoint(conn, name, position)
+
+    def open_waiter(self) -> Waiter:
+        conn = self.connect()
+        try:
+            return _ListenWaiter(conn)
+        except psycopg.Error as e:
+            conn.close()
+            raise EventStoreUnavailable(f"cannot LISTEN at {self._masked}: {e}") from e
+
+    def status(self, threshold_s: float) -> EventStoreStatus:
+        with self.connection() as conn:
+            return read_status(conn, threshold_s)
+
+
+@contextmanager
+def translate_errors(masked_dsn: str) -> Iterator[None]:
+    """Turn connection and missing-schema errors into lakefold errors."""
+    try:
+        yield
+    except psycopg_pool.PoolTimeout as e:
+        raise EventStoreUnavailable(
+            f"no connection to the event store at {masked_dsn} became free or could be opened "
+            "in time; check the server, or raise StoreOptions.pool_size"
+        ) from e
+    except (psycopg.errors.UndefinedTable, psycopg.errors.UndefinedFunction,
+            psycopg.errors.InvalidSchemaName) as e:
+        raise EventStoreNotInstalled(
+            f"the event store is not installed in {masked_dsn} ({e.diag.message_primary}); run "
+            "EventStore(dsn).install() or `lakefold events install`"
+        ) from e
+    except psycopg.OperationalError as e:
+        raise EventStoreUnavailable(
+            f"the event store at {masked_dsn} failed: {type(e).__name__}: {e}; retry"
+        ) from e
+
+
+def save_checkpoint(conn: psycopg.Connection[Any], name: str, position: int) -> None:
+    """Save subscription ``name``'s checkpoint on ``conn``: inside the caller's transaction when
+    one is open, so the checkpoint commits (or rolls back) with the caller's own writes."""
+    if not isinstance(name, str) or not name:
+        raise EventStoreError(f"checkpoint name {name!r} is invalid: use a non-empty string")
+    if isinstance(position, bool) or not isinstance(position, int) or position < 0:
+        raise EventStoreError(f"checkpoint position {position!r} is invalid: use an int >= 0")
+    conn.execute(
+        "INSERT INTO lakefold.subscription_checkpoints (name, position) VALUES (%s, %s) "
+        "ON CONFLICT (name) DO UPDATE SET position = excluded.position, updated_at = now()",
+        (name, position),
+    )
+
+
+def _append_error(error: psycopg.Error, expected: dict[str, ExpectedVersion]) -> Exception:
+    """The lakefold error for a failed append or delete (``error`` itself when it is not one
+    of ours)."""
+    state = error.sqlstate
+    if state in (_ddl.SQLSTATE_WRONG_EXPECTED_VERSION, _ddl.SQLSTATE_STREAM_DELETED):
+        detail = json.loads(error.diag.message_detail or "{}")
+        stream_id = detail["stream_id"]
+        if state == _ddl.SQLSTATE_STREAM_DELETED:
+            return StreamDeleted(stream_id, mode=detail["deleted"])
+        return WrongExpectedVersion(stream_id, expected=describe_expected(expected[stream_id]),
+                                    actual_version=detail["actual"])
+    return error
+
+
+def _is_conflict(error: psycopg.Error) -> bool:
+    return error.sqlstate in (
+        _ddl.SQLSTATE_WRONG_EXPECTED_VERSION, _ddl.SQLSTATE_STREAM_DELETED
+    ) or (
+        isinstance(error, psycopg.errors.UniqueViolation)
+        and error.diag.constraint_name == "events_event_id_key"
+    )
+
+
+def append_on(conn: Conn, appends: Sequence[StreamAppend], params: tuple[Any, ...]
+              ) -> AppendResult:
+    """Append on ``conn``. In a transaction the append runs under a savepoint, so a conflict
+    leaves the caller's transaction usable."""
+    in_transaction = conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE
+    for attempt in range(3):
+        try:
+            if in_transaction:
+                with conn.transaction():
+                    row = conn.execute(_APPEND, params, prepare=True).fetchone()
+            else:
+                row = conn.execute(_APPEND, params, prepare=True).fetchone()
+            break
+        except psycopg.Error as e:
+            if not _is_conflict(e):
+                raise
+            duplicate = _find_duplicate(conn, appends, params)
+            if duplicate is not None:
+                return duplicate
+            conflict = _append_error(e, {a.stream_id: a.expected_version for a in appends})
+            if conflict is not e:
+                raise conflict from e
+            if attempt == 2:  # an id collided with an event that is gone again: rare, transient
+                raise EventStoreUnavailable(
+                    "an event id of this append collided with a concurrent append three times; "
+                    "retry the append"
+                ) from e
+    prev_versions: list[int] = one_row(row)[0]
+    events = []
+    for append, prev in zip(appends, prev_versions, strict=True):
+        for offset, encoded in enumerate(append.events, start=1):
+            events.append(AppendedEvent(encoded.event.event_id, append.stream_id, prev + offset))
+    return AppendResult(tuple(events))
+
+
+def _find_duplicate(conn: Conn, appends: Sequence[StreamAppend], params: tuple[Any, ...]
+                    ) -> AppendResult | None:
+    rows = conn.execute(_DUPLICATES, (params[0], params[4])).fetchall()
+    if not rows:
+        return None
+    total = sum(len(a.events) for a in appends)
+    if len(rows) < total:
+        raise IdempotencyConflict(
+            f"{len(rows)} of the {total} event ids of this append are already stored; a retry "
+            "must resend exactly the original events (nothing was written)"
+        )
+    different = [row for row in rows if not row[4]]
+    if different:
+        event_id, stream_id, version = different[0][:3]
+        raise IdempotencyConflict(
+            f"event id {event_id} is already stored with a different payload ({stream_id} "
+            f"v{version}); use a new event id for a different event (nothing was written)"
+        )
+    return AppendResult(
+        tuple(AppendedEvent(row[0], row[1], int(row[2]), row[3]) for row in rows),
+        duplicate=True,
+    )
+
+
+def read_log_on(conn: Conn, query: LogQuery) -> list[EventEnvelope]:
+    """Read the global log on ``conn`` (see ``LogQuery``): fetch pages of positions until
+    ``limit`` visible events are collected or the head (after one sequencing round) or
+    ``to_position`` is reached."""
+    types = None if query.types is None else [*query.types, STREAM_DELETED_TYPE]
+    if types is None:
+        positions = _POSITIONS if query.category is None else _POSITIONS_CATEGORY
+    else:
+        positions = _POSITIONS_TYPES if query.category is None else _POSITIONS_CATEGORY_TYPES
+    statement = _READ_LOG.format(positions=positions)
+    end = _NO_END if query.to_position is None else query.to_position
+    cursor = max(query.from_position, 1)
+    found: list[EventEnvelope] = []
+    sequenced = False
+    while cursor < end:
+        want = query.limit - len(found)
+        rows = conn.execute(
+            statement,
+            {"from": cursor, "to": end, "limit": want, "category": query.category,
+             "types": types},
+            prepare=True,
+        ).fetchall()
+        for row in rows:
+            if row[1] is None or (row[-1] and not query.include_deleted):
+                continue  # erased by a hard delete, or hidden by a soft delete
+            found.append(_envelope(row))
+        if rows:
+            cursor = rows[-1][0] + 1
+        if len(found) >= query.limit:
+            break
+        if len(rows) < want:  # reached the head as last sequenced
+            if sequenced:
+                break
+            head = sequence_once(conn).head
+            sequenced = True
+            if head < cursor:
+                break
+    return found

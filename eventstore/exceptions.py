@@ -1,0 +1,64 @@
+"""Errors of the event store. Each says what happened and what to do; each is transient (retry)
+or terminal (fix something first)."""
+
+from __future__ import annotations
+
+from lakefold.exceptions import TerminalError, TransientError
+
+
+class EventStoreError(TerminalError):
+    """Base of the event store's terminal errors."""
+
+
+class InvalidRequest(EventStoreError, ValueError):
+    """An append, read or delete was given bad input; nothing was written."""
+
+
+class WrongExpectedVersion(EventStoreError):
+    """The stream's version was not the one the append expected; nothing was written.
+
+    ``actual_version`` is the stream's version when the append was checked (``None``: the stream
+    does not exist). Reload the stream and decide again, or append with ``ANY``.
+    """
+
+    def __init__(self, stream_id: str, *, expected: str, actual_version: int | None) -> None:
+        self.stream_id = stream_id
+        self.expected = expected
+        self.actual_version = actual_version
+        actual = "does not exist" if actual_version is None else f"is at version {actual_version}"
+        super().__init__(
+            f"stream {stream_id!r} {actual}, but the append expected {expected}; nothing was "
+            "written: reload the stream and retry, or append with expected_version=ANY"
+        )
+
+
+class StreamDeleted(EventStoreError):
+    """The stream was deleted (``mode`` 'soft' or 'hard'); it cannot be appended to or deleted
+    again in that mode."""
+
+    def __init__(self, stream_id: str, *, mode: str) -> None:
+        self.stream_id = stream_id
+        self.mode = mode
+        super().__init__(
+            f"stream {stream_id!r} was {mode}-deleted; nothing was written: use a new stream id"
+            + (" (a soft-deleted stream can still be hard-deleted for erasure)"
+               if mode == "soft" else "")
+        )
+
+
+class IdempotencyConflict(EventStoreError):
+    """An event id is already stored with a different payload (stream, type, schema version or
+    data), or only some events of a retried append are stored; nothing was written."""
+
+
+class EventStoreNotInstalled(EventStoreError):
+    """Schema ``lakefold`` has no event store tables in this database."""
+
+
+class EventStoreUnavailable(TransientError):
+    """The PostgreSQL server could not be reached or dropped the connection; retry later."""
+
+
+class WatermarkHeld(TransientError):
+    """Committed events are not yet visible to global readers because an older transaction is
+    still running (it holds the visibility watermark); they will be once it ends."""

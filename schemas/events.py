@@ -1,0 +1,112 @@
+"""The event envelope: what is appended (``NewEvent``) and what is read back (``EventEnvelope``).
+
+Both are plain frozen values with no I/O. ``data`` and ``metadata.extra`` are JSON objects; a
+domain event's payload is validated against its registered pydantic model by
+``lakefold.schemas.EventRegistry`` before it is appended.
+
+Positions and versions:
+
+- ``stream_version`` is 1-based: a stream's first event has version 1, and a stream's version
+  is the version of its last event (0 when it has none).
+- ``position`` is the event's place in the global order, 1-based and dense. It is ``None`` for
+  an event that is committed but not yet visible to global readers (see
+  ``lakefold.eventstore``: positions are assigned after visibility).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, Final
+
+#: The type of the record appended when a stream is deleted (``StreamDeletedRecord``).
+STREAM_DELETED_TYPE: Final = "$stream.deleted"
+#: Prefix reserved for lakefold's own event types and streams.
+SYSTEM_PREFIX: Final = "$"
+
+_VERSION_7: Final = 0x7 << 76
+_VARIANT_RFC4122: Final = 0x2 << 62
+_RANDOM_80: Final = (1 << 80) - 1
+_VERSION_MASK: Final = ~(0xF << 76)
+_VARIANT_MASK: Final = ~(0x3 << 62)
+
+
+def new_event_id() -> uuid.UUID:
+    """A fresh UUIDv7 (RFC 9562): 48 bits of Unix milliseconds, then 74 random bits.
+
+    Time-ordered ids keep the store's unique index on event ids append-mostly, which makes
+    large appends markedly cheaper than with random UUIDv4s; any UUID is accepted, though.
+    """
+    value = (time.time_ns() // 1_000_000) << 80 | int.from_bytes(os.urandom(10)) & _RANDOM_80
+    return uuid.UUID(int=(value & _VERSION_MASK & _VARIANT_MASK) | _VERSION_7 | _VARIANT_RFC4122)
+
+
+def category_of(stream_id: str) -> str:
+    """The category of a stream: the part of its id before the first ``-`` (Message DB's rule),
+    or the whole id when it has no ``-``. ``order-42`` and ``order-7-a`` are in ``order``."""
+    return stream_id.split("-", 1)[0]
+
+
+@dataclass(frozen=True, slots=True)
+class EventMetadata:
+    """Who caused an event and why: correlation and causation ids, plus free-form JSON."""
+
+    correlation_id: uuid.UUID | None = None
+    causation_id: uuid.UUID | None = None
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+    def caused_by(self, event: EventEnvelope) -> EventMetadata:
+        """Metadata for an event caused by ``event``: same correlation (or ``event``'s id when it
+        had none), causation = ``event``'s id; ``extra`` is kept."""
+        correlation = event.metadata.correlation_id or event.event_id
+        return EventMetadata(correlation_id=correlation, causation_id=event.event_id,
+                             extra=self.extra)
+
+
+EMPTY_METADATA: Final = EventMetadata()
+
+
+@dataclass(frozen=True, slots=True)
+class NewEvent:
+    """An event to append. ``type`` names a registered event type, ``schema_version`` the
+    version of its payload; ``event_id`` makes the append idempotent (a retry with the same ids
+    returns the original result and writes nothing)."""
+
+    type: str
+    data: Mapping[str, Any]
+    schema_version: int = 1
+    event_id: uuid.UUID = field(default_factory=new_event_id)
+    metadata: EventMetadata = EMPTY_METADATA
+
+
+@dataclass(frozen=True, slots=True)
+class EventEnvelope:
+    """A stored event as read back. ``data`` is the payload as stored (at ``schema_version``);
+    ``event`` is the decoded domain event at its current version when the store has a
+    registry (upcast if it was stored at an older version), else ``None``."""
+
+    event_id: uuid.UUID
+    stream_id: str
+    stream_version: int
+    position: int | None
+    type: str
+    schema_version: int
+    data: Mapping[str, Any]
+    metadata: EventMetadata
+    recorded_at: datetime
+    event: Any = None
+
+    @property
+    def category(self) -> str:
+        """The stream's category (see ``category_of``)."""
+        return category_of(self.stream_id)
+
+    @property
+    def is_deletion(self) -> bool:
+        """True for the record appended when the stream was deleted: projections should forget
+        everything they derived from this stream."""
+        return self.type == STREAM_DELETED_TYPE
