@@ -1,3 +1,36 @@
 """Schemas: pydantic models of change events and domain events, versions and upcasters."""
 
+from lakefold.schemas.events import (
+    STREAM_DELETED_TYPE,
+    EventEnvelope,
+    EventMetadata,
+    NewEvent,
+    category_of,
+    new_event_id,
+)
+from lakefold.schemas.exceptions import (
+    InvalidEventData,
+    SchemaError,
+    UnknownEventType,
+    UpcastError,
+)
+from lakefold.schemas.registry import EventRegistry, EventType, StreamDeletedRecord
+
 __all__: list[str] = []
+
+# Domain events: envelope, registry, upcasters (lakefold.eventstore's side of schemas).
+__all__ += [
+    "STREAM_DELETED_TYPE",
+    "EventEnvelope",
+    "EventMetadata",
+    "EventRegistry",
+    "EventType",
+    "InvalidEventData",
+    "NewEvent",
+    "SchemaError",
+    "StreamDeletedRecord",
+    "UnknownEventType",
+    "UpcastError",
+    "category_of",
+    "new_event_id",
+]
