@@ -1,3 +1,60 @@
-"""Capture: logical replication (pgoutput) into durable, compacted changelog streams."""
+"""Capture: logical replication (pgoutput) into durable, compacted changelog streams.
 
-__all__: list[str] = []
+Write side: ``Capture(CaptureConfig(...)).run()`` reads the source's WAL through a replication
+slot and a publication that lakefold owns, and appends every change to one changelog stream
+per table, confirming the slot only after the store has the records.
+
+Read side: ``ChangelogStore(store_dsn)`` (``streams``, ``head``, ``read``, ``read_events``,
+``follow``, ``stream_schema``, ``compact``) and ``read_changelog_range`` for Spark workers.
+Positions start at 1; ``read``'s ``from_position`` is inclusive; ranges are ``[start, end)``.
+"""
+
+from lakefold.capture._capture import Capture, CaptureStats
+from lakefold.capture._config import CaptureConfig, CompactionPolicy
+from lakefold.capture._pgoutput import format_lsn, parse_lsn
+from lakefold.capture._store import (
+    META_SCHEMA,
+    ChangelogStore,
+    StreamInfo,
+    read_changelog_range,
+)
+from lakefold.capture._types import ColumnSchema, StreamSchema
+from lakefold.capture._values import Interval
+from lakefold.capture.exceptions import (
+    CaptureError,
+    ConnectionLostError,
+    DecodingError,
+    InvalidConfigError,
+    OwnershipError,
+    SlotError,
+    SourceConfigurationError,
+    StoreError,
+    StoreUnavailableError,
+    UnknownStreamError,
+)
+
+__all__: list[str] = [
+    "META_SCHEMA",
+    "Capture",
+    "CaptureConfig",
+    "CaptureError",
+    "CaptureStats",
+    "ChangelogStore",
+    "ColumnSchema",
+    "CompactionPolicy",
+    "ConnectionLostError",
+    "DecodingError",
+    "Interval",
+    "InvalidConfigError",
+    "OwnershipError",
+    "SlotError",
+    "SourceConfigurationError",
+    "StoreError",
+    "StoreUnavailableError",
+    "StreamInfo",
+    "StreamSchema",
+    "UnknownStreamError",
+    "format_lsn",
+    "parse_lsn",
+    "read_changelog_range",
+]

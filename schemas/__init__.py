@@ -1,5 +1,6 @@
 """Schemas: pydantic models of change events and domain events, versions and upcasters."""
 
+from lakefold.schemas.change import ChangeEvent, ChangeSource, Operation
 from lakefold.schemas.events import (
     STREAM_DELETED_TYPE,
     EventEnvelope,
@@ -16,7 +17,7 @@ from lakefold.schemas.exceptions import (
 )
 from lakefold.schemas.registry import EventRegistry, EventType, StreamDeletedRecord
 
-__all__: list[str] = []
+__all__: list[str] = ["ChangeEvent", "ChangeSource", "Operation"]
 
 # Domain events: envelope, registry, upcasters (lakefold.eventstore's side of schemas).
 __all__ += [

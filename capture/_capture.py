@@ -1,0 +1,449 @@
+"""``Capture``: set up the publication and slot, then stream changes into the changelog store,
+reconnecting after connection drops, until stopped or caught up.
+
+The guarantees:
+
+* A source transaction becomes visible in the store atomically (stream heads move at commit).
+* The slot's flush LSN is confirmed only after the records up to it are committed in the store
+  (``StorePipeline.durable_flush``), so the server keeps every change not yet stored.
+* After a crash or a reconnect, the server resends from the slot's confirmed LSN and the
+  decoder skips what the store's checkpoint covers: a SIGKILL at any instant loses nothing and
+  duplicates nothing.
+* Set-up checks everything before it creates anything; a failure in set-up removes what that
+  set-up created.
+"""
+
+from __future__ import annotations
+
+import logging
+import selectors
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import psycopg
+
+from lakefold.capture import _ddl, _source
+from lakefold.capture._config import CaptureConfig
+from lakefold.capture._decoder import Decoder, DecoderOptions
+from lakefold.capture._pgoutput import format_lsn
+from lakefold.capture._pipeline import StorePipeline, translate_store_error
+from lakefold.capture._replication import ReplicationConnection, SlotInUseError, parse_keepalive
+from lakefold.capture._writer import ChangelogWriter
+from lakefold.capture.exceptions import (
+    CaptureError,
+    ConnectionLostError,
+    OwnershipError,
+    SlotError,
+    StoreError,
+)
+from lakefold.dsn import mask_dsn
+from lakefold.exceptions import TransientError
+
+log = logging.getLogger(__name__)
+
+_IDLE_PROBE_S = 0.05  # how often to ask the server where it is while waiting for until_lsn
+_SYNC_AFTER_S = 0.5  # then nudge it with a WAL message (see _nudge)
+
+
+@dataclass(frozen=True, slots=True)
+class CaptureStats:
+    """What one ``Capture.run`` did."""
+
+    records: int
+    batches: int
+    flushed_lsn: int
+    reconnects: int
+    elapsed_s: float
+
+    @property
+    def flushed_lsn_text(self) -> str:
+        return format_lsn(self.flushed_lsn)
+
+
+@dataclass
+class _Counters:
+    records: int = 0
+    batches: int = 0
+    flushed: int = 0
+    reconnects: int = 0
+
+
+def _connect(dsn: str, *, what: str, setup: bool) -> psycopg.Connection[Any]:
+    try:
+        return psycopg.connect(dsn, autocommit=True, connect_timeout=10)
+    except psycopg.OperationalError as e:
+        reason = str(e).strip().splitlines()[-1] if str(e).strip() else type(e).__name__
+        if setup:
+            cls: type[CaptureError] = StoreError if what == "store" else CaptureError
+            raise cls(
+                f"cannot connect to the {what} at {mask_dsn(dsn)}: {reason}; check the "
+                f"{'store DSN (LAKEFOLD_STORE_DSN)' if what == 'store' else 'DSN (LAKEFOLD_DSN)'}"
+                " and that the server is running and reachable"
+            ) from e
+        raise ConnectionLostError(f"cannot connect to the {what} at {mask_dsn(dsn)}: "
+                                  f"{reason}") from e
+
+
+class Capture:
+    """Captures the configured tables of one source database into changelog streams.
+
+    ``setup()`` validates the source and creates the publication and slot (``run`` calls it);
+    ``run()`` streams changes; ``drop()`` removes the slot and publication (streams stay).
+    """
+
+    def __init__(self, config: CaptureConfig) -> None:
+        self.config = config
+        self._database = ""
+        self._system_id = ""
+
+    # -- set-up ----------------------------------------------------------------------------
+
+    def setup(self) -> None:
+        """Check the source and the store, then create what is missing: store tables,
+        publication, slot. Idempotent. Nothing is left half-made when it fails."""
+        cfg = self.config
+        store_dsn = cfg.resolved_store_dsn
+        with _connect(store_dsn, what="store", setup=True) as store, \
+                _connect(cfg.source_dsn, what="source database", setup=True) as source:
+            _source.check_source(source)
+            _source.resolve_tables(source, schema=cfg.schema, tables=cfg.table_refs)
+            self._system_id, self._database = _source.system_identity(source)
+            existing = _source.slot_info(source, cfg.slot)
+            writer = ChangelogWriter(store, cfg.slot)
+            record = writer.slot_record() if _ddl.is_installed(store) else None
+            self._check_ownership(existing, record)
+            _ddl.install(store)
+            had_publication, _ = _source.publication_comment(source, cfg.publication)
+            _source.ensure_publication(source, cfg.publication, schema=cfg.schema,
+                                       tables=cfg.table_refs)
+            if existing is None:
+                self._create_slot(source, writer, drop_publication=not had_publication)
+
+    def _check_ownership(self, slot: _source.SlotInfo | None,
+                         record: dict[str, Any] | None) -> None:
+        cfg = self.config
+        if slot is not None and record is None:
+            raise OwnershipError(
+                f"replication slot {cfg.slot!r} already exists on the source but this store has "
+                "no record of it: it belongs to another program or another lakefold store. "
+                "Choose another slot name, or drop the slot if it is unused")
+        if slot is None and record is not None:
+            raise SlotError(
+                f"replication slot {cfg.slot!r} is recorded in the store but no longer exists on "
+                "the source (dropped or lost), so changes since "
+                f"{format_lsn(int(record['flush_lsn']))} may be missing. Run `lakefold capture "
+                "drop` for this slot and capture again from a fresh snapshot")
+        if slot is None or record is None:
+            return
+        _source.check_slot(slot, database=self._database, application_name=cfg.application_name)
+        if record["publication"] != cfg.publication:
+            raise OwnershipError(
+                f"slot {cfg.slot!r} captures publication {record['publication']!r}, not "
+                f"{cfg.publication!r}; use the same publication, or another slot name")
+        if (record["source_system_id"], record["source_database"]) != (self._system_id,
+                                                                       self._database):
+            raise OwnershipError(
+                f"slot {cfg.slot!r} in this store belongs to database "
+                f"{record['source_database']!r} of another server; use another slot name")
+
+    def _create_slot(self, source: psycopg.Connection[Any], writer: ChangelogWriter, *,
+                     drop_publication: bool) -> None:
+        cfg = self.config
+        repl = ReplicationConnection(cfg.source_dsn, application_name=cfg.application_name)
+        created = None
+        try:
+            repl.open()
+            created = repl.create_slot(cfg.slot)
+            repl.close()
+            writer.register_slot(publication=cfg.publication, system_id=self._system_id,
+                                 database=self._database,
+                                 consistent_point=created.consistent_point)
+            log.info("created slot %s at %s", cfg.slot, format_lsn(created.consistent_point))
+        except BaseException:
+            repl.close()
+            if created is not None:
+                _source.drop_slot(source, cfg.slot)
+            if drop_publication:
+                source.execute(psycopg.sql.SQL("DROP PUBLICATION IF EXISTS {}").format(
+                    psycopg.sql.Identifier(cfg.publication)))
+            raise
+
+    def drop(self) -> None:
+        """Drop the slot and the publication (if lakefold owns them) and forget the slot in
+        the store. Streams and their records stay."""
+        cfg = self.config
+        with _connect(cfg.resolved_store_dsn, what="store", setup=True) as store, \
+                _connect(cfg.source_dsn, what="source database", setup=True) as source:
+            slot = _source.slot_info(source, cfg.slot)
+            if slot is not None:
+                if slot.active_pid is not None:
+                    _source.terminate_stale_walsender(source, slot, cfg.application_name)
+                    time.sleep(0.2)
+                _source.drop_slot(source, cfg.slot)
+            exists, comment = _source.publication_comment(source, cfg.publication)
+            if exists and comment == _source.PUBLICATION_MARKER:
+                source.execute(psycopg.sql.SQL("DROP PUBLICATION {}").format(
+                    psycopg.sql.Identifier(cfg.publication)))
+            if _ddl.is_installed(store):
+                ChangelogWriter(store, cfg.slot).forget_slot()
+
+    # -- running ---------------------------------------------------------------------------
+
+    def run(self, *, stop: threading.Event | None = None,
+            until_lsn: int | None = None) -> CaptureStats:
+        """Capture until ``stop`` is set, or until everything up to ``until_lsn`` (e.g. the
+        source's ``pg_current_wal_lsn()`` after a workload) is durable in the store.
+
+        Connection drops are retried with exponential backoff (up to
+        ``config.max_backoff``); terminal errors raise.
+        """
+        started = time.monotonic()
+        self.setup()
+        stop = stop or threading.Event()
+        counters = _Counters()
+        compactor = self._start_compactor(stop)
+        backoff = 0.1
+        failures = 0
+        try:
+            while True:
+                before = counters.records
+                try:
+                    self._session(stop, until_lsn, counters)
+                    break
+                except TransientError as e:
+                    if stop.is_set():
+                        break
+                    failures = 0 if counters.records > before else failures + 1
+                    if self.config.max_retries is not None and failures > \
+                            self.config.max_retries:
+                        raise
+                    counters.reconnects += 1
+                    backoff = 0.1 if counters.records > before else backoff
+                    log.warning("capture %s: %s; reconnecting in %.1f s", self.config.slot, e,
+                                backoff)
+                    stop.wait(backoff)
+                    backoff = min(backoff * 2, self.config.max_backoff.total_seconds())
+        finally:
+            if compactor is not None:
+                compactor.stop()
+        return CaptureStats(counters.records, counters.batches, counters.flushed,
+                            counters.reconnects, time.monotonic() - started)
+
+    def _start_compactor(self, stop: threading.Event) -> Any:
+        if self.config.compaction is None:
+            return None
+        from lakefold.capture._compaction import BackgroundCompactor
+
+        return BackgroundCompactor(self.config.resolved_store_dsn, self.config.compaction,
+                                   slot=self.config.slot).start()
+
+    def _session(self, stop: threading.Event, until_lsn: int | None,
+                 counters: _Counters) -> None:
+        cfg = self.config
+        store_dsn = cfg.resolved_store_dsn
+        meta = _connect(store_dsn, what="store", setup=False)
+        pipeline: StorePipeline | None = None
+        repl = ReplicationConnection(cfg.source_dsn, application_name=cfg.application_name)
+        side: psycopg.Connection[Any] | None = None
+        try:
+            side = _connect(cfg.source_dsn, what="source database", setup=False)
+            registry = ChangelogWriter(meta, cfg.slot)
+            state = registry.load_state()
+            decoder = Decoder(
+                state, slot_field=registry.slot_field,
+                resolver=_source.SourceCatalog(side, database=self._database),
+                registry=registry,
+                options=DecoderOptions(database=self._database, stream_prefix=cfg.stream_prefix,
+                                       keep_messages=cfg.keep_messages,
+                                       batch_rows=cfg.batch_rows, batch_bytes=cfg.batch_bytes),
+            )
+            self._claim_slot(side)
+            repl.open()
+            repl.start(cfg.slot, options=self._plugin_options())
+            pipeline = StorePipeline(_connect(store_dsn, what="store", setup=False),
+                                     slot=cfg.slot, dsn=store_dsn,
+                                     flushed=state.checkpoint.flush_lsn)
+            _Loop(self, repl, decoder, pipeline, side, stop, until_lsn, counters).run()
+        except psycopg.Error as e:
+            raise translate_store_error(
+                e, f"the source ({mask_dsn(cfg.source_dsn)}) or the store", "keep capturing") from e
+        finally:
+            if pipeline is not None:
+                counters.records += pipeline.records_written
+                counters.batches += pipeline.batches_written
+                pipeline.close()
+            repl.close()
+            meta.close()
+            if side is not None:
+                side.close()
+
+    def _claim_slot(self, side: psycopg.Connection[Any]) -> None:
+        """The slot must exist; a walsender of an earlier, killed run is ended."""
+        slot = _source.slot_info(side, self.config.slot)
+        if slot is None:
+            raise SlotError(f"replication slot {self.config.slot!r} disappeared from the source; "
+                            "run `lakefold capture drop` and capture again from a snapshot")
+        _source.check_slot(slot, database=self._database,
+                           application_name=self.config.application_name)
+        if _source.terminate_stale_walsender(side, slot, self.config.application_name):
+            raise SlotInUseError(f"slot {self.config.slot!r} was still held by the walsender "
+                                 f"of an earlier run (pid {slot.active_pid}); ended it")
+
+    def _plugin_options(self) -> dict[str, str]:
+        cfg = self.config
+        options = {
+            "proto_version": "2" if cfg.streaming else "1",
+            "publication_names": psycopg.sql.Identifier(cfg.publication).as_string(),
+        }
+        if cfg.streaming:
+            options["streaming"] = "on"
+        if cfg.keep_messages:
+            options["messages"] = "true"
+        return options
+
+
+class _Loop:
+    """One replication session's read loop (kept apart from Capture for readability)."""
+
+    def __init__(self, capture: Capture, repl: ReplicationConnection, decoder: Decoder,
+                 pipeline: StorePipeline, side: psycopg.Connection[Any], stop: threading.Event,
+                 until_lsn: int | None, counters: _Counters) -> None:
+        self.capture = capture
+        self.repl = repl
+        self.decoder = decoder
+        self.pipeline = pipeline
+        self.side = side
+        self.stop = stop
+        self.until_lsn = until_lsn
+        self.counters = counters
+        self.sent_flush = pipeline.durable_flush
+        self.idle_flush = 0  # LSN confirmed from keepalives while nothing was pending
+        self.received = 0
+        self.last_status = time.monotonic()
+        self.idle_since: float | None = None
+        self.last_probe = 0.0
+        self.nudged = False
+        self.feedback_every = capture.config.feedback_interval.total_seconds()
+
+    @property
+    def confirmed(self) -> int:
+        return max(self.pipeline.durable_flush, self.idle_flush)
+
+    def _quiet(self) -> bool:
+        return not self.decoder.in_transaction and not self.decoder.has_pending \
+            and self.pipeline.idle
+
+    def send_status(self, *, reply: bool = False, force: bool = False) -> None:
+        confirmed = self.confirmed
+        now = time.monotonic()
+        if confirmed > self.sent_flush or reply or force \
+                or now - self.last_status >= self.feedback_every:
+            self.repl.send_status(written=max(self.received, confirmed), flushed=confirmed,
+                                  reply=reply)
+            self.sent_flush = max(self.sent_flush, confirmed)
+            self.last_status = now
+            self.counters.flushed = max(self.counters.flushed, confirmed)
+
+    def submit(self) -> None:
+        self.pipeline.submit(self.decoder.take_batch(), while_waiting=self.send_status)
+        self.send_status()
+
+    def done(self) -> bool:
+        return self.until_lsn is not None and self.confirmed >= self.until_lsn
+
+    def run(self) -> None:
+        pgconn = self.repl.pgconn
+        get_copy_data = pgconn.get_copy_data
+        decoder = self.decoder
+        feed = decoder.feed
+        selector = selectors.DefaultSelector()
+        selector.register(pgconn.socket, selectors.EVENT_READ)
+        selector.register(self.pipeline.wakeup_fd, selectors.EVENT_READ)
+        try:
+            while True:
+                nbytes, data = get_copy_data(1)
+                if nbytes > 0:
+                    kind = data[0]
+                    if kind == 0x77:  # 'w' XLogData
+                        feed(data)
+                        if decoder.batch_full:
+                            self.submit()
+                            if self.stop.is_set():
+                                break
+                    elif kind == 0x6B:  # 'k' keepalive
+                        wal_end, reply = parse_keepalive(data)
+                        self.received = max(self.received, wal_end)
+                        if self._quiet() and wal_end > self.idle_flush:
+                            self.idle_flush = wal_end
+                        if reply:
+                            self.send_status(force=True)
+                    continue
+                if nbytes == 0:
+                    if self._idle_step():
+                        break
+                    ready = selector.select(timeout=self._wait_timeout())
+                    if any(key.fd == self.pipeline.wakeup_fd for key, _ in ready):
+                        self.pipeline.drain_wakeups()
+                        self.pipeline.check()
+                    pgconn.consume_input()
+                    continue
+                if nbytes == -1:
+                    result = pgconn.get_result()
+                    from lakefold.capture._replication import raise_for_result
+
+                    raise_for_result(result, "keep replicating")
+                    raise ConnectionLostError("the source ended the replication stream")
+                raise ConnectionLostError(
+                    f"replication connection failed: {pgconn.get_error_message().strip()}")
+            self._finish()
+        except psycopg.OperationalError as e:
+            raise ConnectionLostError(f"the replication connection to the source dropped: "
+                                      f"{str(e).strip()}") from e
+        finally:
+            selector.close()
+
+    def _wait_timeout(self) -> float:
+        if self.until_lsn is not None and self._quiet():
+            return _IDLE_PROBE_S
+        return 1.0
+
+    def _idle_step(self) -> bool:
+        """Work to do whenever the socket has nothing buffered; True to end the session."""
+        decoder = self.decoder
+        if decoder.has_pending and (not decoder.in_transaction or decoder.batch_full):
+            self.submit()
+        self.pipeline.check()
+        self.send_status()
+        if self.stop.is_set() or self.done():
+            return True
+        if self.until_lsn is not None and self._quiet():
+            now = time.monotonic()
+            self.idle_since = self.idle_since or now
+            if now - self.last_probe >= _IDLE_PROBE_S:
+                self.last_probe = now
+                self.send_status(reply=True)  # the server answers with where it is
+            if not self.nudged and now - self.idle_since >= _SYNC_AFTER_S:
+                self._nudge()
+        else:
+            self.idle_since = None
+        return False
+
+    def _nudge(self) -> None:
+        """Write a tiny non-transactional WAL message, so that the walsender's position
+        passes ``until_lsn`` even when nothing else is written after it."""
+        self.nudged = True
+        try:
+            self.side.execute("SELECT pg_logical_emit_message(false, 'lakefold.sync', '')")
+        except psycopg.Error as e:
+            log.warning("could not write a sync message to the source (%s); waiting for the "
+                        "server to move on its own", e)
+
+    def _finish(self) -> None:
+        """Store what is pending, wait for the store, confirm the final flush LSN."""
+        if self.decoder.has_pending:
+            self.pipeline.submit(self.decoder.take_batch(), while_waiting=self.send_status)
+        while not self.pipeline.wait_idle(timeout=0.5):
+            self.send_status()
+        self.send_status(force=True)

@@ -1,0 +1,93 @@
+"""What a capture reads and where it writes: ``CaptureConfig``."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Final
+
+from lakefold.capture._source import TableRef
+from lakefold.capture.exceptions import InvalidConfigError
+
+_SLOT_NAME: Final = re.compile(r"^[a-z0-9_]{1,63}$")
+
+
+@dataclass(frozen=True, slots=True)
+class CompactionPolicy:
+    """Background compaction during ``Capture.run``: every ``interval``, keep the latest
+    record per key and drop tombstones older than ``tombstone_retention``."""
+
+    interval: timedelta = timedelta(minutes=5)
+    tombstone_retention: timedelta = timedelta(hours=24)
+    chunk_positions: int = 50_000
+
+
+@dataclass(frozen=True, slots=True)
+class CaptureConfig:
+    """A capture of one source database into a changelog store.
+
+    ``source_dsn``: the database to capture (the role needs REPLICATION).
+    ``store_dsn``: where the ``lakefold`` schema lives; defaults to the source database.
+    ``slot`` / ``publication``: the replication slot and publication lakefold creates and
+    owns (slot names: lower-case letters, digits and ``_``).
+    ``schema`` or ``tables``: capture every table of one schema (tables created later
+    included), or the listed ``schema.table`` names. Exactly one of them.
+    ``stream_prefix``: streams are named ``<prefix><schema>.<table>``.
+    ``streaming``: protocol v2 with streaming of large in-progress transactions (the server
+    sends them before they commit instead of spilling them to disk first).
+    ``keep_messages``: store logical decoding messages in ``lakefold.capture_messages``.
+    ``compaction``: compact the streams in the background while capturing.
+    ``max_retries``: give up after this many consecutive failed reconnects (None: never).
+    """
+
+    source_dsn: str
+    store_dsn: str | None = None
+    slot: str = "lakefold"
+    publication: str = "lakefold"
+    schema: str | None = None
+    tables: tuple[str, ...] = ()
+    stream_prefix: str = ""
+    streaming: bool = True
+    keep_messages: bool = False
+    batch_rows: int = 20_000
+    batch_bytes: int = 8 << 20
+    feedback_interval: timedelta = timedelta(seconds=10)
+    max_backoff: timedelta = timedelta(seconds=10)
+    max_retries: int | None = None
+    compaction: CompactionPolicy | None = None
+    table_refs: tuple[TableRef, ...] = field(init=False, default=())
+
+    def __post_init__(self) -> None:
+        if not self.source_dsn:
+            raise InvalidConfigError("source_dsn is empty; give the DSN of the database to "
+                                     "capture (LAKEFOLD_DSN or --dsn)")
+        if not _SLOT_NAME.match(self.slot):
+            raise InvalidConfigError(
+                f"slot name {self.slot!r} is invalid; use 1-63 lower-case letters, digits and "
+                "underscores")
+        if not self.publication or len(self.publication) > 63:
+            raise InvalidConfigError(
+                f"publication name {self.publication!r} must have 1-63 characters")
+        if (self.schema is None) == (not self.tables):
+            raise InvalidConfigError(
+                "say what to capture: either a schema (all its tables) or a list of tables, "
+                "not both and not neither")
+        if isinstance(self.tables, str):
+            raise InvalidConfigError("tables must be a sequence of 'schema.table' names")
+        refs = tuple(TableRef.parse(t) for t in self.tables)
+        if len(set(refs)) != len(refs):
+            raise InvalidConfigError(f"tables lists a table twice: {', '.join(self.tables)}")
+        object.__setattr__(self, "table_refs", refs)
+        if self.batch_rows < 1 or self.batch_bytes < 1024:
+            raise InvalidConfigError("batch_rows must be >= 1 and batch_bytes >= 1024")
+
+    @property
+    def resolved_store_dsn(self) -> str:
+        """The store DSN (the source's when not set)."""
+        return self.store_dsn or self.source_dsn
+
+    @property
+    def application_name(self) -> str:
+        """The application name of the capture's replication connection."""
+        return f"lakefold-capture:{self.slot}"

@@ -1,0 +1,148 @@
+"""The changelog store's tables, in schema ``lakefold`` of the store database.
+
+``capture_slots``       one row per replication slot a capture owns: the de-duplication
+                        checkpoint ``(commit_lsn, ordinal, complete)`` and the flush LSN,
+                        written in the same transaction as the records they describe.
+``changelog_streams``   one row per stream (captured table): ``head`` is the last position
+                        readers may see; it only moves at source transaction boundaries.
+``changelog_schemas``   the columns of each stream, per schema version.
+``changelog``           the records. ``(stream_id, position)`` is the primary key; positions
+                        are assigned densely from 1 by the capture, the only writer.
+``changelog_staging``   rows of large in-progress transactions streamed by the server
+                        (protocol v2), moved into ``changelog`` when they commit. UNLOGGED: its
+                        content is discarded at every capture start anyway.
+``changelog_compaction`` how far each stream has been compacted.
+``capture_messages``    logical decoding messages (``pg_logical_emit_message``) captured
+                        when the capture is configured to keep them.
+
+``install`` is idempotent and safe to run concurrently (it takes an advisory lock).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Final
+
+import psycopg
+from psycopg import errors
+
+SCHEMA: Final = "lakefold"
+STORE_VERSION: Final = 1
+_INSTALL_LOCK: Final = 0x6C616B65_63617074  # "lakecapt"
+
+_DDL: Final = """
+CREATE TABLE IF NOT EXISTS lakefold.capture_slots (
+    slot_name text PRIMARY KEY,
+    publication text NOT NULL,
+    source_system_id text NOT NULL,
+    source_database text NOT NULL,
+    commit_lsn bigint NOT NULL DEFAULT 0,
+    ordinal bigint NOT NULL DEFAULT 0,
+    complete boolean NOT NULL DEFAULT true,
+    flush_lsn bigint NOT NULL DEFAULT 0,
+    records bigint NOT NULL DEFAULT 0,
+    last_commit_ts timestamptz,
+    created_at timestamptz NOT NULL DEFAULT now(),
+    updated_at timestamptz NOT NULL DEFAULT now()
+);
+CREATE TABLE IF NOT EXISTS lakefold.changelog_streams (
+    stream_id integer GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    name text NOT NULL UNIQUE,
+    slot_name text NOT NULL,
+    source_database text NOT NULL,
+    source_schema text NOT NULL,
+    source_table text NOT NULL,
+    head bigint NOT NULL DEFAULT 0,
+    schema_version integer NOT NULL DEFAULT 0,
+    last_commit_ts timestamptz,
+    created_at timestamptz NOT NULL DEFAULT now()
+);
+CREATE TABLE IF NOT EXISTS lakefold.changelog_schemas (
+    stream_id integer NOT NULL REFERENCES lakefold.changelog_streams ON DELETE CASCADE,
+    version integer NOT NULL,
+    relation_oid bigint NOT NULL,
+    replica_identity text NOT NULL,
+    source_schema text NOT NULL,
+    source_table text NOT NULL,
+    columns jsonb NOT NULL,
+    created_lsn bigint NOT NULL,
+    created_at timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (stream_id, version)
+);
+CREATE TABLE IF NOT EXISTS lakefold.changelog (
+    stream_id integer NOT NULL,
+    position bigint NOT NULL,
+    ordinal bigint NOT NULL,
+    commit_lsn bigint NOT NULL,
+    xid bigint NOT NULL,
+    commit_ts timestamptz NOT NULL,
+    schema_version integer NOT NULL,
+    op "char" NOT NULL,
+    key text[] COLLATE "C",
+    before text[],
+    after text[],
+    PRIMARY KEY (stream_id, position)
+);
+-- Compaction and lookups by key ("latest record of this key").
+CREATE INDEX IF NOT EXISTS changelog_key_idx ON lakefold.changelog (stream_id, key, position);
+-- Tombstone and truncate expiry without scanning the stream.
+CREATE INDEX IF NOT EXISTS changelog_tombstone_idx ON lakefold.changelog (stream_id, position)
+    WHERE op IN ('d', 't');
+CREATE UNLOGGED TABLE IF NOT EXISTS lakefold.changelog_staging (
+    slot_name text NOT NULL,
+    xid bigint NOT NULL,
+    subxid bigint NOT NULL,
+    seq bigint NOT NULL,
+    stream_id integer NOT NULL,
+    schema_version integer NOT NULL,
+    op "char" NOT NULL,
+    key text[] COLLATE "C",
+    before text[],
+    after text[]
+);
+CREATE INDEX IF NOT EXISTS changelog_staging_idx ON lakefold.changelog_staging
+    (slot_name, xid, seq);
+CREATE TABLE IF NOT EXISTS lakefold.changelog_compaction (
+    stream_id integer PRIMARY KEY REFERENCES lakefold.changelog_streams ON DELETE CASCADE,
+    compacted_to bigint NOT NULL DEFAULT 0,
+    removed bigint NOT NULL DEFAULT 0,
+    last_run timestamptz
+);
+CREATE TABLE IF NOT EXISTS lakefold.capture_messages (
+    slot_name text NOT NULL,
+    lsn bigint NOT NULL,
+    commit_lsn bigint,
+    ordinal bigint NOT NULL,
+    transactional boolean NOT NULL,
+    prefix text NOT NULL,
+    content bytea NOT NULL,
+    PRIMARY KEY (slot_name, lsn, ordinal)
+);
+"""
+
+#: Tables of the store that must never be published for capture.
+STORE_TABLES: Final = (
+    "capture_slots", "changelog_streams", "changelog_schemas", "changelog",
+    "changelog_staging", "changelog_compaction", "capture_messages",
+)
+
+
+def install(conn: psycopg.Connection[Any]) -> None:
+    """Create schema ``lakefold`` and the changelog tables if missing (idempotent).
+
+    Runs in one transaction under an advisory lock, so concurrent installs do not race.
+    ``conn`` must not be inside a transaction.
+    """
+    with conn.transaction():
+        conn.execute("SELECT pg_advisory_xact_lock(%s)", (_INSTALL_LOCK,))
+        try:
+            with conn.transaction():
+                conn.execute("CREATE SCHEMA IF NOT EXISTS lakefold")
+        except (errors.UniqueViolation, errors.DuplicateSchema):
+            pass  # created concurrently by another lakefold component: that is fine
+        conn.execute(_DDL)
+
+
+def is_installed(conn: psycopg.Connection[Any]) -> bool:
+    """True when the changelog tables exist in the store."""
+    row = conn.execute("SELECT to_regclass('lakefold.changelog') IS NOT NULL").fetchone()
+    return bool(row and row[0])

@@ -1,0 +1,342 @@
+"""The source database: checks before capturing, the publication lakefold owns, slots, and
+catalog lookups (types and keys) for Relation messages.
+
+Everything here runs over ordinary (non-replication) connections. The checks run before
+anything is created, so a misconfigured source gets a clear error and nothing half-made.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any, Final
+
+import psycopg
+from psycopg import errors, sql
+
+from lakefold.capture import _pgoutput as pgo
+from lakefold.capture._types import (
+    ColumnSchema,
+    StreamSchema,
+    TypeInfo,
+    builtin_type,
+    type_from_catalog,
+)
+from lakefold.capture.exceptions import (
+    OwnershipError,
+    SlotError,
+    SourceConfigurationError,
+)
+
+log = logging.getLogger(__name__)
+
+#: Marks a publication as created and managed by lakefold (its COMMENT).
+PUBLICATION_MARKER: Final = "lakefold capture publication"
+
+
+@dataclass(frozen=True, slots=True)
+class TableRef:
+    """A source table, ``schema.table``."""
+
+    schema: str
+    table: str
+
+    @classmethod
+    def parse(cls, text: str) -> TableRef:
+        """``"s.t"`` or ``"t"`` (schema ``public``)."""
+        schema, sep, table = text.strip().rpartition(".")
+        if not table:
+            raise SourceConfigurationError(f"table name {text!r} is empty; use schema.table")
+        return cls(schema if sep else "public", table)
+
+    def __str__(self) -> str:
+        return f"{self.schema}.{self.table}"
+
+
+@dataclass(frozen=True, slots=True)
+class SlotInfo:
+    """A replication slot as ``pg_replication_slots`` shows it."""
+
+    name: str
+    plugin: str | None
+    slot_type: str
+    database: str | None
+    active_pid: int | None
+    confirmed_flush_lsn: int | None
+    wal_status: str | None
+
+
+def check_source(conn: psycopg.Connection[Any]) -> None:
+    """wal_level must be logical and the role must be allowed to replicate."""
+    (wal_level,) = conn.execute("SHOW wal_level").fetchone() or ("?",)
+    if wal_level != "logical":
+        raise SourceConfigurationError(
+            f"wal_level is {wal_level!r} on the source; set wal_level = logical in "
+            "postgresql.conf (ALTER SYSTEM SET wal_level = logical) and restart the server"
+        )
+    row = conn.execute(
+        "SELECT current_user, rolreplication OR rolsuper FROM pg_roles "
+        "WHERE rolname = current_user"
+    ).fetchone()
+    if row is None or not row[1]:
+        user = row[0] if row else "?"
+        raise SourceConfigurationError(
+            f"role {user!r} lacks the REPLICATION attribute needed to read the WAL; run "
+            f"ALTER ROLE {user} REPLICATION as a superuser, or capture as a role that has it"
+        )
+
+
+def system_identity(conn: psycopg.Connection[Any]) -> tuple[str, str]:
+    """(system identifier, database name) of the source."""
+    row = conn.execute(
+        "SELECT system_identifier::text, current_database() FROM pg_control_system()"
+    ).fetchone()
+    if row is None:
+        raise SourceConfigurationError("cannot read the source's system identifier")
+    return str(row[0]), str(row[1])
+
+
+def _keyless(conn: psycopg.Connection[Any], oids: list[int]) -> list[str]:
+    """Tables among ``oids`` that have neither a primary key nor a replica identity index."""
+    rows = conn.execute(
+        "SELECT format('%%I.%%I', n.nspname, c.relname) FROM pg_class c "
+        "JOIN pg_namespace n ON n.oid = c.relnamespace WHERE c.oid = ANY(%s) "
+        "AND NOT EXISTS (SELECT 1 FROM pg_index i WHERE i.indrelid = c.oid "
+        "  AND (i.indisprimary OR (i.indisreplident AND c.relreplident = 'i'))) "
+        "ORDER BY 1",
+        (oids,),
+    ).fetchall()
+    return [r[0] for r in rows]
+
+
+def resolve_tables(conn: psycopg.Connection[Any], *, schema: str | None,
+                   tables: tuple[TableRef, ...]) -> list[int]:
+    """OIDs of the tables to capture (a whole schema, or a list); checks they exist, are
+    ordinary or partitioned tables, are not lakefold's, and have a key."""
+    if schema is not None:
+        if schema == "lakefold":
+            raise SourceConfigurationError(
+                "schema 'lakefold' holds lakefold's own store; it is never captured. Capture "
+                "your application's schema instead"
+            )
+        exists = conn.execute("SELECT 1 FROM pg_namespace WHERE nspname = %s",
+                              (schema,)).fetchone()
+        if exists is None:
+            raise SourceConfigurationError(
+                f"schema {schema!r} does not exist in the source database; check the name")
+        rows = conn.execute(
+            "SELECT c.oid FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
+            "WHERE n.nspname = %s AND c.relkind IN ('r', 'p') AND NOT c.relispartition",
+            (schema,),
+        ).fetchall()
+        oids = [int(r[0]) for r in rows]
+    else:
+        oids = []
+        for ref in tables:
+            if ref.schema == "lakefold":
+                raise SourceConfigurationError(
+                    f"{ref} belongs to lakefold's own store and is never captured")
+            row = conn.execute(
+                "SELECT c.oid, c.relkind FROM pg_class c JOIN pg_namespace n "
+                "ON n.oid = c.relnamespace WHERE n.nspname = %s AND c.relname = %s",
+                (ref.schema, ref.table),
+            ).fetchone()
+            if row is None:
+                raise SourceConfigurationError(
+                    f"table {ref} does not exist in the source database; check the name")
+            if row[1] not in ("r", "p"):
+                raise SourceConfigurationError(
+                    f"{ref} is not a table (relkind {row[1]!r}); only tables can be captured")
+            oids.append(int(row[0]))
+    keyless = _keyless(conn, oids)
+    if keyless:
+        raise SourceConfigurationError(
+            f"table(s) {', '.join(keyless)} have no primary key and no replica identity index, "
+            "so changes cannot be keyed (and UPDATE/DELETE on them would fail once published); "
+            "add a primary key, or ALTER TABLE ... REPLICA IDENTITY USING INDEX <unique index>, "
+            "or leave them out of the capture"
+        )
+    return oids
+
+
+def publication_comment(conn: psycopg.Connection[Any], name: str) -> tuple[bool, str | None]:
+    """(exists, comment) of publication ``name``."""
+    row = conn.execute(
+        "SELECT obj_description(oid, 'pg_publication') FROM pg_publication WHERE pubname = %s",
+        (name,),
+    ).fetchone()
+    return (row is not None, row[0] if row else None)
+
+
+def ensure_publication(conn: psycopg.Connection[Any], name: str, *, schema: str | None,
+                       tables: tuple[TableRef, ...]) -> None:
+    """Create publication ``name`` for the schema or tables, or bring lakefold's existing one
+    up to date. Refuses a publication lakefold did not create."""
+    exists, comment = publication_comment(conn, name)
+    if exists and comment != PUBLICATION_MARKER:
+        raise OwnershipError(
+            f"publication {name!r} already exists and was not created by lakefold; lakefold "
+            "only captures through a publication it owns. Choose another publication name, "
+            "or drop that publication if it is unused"
+        )
+    if schema is not None:
+        target = sql.SQL("TABLES IN SCHEMA {}").format(sql.Identifier(schema))
+    else:
+        target = sql.SQL("TABLE {}").format(sql.SQL(", ").join(
+            sql.Identifier(t.schema, t.table) for t in tables))
+    try:
+        with conn.transaction():
+            if exists:
+                conn.execute(sql.SQL("ALTER PUBLICATION {} SET {}").format(
+                    sql.Identifier(name), target))
+            else:
+                conn.execute(sql.SQL("CREATE PUBLICATION {} FOR {}").format(
+                    sql.Identifier(name), target))
+                conn.execute(sql.SQL("COMMENT ON PUBLICATION {} IS {}").format(
+                    sql.Identifier(name), sql.Literal(PUBLICATION_MARKER)))
+    except errors.InsufficientPrivilege as e:
+        raise SourceConfigurationError(
+            f"not allowed to create or alter publication {name!r}: {e.diag.message_primary}; "
+            "capture as the tables' owner (a whole schema needs a superuser), or create the "
+            "publication as a superuser and COMMENT ON PUBLICATION ... IS "
+            f"'{PUBLICATION_MARKER}'"
+        ) from e
+
+
+def slot_info(conn: psycopg.Connection[Any], name: str) -> SlotInfo | None:
+    """The slot called ``name``, or None."""
+    row = conn.execute(
+        "SELECT slot_name, plugin, slot_type, database, active_pid, "
+        "confirmed_flush_lsn::text, wal_status FROM pg_replication_slots WHERE slot_name = %s",
+        (name,),
+    ).fetchone()
+    if row is None:
+        return None
+    return SlotInfo(row[0], row[1], row[2], row[3], row[4],
+                    pgo.parse_lsn(row[5]) if row[5] else None, row[6])
+
+
+def check_slot(slot: SlotInfo, *, database: str, application_name: str) -> None:
+    """An existing slot must be a pgoutput slot of this database, not in use by another
+    program; raises OwnershipError or SlotError otherwise."""
+    if slot.slot_type != "logical" or slot.plugin != "pgoutput":
+        raise OwnershipError(
+            f"replication slot {slot.name!r} exists but is a {slot.slot_type} slot with plugin "
+            f"{slot.plugin!r}, not lakefold's (pgoutput); choose another slot name, or drop it "
+            "with SELECT pg_drop_replication_slot(...) if it is unused"
+        )
+    if slot.database != database:
+        raise OwnershipError(
+            f"replication slot {slot.name!r} belongs to database {slot.database!r}, not "
+            f"{database!r}; choose another slot name"
+        )
+    if slot.wal_status == "lost":
+        raise SlotError(
+            f"replication slot {slot.name!r} was invalidated (the server removed WAL it "
+            "needed, see max_slot_wal_keep_size); changes were lost. Drop the slot "
+            "(lakefold capture drop) and capture again from a new snapshot"
+        )
+    del application_name
+
+
+def terminate_stale_walsender(conn: psycopg.Connection[Any], slot: SlotInfo,
+                              application_name: str) -> bool:
+    """If ``slot`` is held by a walsender of an earlier run of this capture (same application
+    name), end it and return True; if held by anything else, raise SlotError."""
+    if slot.active_pid is None:
+        return False
+    row = conn.execute("SELECT application_name FROM pg_stat_activity WHERE pid = %s",
+                       (slot.active_pid,)).fetchone()
+    if row is not None and row[0] != application_name:
+        raise SlotError(
+            f"replication slot {slot.name!r} is in use by process {slot.active_pid} "
+            f"(application {row[0]!r}); another program is reading it. Stop that program or "
+            "choose another slot name"
+        )
+    conn.execute("SELECT pg_terminate_backend(%s)", (slot.active_pid,))
+    return True
+
+
+def drop_slot(conn: psycopg.Connection[Any], name: str) -> bool:
+    """Drop slot ``name`` if it exists; True when dropped."""
+    try:
+        conn.execute("SELECT pg_drop_replication_slot(%s)", (name,))
+    except errors.UndefinedObject:
+        return False
+    return True
+
+
+class SourceCatalog:
+    """Type and key lookups in the source catalog, cached; implements the decoder's
+    ``SchemaResolver``. Uses its own connection (autocommit)."""
+
+    def __init__(self, conn: psycopg.Connection[Any], *, database: str) -> None:
+        self._conn = conn
+        self._database = database
+        self._types: dict[int, TypeInfo] = {}
+        self._announced: dict[int, pgo.Type] = {}
+
+    def note_type(self, message: pgo.Type) -> None:
+        self._announced[message.type_oid] = message
+
+    def type_info(self, oid: int) -> TypeInfo:
+        """How values of type ``oid`` are typed."""
+        known = builtin_type(oid) or self._types.get(oid)
+        if known is not None:
+            return known
+        row = self._conn.execute(
+            "SELECT n.nspname, t.typname, t.typtype, t.typelem, t.typbasetype, t.typcategory "
+            "FROM pg_type t JOIN pg_namespace n ON n.oid = t.typnamespace WHERE t.oid = %s",
+            (oid,),
+        ).fetchone()
+        if row is None:
+            announced = self._announced.get(oid)
+            name = f"{announced.namespace}.{announced.name}" if announced else f"oid {oid}"
+            info = TypeInfo(name, "other")
+        else:
+            namespace, name, typtype, elem, base, category = row
+            element = self.type_info(int(elem)) if category == "A" and elem else None
+            base_kind = self.type_info(int(base)).kind if typtype == "d" and base else None
+            info = type_from_catalog(namespace=namespace, name=name, typtype=typtype,
+                                     base_kind=base_kind, element=element)
+        self._types[oid] = info
+        return info
+
+    def primary_key(self, relid: int) -> list[str]:
+        """Primary key column names of ``relid`` (or of its replica identity index)."""
+        rows = self._conn.execute(
+            "SELECT i.indexrelid, a.attname FROM pg_index i "
+            "JOIN LATERAL unnest(i.indkey) WITH ORDINALITY k(attnum, n) ON true "
+            "JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.attnum "
+            "WHERE i.indrelid = %s AND (i.indisprimary OR i.indisreplident) "
+            "ORDER BY i.indisprimary DESC, i.indexrelid, k.n",
+            (relid,),
+        ).fetchall()
+        names: list[str] = []
+        for index, name in rows:
+            if index != rows[0][0]:
+                break  # only the first index: the primary key when there is one
+            names.append(name)
+        return names
+
+    def relation_schema(self, message: pgo.Relation, *, stream: str) -> StreamSchema:
+        """The stream schema for a Relation message. With REPLICA IDENTITY FULL every column
+        is flagged as key by the server, so the key is taken from the primary key instead."""
+        flagged = [c.name for c in message.columns if c.key]
+        if message.replica_identity == "f" or not flagged:
+            keys = set(self.primary_key(message.relid))
+        else:
+            keys = set(flagged)
+        columns = []
+        for column in message.columns:
+            info = self.type_info(column.type_oid)
+            columns.append(ColumnSchema(
+                name=column.name, type_oid=column.type_oid, type_name=info.type_name,
+                type_modifier=column.type_modifier, key=column.name in keys, kind=info.kind,
+                element_kind=info.element_kind,
+            ))
+        return StreamSchema(
+            stream=stream, version=0, database=self._database, schema=message.namespace,
+            table=message.name, relation_oid=message.relid,
+            replica_identity=message.replica_identity, columns=tuple(columns),
+        )

@@ -1,0 +1,381 @@
+"""Reading changelog streams: ``ChangelogStore`` and ``read_changelog_range``.
+
+Positions
+    Every stream numbers its records 1, 2, 3, ... in commit order (the capture is the only
+    writer, so they are assigned densely). ``head(stream)`` is the last position readers may
+    see; it moves only at source-transaction boundaries, so a reader never sees half a source
+    transaction. Compaction removes superseded records below the head, leaving gaps: never
+    assume position ``p + 1`` exists, read ranges instead.
+
+Ranges
+    ``read(stream, from_position, limit)``: records with ``position >= from_position``
+    (inclusive; 0 and 1 both mean "from the start"), at most ``limit``, up to the head.
+    ``read_changelog_range(store_dsn, stream, start, end)``: the half-open range
+    ``[start, end)``, capped at the head. A consumer that processed position ``p`` continues
+    with ``from_position = p + 1``.
+
+Typed rows
+    Reads return Arrow tables: the metadata columns ``_position``, ``_op`` (``insert``,
+    ``update``, ``delete``, ``truncate``, ``read``), ``_commit_lsn``, ``_ordinal``, ``_xid``,
+    ``_commit_ts``, ``_schema_version``, then one typed column per column of the table (see
+    ``_arrow`` for the types). An insert or update carries the new row; a delete carries the
+    key columns (all columns under ``REPLICA IDENTITY FULL``); a truncate carries nulls.
+    Records of older schema versions are mapped by column name onto the newest version's
+    columns. ``read_events`` returns full ``ChangeEvent`` models (with before-images) instead.
+"""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, Final
+
+import psycopg
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.csv as pacsv
+from psycopg import sql
+
+from lakefold.capture import _ddl
+from lakefold.capture._arrow import arrow_type, typed_array
+from lakefold.capture._types import StreamSchema
+from lakefold.capture._values import convert_row
+from lakefold.capture._writer import NOTIFY_CHANNEL
+from lakefold.capture.exceptions import StoreError, StoreUnavailableError, UnknownStreamError
+from lakefold.dsn import mask_dsn
+from lakefold.schemas.change import ChangeEvent, ChangeSource, Operation
+
+META_SCHEMA: Final = pa.schema([
+    pa.field("_position", pa.int64(), nullable=False),
+    pa.field("_op", pa.string(), nullable=False),
+    pa.field("_commit_lsn", pa.int64(), nullable=False),
+    pa.field("_ordinal", pa.int64(), nullable=False),
+    pa.field("_xid", pa.int64(), nullable=False),
+    pa.field("_commit_ts", pa.timestamp("us", tz="UTC"), nullable=False),
+    pa.field("_schema_version", pa.int32(), nullable=False),
+])
+_CSV_META_TYPES: Final = {
+    "_position": pa.int64(), "_op": pa.string(), "_commit_lsn": pa.int64(),
+    "_ordinal": pa.int64(), "_xid": pa.int64(), "_commit_ts": pa.int64(),
+    "_schema_version": pa.int32(),
+}
+_DEFAULT_CHUNK: Final = 65_536
+
+
+@dataclass(frozen=True, slots=True)
+class StreamInfo:
+    """A changelog stream: its name (``schema.table`` with the capture's prefix), where it
+    comes from, its head (last visible position) and current schema version."""
+
+    name: str
+    stream_id: int
+    slot: str
+    database: str
+    schema: str
+    table: str
+    head: int
+    schema_version: int
+    last_commit_ts: datetime | None
+
+
+def connect_store(dsn: str) -> psycopg.Connection[Any]:
+    """An autocommit connection to the store; StoreUnavailableError when unreachable."""
+    try:
+        conn = psycopg.connect(dsn, autocommit=True, connect_timeout=10)
+    except psycopg.OperationalError as e:
+        raise StoreUnavailableError(
+            f"cannot connect to the changelog store at {mask_dsn(dsn)}: "
+            f"{str(e).strip()}; check the store DSN and that the server is running") from e
+    conn.execute("SET TIME ZONE 'UTC'")
+    return conn
+
+
+@dataclass(frozen=True, slots=True)
+class _StreamMeta:
+    info: StreamInfo
+    versions: dict[int, StreamSchema]
+
+    @property
+    def latest(self) -> StreamSchema | None:
+        return self.versions[max(self.versions)] if self.versions else None
+
+    @property
+    def width(self) -> int:
+        return max((len(s.columns) for s in self.versions.values()), default=0)
+
+
+def _stream_meta(conn: psycopg.Connection[Any], stream: str) -> _StreamMeta:
+    try:
+        row = conn.execute(
+            "SELECT stream_id, slot_name, source_database, source_schema, source_table, head, "
+            "schema_version, last_commit_ts FROM lakefold.changelog_streams WHERE name = %s",
+            (stream,),
+        ).fetchone()
+    except psycopg.errors.UndefinedTable as e:
+        raise StoreError("the changelog store is not installed in this database; run a "
+                         "capture first, or ChangelogStore(dsn).install()") from e
+    if row is None:
+        known = [r[0] for r in conn.execute(
+            "SELECT name FROM lakefold.changelog_streams ORDER BY name").fetchall()]
+        raise UnknownStreamError(
+            f"no changelog stream {stream!r}; known streams: "
+            f"{', '.join(known) if known else '(none yet: is a capture running?)'}")
+    info = StreamInfo(stream, int(row[0]), row[1], row[2], row[3], row[4], int(row[5]),
+                      int(row[6]), row[7])
+    versions = {}
+    for version, oid, identity, schema, table, columns in conn.execute(
+        "SELECT version, relation_oid, replica_identity, source_schema, source_table, columns "
+        "FROM lakefold.changelog_schemas WHERE stream_id = %s ORDER BY version",
+        (info.stream_id,),
+    ).fetchall():
+        versions[int(version)] = StreamSchema(
+            stream=stream, version=int(version), database=info.database, schema=schema,
+            table=table, relation_oid=int(oid), replica_identity=identity,
+            columns=StreamSchema.columns_from_json(columns))
+    return _StreamMeta(info, versions)
+
+
+def _copy_range(conn: psycopg.Connection[Any], meta: _StreamMeta, start: int, end: int,
+                limit: int | None) -> pa.Table:
+    """Records with ``start <= position < end`` as a table of metadata columns and the text
+    values ``v1..vN``."""
+    width = meta.width
+    values = [sql.SQL("c.v[{}]").format(sql.Literal(i + 1)) for i in range(width)]
+    query = sql.SQL(
+        "COPY (SELECT c.position, CASE c.op WHEN 'i' THEN 'insert' WHEN 'u' THEN 'update' "
+        "WHEN 'd' THEN 'delete' WHEN 't' THEN 'truncate' ELSE 'read' END, c.commit_lsn, "
+        "c.ordinal, c.xid, (extract(epoch FROM c.commit_ts) * 1000000)::bigint, "
+        "c.schema_version{values} FROM (SELECT *, COALESCE(after, before) AS v "
+        "FROM lakefold.changelog WHERE stream_id = {sid} AND position >= {lo} "
+        "AND position < {hi} ORDER BY position {limit}) c ORDER BY c.position) "
+        "TO STDOUT (FORMAT csv, FORCE_QUOTE *)"
+    ).format(
+        values=sql.SQL("").join(sql.SQL(", ") + v for v in values),
+        sid=sql.Literal(meta.info.stream_id), lo=sql.Literal(start), hi=sql.Literal(end),
+        limit=sql.SQL("LIMIT {}").format(sql.Literal(limit)) if limit is not None
+        else sql.SQL(""),
+    )
+    buffer = io.BytesIO()
+    with conn.cursor() as cur, cur.copy(query) as copy:
+        for chunk in copy:
+            buffer.write(chunk)
+    names = list(_CSV_META_TYPES) + [f"v{i + 1}" for i in range(width)]
+    types = dict(_CSV_META_TYPES) | {f"v{i + 1}": pa.string() for i in range(width)}
+    if buffer.tell() == 0:
+        return pa.schema([(n, types[n]) for n in names]).empty_table()
+    buffer.seek(0)
+    return pacsv.read_csv(
+        buffer,
+        read_options=pacsv.ReadOptions(column_names=names, block_size=16 << 20),
+        parse_options=pacsv.ParseOptions(newlines_in_values=True),
+        convert_options=pacsv.ConvertOptions(
+            column_types=types, null_values=[""], strings_can_be_null=True,
+            quoted_strings_can_be_null=False),
+    )
+
+
+def _typed(raw: pa.Table, meta: _StreamMeta) -> pa.Table:
+    """The raw table with ``v1..vN`` replaced by the typed columns of the newest version."""
+    target = meta.latest
+    columns = target.columns if target is not None else ()
+    commit_ts = pc.cast(raw.column("_commit_ts"), pa.timestamp("us", tz="UTC"))
+    head = [raw.column(n) for n in META_SCHEMA.names]
+    head[META_SCHEMA.names.index("_commit_ts")] = commit_ts
+    fields = list(META_SCHEMA) + [pa.field(c.name, arrow_type(c)) for c in columns]
+    out_schema = pa.schema(fields)
+    if raw.num_rows == 0:
+        return out_schema.empty_table()
+    versions = pc.unique(raw.column("_schema_version")).to_pylist()
+    if len(versions) == 1 and target is not None and versions[0] == target.version:
+        typed = [typed_array(c, raw.column(f"v{i + 1}")) for i, c in enumerate(columns)]
+        return pa.Table.from_arrays([*head, *typed], schema=out_schema)
+    # Several schema versions: type each group with its own columns, map by name.
+    parts = []
+    base = pa.Table.from_arrays(head, schema=META_SCHEMA)
+    for version in versions:
+        mask = pc.equal(raw.column("_schema_version"), version)
+        group = raw.filter(mask)
+        own = meta.versions.get(version)
+        by_name = {c.name: (i, c) for i, c in enumerate(own.columns)} if own else {}
+        arrays = []
+        for column in columns:
+            found = by_name.get(column.name)
+            wanted = arrow_type(column)
+            if found is None:
+                arrays.append(pa.nulls(group.num_rows, type=wanted))
+                continue
+            index, old = found
+            values = typed_array(old, group.column(f"v{index + 1}"))
+            if values.type != wanted:
+                try:
+                    values = pc.cast(values, wanted)
+                except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+                    values = typed_array(column, group.column(f"v{index + 1}"))
+            arrays.append(values)
+        parts.append(pa.Table.from_arrays([*base.filter(mask).columns, *arrays],
+                                          schema=out_schema))
+    return pa.concat_tables(parts).sort_by("_position")
+
+
+def read_changelog_range(store_dsn: str, stream: str, start: int, end: int, *,
+                         batch_rows: int = _DEFAULT_CHUNK) -> Iterator[pa.RecordBatch]:
+    """Records of ``stream`` with ``start <= position < end`` (capped at the head), as typed
+    Arrow record batches (see the module docstring), in position order.
+
+    Self-contained and picklable (a module-level function taking only strings and ints), so
+    Spark's Python workers can call it for a partition of a range; it opens and closes its own
+    connection.
+    """
+    with connect_store(store_dsn) as conn:
+        meta = _stream_meta(conn, stream)
+        end = min(end, meta.info.head + 1)
+        position = max(start, 1)
+        while position < end:
+            upper = min(end, position + batch_rows)
+            table = _typed(_copy_range(conn, meta, position, upper, None), meta)
+            yield from table.to_batches()
+            position = upper
+
+
+class ChangelogStore:
+    """The changelog streams in a store database (schema ``lakefold``).
+
+    Not thread-safe: it keeps one connection. Positions and ranges: see the module docstring.
+    """
+
+    def __init__(self, store_dsn: str) -> None:
+        self.dsn = store_dsn
+        self._conn: psycopg.Connection[Any] | None = None
+
+    def _connection(self) -> psycopg.Connection[Any]:
+        if self._conn is None or self._conn.closed:
+            self._conn = connect_store(self.dsn)
+        return self._conn
+
+    def close(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
+
+    def __enter__(self) -> ChangelogStore:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def install(self) -> None:
+        """Create the ``lakefold`` schema and changelog tables if missing (idempotent)."""
+        _ddl.install(self._connection())
+
+    def streams(self) -> list[StreamInfo]:
+        """All streams, by name."""
+        conn = self._connection()
+        if not _ddl.is_installed(conn):
+            return []
+        rows = conn.execute(
+            "SELECT name, stream_id, slot_name, source_database, source_schema, source_table, "
+            "head, schema_version, last_commit_ts FROM lakefold.changelog_streams ORDER BY name"
+        ).fetchall()
+        return [StreamInfo(r[0], int(r[1]), r[2], r[3], r[4], r[5], int(r[6]), int(r[7]), r[8])
+                for r in rows]
+
+    def stream(self, stream: str) -> StreamInfo:
+        """One stream; UnknownStreamError (listing the known ones) when missing."""
+        return _stream_meta(self._connection(), stream).info
+
+    def head(self, stream: str) -> int:
+        """The last position readers may see (0 for an empty stream)."""
+        return self.stream(stream).head
+
+    def stream_schema(self, stream: str, version: int | None = None) -> StreamSchema:
+        """The captured table's columns (name, type OID, type name, key flag) at ``version``
+        (default: the newest)."""
+        meta = _stream_meta(self._connection(), stream)
+        if not meta.versions:
+            raise StoreError(f"stream {stream!r} has no schema yet (no change captured)")
+        if version is None:
+            return meta.versions[max(meta.versions)]
+        if version not in meta.versions:
+            raise StoreError(f"stream {stream!r} has no schema version {version}; versions: "
+                             f"{', '.join(map(str, sorted(meta.versions)))}")
+        return meta.versions[version]
+
+    def read(self, stream: str, from_position: int = 1, limit: int = 10_000) -> pa.Table:
+        """Up to ``limit`` records with ``position >= from_position`` (and <= head), typed."""
+        if limit < 1:
+            raise ValueError(f"limit must be at least 1, not {limit}")
+        conn = self._connection()
+        meta = _stream_meta(conn, stream)
+        start = max(from_position, 1)
+        if start > meta.info.head:
+            return _typed(_copy_range(conn, meta, 1, 1, 0), meta)
+        return _typed(_copy_range(conn, meta, start, meta.info.head + 1, limit), meta)
+
+    def read_events(self, stream: str, from_position: int = 1,
+                    limit: int = 1_000) -> list[ChangeEvent]:
+        """Up to ``limit`` records as ChangeEvent models, with before-images and exact values."""
+        conn = self._connection()
+        meta = _stream_meta(conn, stream)
+        rows = conn.execute(
+            "SELECT position, op, commit_lsn, ordinal, xid, commit_ts, schema_version, key, "
+            "before, after FROM lakefold.changelog WHERE stream_id = %s AND position >= %s "
+            "AND position <= %s ORDER BY position LIMIT %s",
+            (meta.info.stream_id, max(from_position, 1), meta.info.head, limit),
+        ).fetchall()
+        events = []
+        for position, op, lsn, ordinal, xid, ts, version, key, before, after in rows:
+            schema = meta.versions[int(version)]
+            key_columns = tuple(c for c in schema.columns if c.key)
+            events.append(ChangeEvent(
+                source=ChangeSource(database=schema.database, schema_name=schema.schema,
+                                    table=schema.table),
+                operation=Operation.from_code(op),
+                key=convert_row(key_columns, key), before=convert_row(schema.columns, before),
+                after=convert_row(schema.columns, after), commit_lsn=lsn, ordinal=ordinal,
+                xid=xid, commit_ts=ts, schema_version=version, position=position,
+            ))
+        return events
+
+    def follow(self, stream: str, from_position: int = 1, *, batch_size: int = 10_000,
+               stop: Any = None, poll_interval: float = 1.0) -> Iterator[pa.Table]:
+        """Tail ``stream``: yield tables of new records as they become visible, woken by
+        LISTEN/NOTIFY, re-checking every ``poll_interval`` seconds even without a
+        notification (a missed NOTIFY delays, never loses). Ends when ``stop`` (a
+        ``threading.Event``) is set. No checkpoint is kept."""
+        listener = connect_store(self.dsn)
+        try:
+            listener.execute(sql.SQL("LISTEN {}").format(sql.Identifier(NOTIFY_CHANNEL)))
+            position = max(from_position, 1)
+            while stop is None or not stop.is_set():
+                table = self.read(stream, position, batch_size)
+                if table.num_rows:
+                    position = int(table.column("_position")[-1].as_py()) + 1
+                    yield table
+                    continue
+                for notify in listener.notifies(timeout=poll_interval):
+                    if notify.payload == stream:
+                        break
+                    if stop is not None and stop.is_set():
+                        break
+        finally:
+            listener.close()
+
+    def compact(self, stream: str | None = None, *, tombstone_retention: Any = None,
+                chunk_positions: int = 50_000) -> dict[str, int]:
+        """Compact one stream (or all): keep the latest record per key, drop tombstones older
+        than ``tombstone_retention`` (a timedelta; default 24 h). Online: short transactions,
+        no locks that block the capture or readers. Returns records removed per stream."""
+        from lakefold.capture._compaction import compact_stream, default_retention
+
+        conn = self._connection()
+        names = [stream] if stream is not None else [s.name for s in self.streams()]
+        removed = {}
+        for name in names:
+            info = _stream_meta(conn, name).info
+            removed[name] = compact_stream(
+                conn, info.stream_id,
+                retention=tombstone_retention if tombstone_retention is not None
+                else default_retention(), chunk_positions=chunk_positions)
+        return removed

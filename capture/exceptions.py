@@ -1,0 +1,50 @@
+"""Errors of the capture layer: replication, decoding and the changelog store.
+
+Every error says what happened and what to do. Transient errors (a dropped connection, a
+server restart) are retried by ``Capture.run`` with backoff; terminal ones stop it.
+"""
+
+from __future__ import annotations
+
+from lakefold.exceptions import TerminalError, TransientError
+
+
+class CaptureError(TerminalError):
+    """Capture cannot continue without a person changing something."""
+
+
+class SourceConfigurationError(CaptureError):
+    """The source server or database is not set up for logical replication as required
+    (``wal_level``, privileges, replica identity)."""
+
+
+class OwnershipError(CaptureError):
+    """A publication, slot or stream exists but belongs to something other than this capture."""
+
+
+class SlotError(CaptureError):
+    """The replication slot is missing, in use by another process, or unusable."""
+
+
+class DecodingError(CaptureError):
+    """The replication stream contained something the decoder cannot interpret."""
+
+
+class StoreError(CaptureError):
+    """The changelog store rejected an operation or is not installed."""
+
+
+class UnknownStreamError(StoreError):
+    """A stream name that the store does not hold."""
+
+
+class ConnectionLostError(TransientError):
+    """A connection to the source or the store dropped; the capture reconnects and resumes."""
+
+
+class StoreUnavailableError(ConnectionLostError):
+    """The changelog store cannot be reached right now."""
+
+
+class InvalidConfigError(CaptureError):
+    """A capture or store option has a wrong value."""
