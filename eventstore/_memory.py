@@ -110,8 +110,9 @@ class InMemoryRecorder(EventRecorder):
             return None
         if any(p is None for p in stored):
             raise IdempotencyConflict(
-                f"{sum(p is not None for p in stored)} of {len(stored)} event ids of this append "
-                "are already stored; a retry must resend exactly the original events"
+                f"{sum(p is not None for p in stored)} of the {len(stored)} event ids of this "
+                "append are already stored; a retry must resend exactly the original events "
+                "(nothing was written)"
             )
         results = []
         for (append, encoded), position in zip(items, stored, strict=True):
@@ -125,8 +126,8 @@ class InMemoryRecorder(EventRecorder):
             ):
                 raise IdempotencyConflict(
                     f"event id {env.event_id} is already stored with a different payload "
-                    f"({env.stream_id} v{env.stream_version}, {env.type}); use a new event id "
-                    "for a different event"
+                    f"({env.stream_id} v{env.stream_version}); use a new event id for a "
+                    "different event (nothing was written)"
                 )
             results.append(AppendedEvent(env.event_id, env.stream_id, env.stream_version,
                                          env.position))

@@ -27,6 +27,7 @@ from lakefold.eventstore._model import (
     build_appends,
     check_position,
     check_stream_id,
+    check_types,
     finite_seconds,
     normalise_expected,
 )
@@ -303,7 +304,7 @@ class EventStore:
         records always included). Fewer than ``limit`` events means the end was reached; to
         continue, pass the last event's position + 1."""
         query = LogQuery(from_position=from_position, limit=limit, to_position=to_position,
-                         types=tuple(types) if types is not None else None,
+                         types=check_types(types),
                          include_deleted=include_deleted)
         return self._decode_all(self.recorder.read_log(query))
 
@@ -312,7 +313,7 @@ class EventStore:
                       include_deleted: bool = False) -> list[EventEnvelope]:
         """Like ``read_all``, for the streams of one category (``order`` or ``order-``)."""
         query = LogQuery(from_position=from_position, limit=limit, to_position=to_position,
-                         category=category, types=tuple(types) if types is not None else None,
+                         category=category, types=check_types(types),
                          include_deleted=include_deleted)
         return self._decode_all(self.recorder.read_log(query))
 

@@ -28,6 +28,7 @@ from dataclasses import dataclass, replace
 from typing import Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic_core import PydanticSerializationError
 
 from lakefold.schemas.events import (
     EMPTY_METADATA,
@@ -213,8 +214,8 @@ class EventRegistry:
             )
         event_type = self.type_of(event)
         try:
-            data = event.model_dump(mode="json")
-        except (ValueError, TypeError) as e:
+            data = event.model_dump(mode="json", warnings="error")
+        except (ValueError, TypeError, PydanticSerializationError) as e:
             raise InvalidEventData(
                 f"{event_type.name} v{event_type.version} cannot be serialised to JSON: {e}"
             ) from e
