@@ -1,0 +1,301 @@
+"""PostgreSQL-only behaviour: the watermark, transactions with the caller's own writes,
+races, lost acknowledgements, indexes, and errors at the boundary."""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import threading
+import time
+from collections.abc import Iterator
+
+import psycopg
+import pytest
+from psycopg import sql
+
+from lakefold.eventstore import (
+    NO_STREAM,
+    EventStore,
+    EventStoreNotInstalled,
+    EventStoreUnavailable,
+    StoreOptions,
+    SubscriptionOptions,
+    WatermarkHeld,
+    WrongExpectedVersion,
+)
+from lakefold.eventstore._model import build_appends
+from lakefold.eventstore._postgres import (
+    _POSITIONS_CATEGORY,
+    _POSITIONS_TYPES,
+    _READ_LOG,
+    append_params,
+)
+from lakefold.local import free_port
+from lakefold.schemas import NewEvent
+from tests.fixtures.postgres import TestDatabase
+
+
+def ev(type_: str = "order.placed", **data: object) -> NewEvent:
+    return NewEvent(type=type_, data=data or {"n": 1})
+
+
+@pytest.fixture
+def store(pg: TestDatabase) -> Iterator[EventStore]:
+    with EventStore(pg.dsn, options=StoreOptions(watermark_threshold_s=0.3)) as store:
+        store.install()
+        yield store
+
+
+def _backend_pid(conn: psycopg.Connection) -> int:
+    row = conn.execute("SELECT pg_backend_pid()").fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+@pytest.mark.timeout(60)
+def test_long_writer_delays_visibility_but_never_causes_a_skip(
+    store: EventStore, caplog: pytest.LogCaptureFixture
+) -> None:
+    store.wait_for_positions(store.append("order-0", [ev(n=0)]))
+    opened, release = threading.Event(), threading.Event()
+    slow_pid: list[int] = []
+
+    def slow_writer() -> None:
+        with store.transaction() as tx:
+            tx.append("order-slow", [ev(n=1), ev(n=2)])
+            slow_pid.append(_backend_pid(tx.connection))
+            tx.connection.execute("SELECT 'the slow writer' AS marker")
+            opened.set()
+            release.wait(30)
+
+    thread = threading.Thread(target=slow_writer)
+    thread.start()
+    assert opened.wait(10)
+    received: list[tuple[int | None, str]] = []
+    with store.tail(SubscriptionOptions(poll_interval_s=0.1)) as tail:
+        fast = store.append("order-fast", [ev(n=3)])  # commits while the slow one is open
+        assert store.read_stream("order-fast")[0].position is None  # stream reads see it now
+        assert store.head() == 1  # but global readers do not, yet
+        with caplog.at_level(logging.WARNING, logger="lakefold.eventstore._sequencer"):
+            time.sleep(0.5)
+            status = store.status()
+            assert status.held and status.pending_events == 1
+            assert status.holder is not None and status.holder.pid == slow_pid[0]
+            assert "the slow writer" in (status.holder.query or "")
+            assert status.holder.held_for_s >= 0.3
+            assert status.as_dict()["holder"]["pid"] == slow_pid[0]
+            with pytest.raises(WatermarkHeld, match=f"pid {slow_pid[0]}"):
+                store.wait_for_positions(fast, timeout_s=0.2)
+            deadline = time.monotonic() + 10
+            while not any("held by pid" in r.getMessage() for r in caplog.records):
+                assert time.monotonic() < deadline, "no watermark warning was logged"
+                time.sleep(0.1)
+        release.set()
+        thread.join()
+        for event in tail.events(idle_timeout_s=1.0):
+            received.append((event.position, event.stream_id))
+    # The slow transaction started first (lower xid): its events come first; nothing skipped.
+    assert received == [(2, "order-slow"), (3, "order-slow"), (4, "order-fast")]
+    assert store.wait_for_positions(fast).positions == [4]
+    assert not store.status().held
+
+
+@pytest.mark.timeout(60)
+def test_a_transaction_in_another_database_holds_the_watermark(
+    store: EventStore, pg: TestDatabase
+) -> None:
+    with psycopg.connect(pg.server.admin_dsn) as foreign:
+        foreign.execute("SELECT pg_current_xact_id()")  # takes an xid, holds it open
+        pid = _backend_pid(foreign)
+        appended = store.append("order-1", [ev()])
+        time.sleep(0.4)
+        status = store.status()
+        assert status.held and status.holder is not None
+        assert status.holder.pid == pid and status.holder.database == "postgres"
+        assert store.read_all() == []
+    assert store.wait_for_positions(appended).positions == [1]
+
+
+def test_transaction_commits_appends_checkpoint_and_own_writes_together(
+    store: EventStore, pg: TestDatabase
+) -> None:
+    with psycopg.connect(pg.dsn, autocommit=True) as conn:
+        conn.execute("CREATE TABLE totals (n int)")
+    store.save_checkpoint("projector", 1)
+
+    class Boom(Exception):
+        pass
+
+    with pytest.raises(Boom), store.transaction() as tx:
+        tx.append("order-1", [ev()])
+        tx.connection.execute("INSERT INTO totals VALUES (1)")
+        tx.save_checkpoint("projector", 2)
+        raise Boom
+    assert store.read_stream("order-1") == []
+    assert store.load_checkpoint("projector") == 1
+    with store.transaction() as tx:
+        store.append("order-1", [ev()])  # a concurrent append, outside the transaction
+        with pytest.raises(WrongExpectedVersion):  # leaves the transaction usable
+            tx.append("order-1", [ev()], expected_version=NO_STREAM)
+        result = tx.append("order-1", [ev(), ev()], expected_version=1)
+        tx.connection.execute("INSERT INTO totals VALUES (2)")
+        tx.save_checkpoint("projector", 3)
+    assert result.stream_versions == {"order-1": 3}
+    assert store.load_checkpoint("projector") == 3
+    with psycopg.connect(pg.dsn) as conn:
+        assert conn.execute("SELECT n FROM totals").fetchall() == [(2,)]
+    assert [e.position for e in store.read_all()] == [1, 2, 3]
+
+
+def _race(store: EventStore, stream: str, expected: object, writers: int) -> list[object]:
+    """``writers`` threads append to ``stream`` at the same moment; their outcomes."""
+    barrier = threading.Barrier(writers)
+    outcomes: list[object] = []
+    lock = threading.Lock()
+
+    def contend(i: int) -> None:
+        barrier.wait()
+        try:
+            result: object = store.append(stream, [ev(writer=i), ev(writer=i)],
+                                          expected_version=expected)  # type: ignore[arg-type]
+        except WrongExpectedVersion as e:
+            result = e
+        with lock:
+            outcomes.append(result)
+
+    threads = [threading.Thread(target=contend, args=(i,)) for i in range(writers)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return outcomes
+
+
+@pytest.mark.timeout(60)
+def test_expected_version_races_have_exactly_one_winner(store: EventStore) -> None:
+    writers = 16
+    for round_ in range(4):
+        stream = f"race-{round_}"
+        if round_ % 2:
+            store.append(stream, [ev()], expected_version=NO_STREAM)
+        outcomes = _race(store, stream, 1 if round_ % 2 else NO_STREAM, writers)
+        losers = [o for o in outcomes if isinstance(o, WrongExpectedVersion)]
+        assert len(losers) == writers - 1
+        final = 3 if round_ % 2 else 2
+        assert {loser.actual_version for loser in losers} == {final}
+        events = store.read_stream(stream)
+        assert [e.stream_version for e in events] == list(range(1, final + 1))
+        assert len({e.data["writer"] for e in events if "writer" in e.data}) == 1
+
+
+def _text_array(values: list[object]) -> bytes:
+    items = ["NULL" if v is None else '"' + str(v).replace('"', '\\"') + '"' for v in values]
+    return ("{" + ",".join(items) + "}").encode()
+
+
+@pytest.mark.timeout(60)
+def test_idempotent_retry_after_a_lost_acknowledgement(store: EventStore,
+                                                       pg: TestDatabase) -> None:
+    events = [ev(n=i) for i in range(3)]
+    params = append_params(build_appends([("pay-1", events, NO_STREAM)]))
+    lost = psycopg.connect(pg.dsn, autocommit=True)
+    # Send the append, let the server commit it, then drop the connection unread: the client
+    # never learns whether it worked, as after a network failure.
+    lost.pgconn.send_query_params(
+        b"SELECT lakefold.append_events($1::text[], $2::text[], $3::bigint[], $4::integer[], "
+        b"$5::jsonb)",
+        [_text_array(params[0]), _text_array(params[1]), _text_array(params[2]),
+         _text_array(params[3]), params[4].encode()],
+    )
+    lost.pgconn.flush()
+    deadline = time.monotonic() + 10
+    while store.stream_state("pay-1").version != 3:
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    lost.close()
+    retry = store.append("pay-1", events, expected_version=NO_STREAM)
+    assert retry.duplicate
+    assert [(e.event_id, e.stream_version) for e in retry.events] == [
+        (e.event_id, i) for i, e in enumerate(events, start=1)]
+    assert len(store.read_stream("pay-1")) == 3
+    assert store.wait_for_positions(retry).positions == [1, 2, 3]
+
+
+def _plan(conn: psycopg.Connection, statement: sql.Composed, params: dict[str, object]) -> str:
+    rows = conn.execute(sql.SQL("EXPLAIN (ANALYZE, BUFFERS OFF, TIMING OFF, COSTS OFF) ")
+                        + statement, params).fetchall()
+    return "\n".join(row[0] for row in rows)
+
+
+@pytest.mark.timeout(120)
+def test_category_and_type_reads_use_their_indexes(store: EventStore, pg: TestDatabase) -> None:
+    for batch in range(20):
+        store.append(f"noise-{batch}", [ev("noise.made") for _ in range(1000)])
+    store.append("rare-1", [ev("rare.seen"), ev("rare.seen")])
+    assert store.head() == 20_002
+    with psycopg.connect(pg.dsn, autocommit=True) as conn:
+        conn.execute("ANALYZE lakefold.event_positions")
+        conn.execute("ANALYZE lakefold.events")
+        params = {"from": 1, "to": 2**62, "limit": 100, "category": "rare",
+                  "types": ["rare.seen", "$stream.deleted"]}
+        category_plan = _plan(conn, _READ_LOG.format(positions=_POSITIONS_CATEGORY), params)
+        types_plan = _plan(conn, _READ_LOG.format(positions=_POSITIONS_TYPES), params)
+    for plan, index in ((category_plan, "event_positions_category_idx"),
+                        (types_plan, "event_positions_type_idx")):
+        assert index in plan, plan
+        assert "Seq Scan" not in plan, plan
+        # every node handles only what is read, not the 20k other events
+        assert max(float(n) for n in re.findall(r"actual rows=([0-9.]+)", plan)) <= 2, plan
+    assert [e.stream_id for e in store.read_category("rare")] == ["rare-1", "rare-1"]
+
+
+@pytest.mark.timeout(60)
+def test_subscription_falls_back_to_polling_without_notify(store: EventStore,
+                                                           pg: TestDatabase) -> None:
+    params = append_params(build_appends([("order-7", [ev(n=7)], NO_STREAM)]))
+    with store.tail(SubscriptionOptions(poll_interval_s=0.2)) as tail:
+        with psycopg.connect(pg.dsn, autocommit=True) as conn:  # a writer with no sequencer
+            conn.execute("SELECT lakefold.append_events(%s::text[], %s::text[], %s::bigint[], "
+                         "%s::integer[], %s::jsonb)", params)
+        started = time.monotonic()
+        got = next(tail.events(idle_timeout_s=5.0))
+        assert got.data == {"n": 7} and got.position == 1
+        assert time.monotonic() - started < 2.0
+
+
+def test_sequencing_refuses_to_run_inside_a_transaction(store: EventStore,
+                                                        pg: TestDatabase) -> None:
+    with psycopg.connect(pg.dsn) as conn:
+        conn.execute("SELECT pg_current_xact_id()")
+        with pytest.raises(psycopg.Error) as info:
+            conn.execute("SELECT * FROM lakefold.sequence_events(10)")
+        assert info.value.sqlstate == "LF010"
+
+
+def test_hard_delete_removes_the_rows(store: EventStore, pg: TestDatabase) -> None:
+    store.append("user-1", [ev("user.joined", email="ann@example.com") for _ in range(3)])
+    store.append("user-2", [ev("user.joined")])
+    store.head()
+    store.delete_stream("user-1", hard=True)
+    assert store.head() == 5
+    with psycopg.connect(pg.dsn) as conn:
+        rows = conn.execute(
+            "SELECT type, data FROM lakefold.events WHERE stream_id = 'user-1'").fetchall()
+        positions = conn.execute("SELECT count(*) FROM lakefold.event_positions").fetchone()
+    assert [r[0] for r in rows] == ["$stream.deleted"]
+    assert "ann@example.com" not in json.dumps([r[1] for r in rows])
+    assert positions == (2,)  # user-2's event and the deletion record; user-1's are gone
+    assert [e.position for e in store.read_all()] == [4, 5]
+
+
+def test_missing_schema_and_unreachable_server_are_clear_errors(pg: TestDatabase) -> None:
+    with EventStore(pg.dsn) as store:
+        with pytest.raises(EventStoreNotInstalled, match="lakefold events install"):
+            store.append("order-1", [ev()])
+        with pytest.raises(EventStoreNotInstalled):
+            store.read_all()
+    dsn = f"host=127.0.0.1 port={free_port()} user=app password=hunter2 dbname=x"
+    with pytest.raises(EventStoreUnavailable) as info:
+        EventStore(dsn, options=StoreOptions(connect_timeout_s=1))
+    assert "hunter2" not in str(info.value) and "***" in str(info.value)
