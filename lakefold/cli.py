@@ -42,3 +42,4 @@ def main() -> None:
     except KeyboardInterrupt:
         _stderr.print("interrupted")
         sys.exit(130)
+from lakefold import _cli_spark  # noqa: E402,F401  (query, optimize, vacuum)

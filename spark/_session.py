@@ -4,11 +4,15 @@ from __future__ import annotations
 
 import os
 import sys
+import tempfile
 from collections.abc import Mapping
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
+
+    from lakefold.settings import Settings
 
 # Measured on a 2-core machine (../shared/FIELD-NOTES.md): the UI and console progress cost
 # start-up time and print noise; the default 200 shuffle partitions make small local jobs slow.
@@ -21,7 +25,33 @@ DEFAULT_CONF: dict[str, str] = {
     "spark.sql.shuffle.partitions": "8",
     "spark.sql.execution.arrow.pyspark.enabled": "true",
     "spark.sql.streaming.forceDeleteTempCheckpointLocation": "true",
+    # Errors reach Python with Spark's message only; lakefold reports them in one line.
+    "spark.sql.pyspark.jvmStacktrace.enabled": "false",
 }
+
+
+# Spark's JVM logs WARN lines to stderr while starting (native Hadoop, hostname); a command
+# line tool should print only its result and its errors. Errors still reach Python as
+# exceptions; this only sets the JVM's log threshold to ERROR from the first line on.
+_LOG4J2_PROPERTIES = """\
+rootLogger.level = error
+rootLogger.appenderRef.stderr.ref = console
+appender.console.type = Console
+appender.console.name = console
+appender.console.target = SYSTEM_ERR
+appender.console.layout.type = PatternLayout
+appender.console.layout.pattern = %d{yy/MM/dd HH:mm:ss} %p %c{1}: %m%n%ex
+"""
+
+
+def _log4j2_config() -> str:
+    """A log4j2 properties file with an ERROR threshold (written once per user)."""
+    path = Path(tempfile.gettempdir()) / f"lakefold-log4j2-{os.getuid()}.properties"
+    if not path.exists() or path.read_text() != _LOG4J2_PROPERTIES:
+        scratch = path.with_suffix(f".{os.getpid()}.tmp")
+        scratch.write_text(_LOG4J2_PROPERTIES)
+        scratch.replace(path)
+    return str(path)
 
 
 def spark_session(
@@ -41,11 +71,21 @@ def spark_session(
     # conf is ignored by SparkContext), defaulting to `python3` on PATH, which is not this venv
     # and cannot import lakefold's sources and sinks.
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    # Bind Spark's driver and block manager to loopback, never to a public interface.
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     builder = SparkSession.builder.master(master or "local[*]").appName(app_name)
     settings = {**DEFAULT_CONF, "spark.pyspark.python": sys.executable,
-                "spark.pyspark.driver.python": sys.executable, **(conf or {})}
+                "spark.pyspark.driver.python": sys.executable,
+                "spark.driver.extraJavaOptions": f"-Dlog4j2.configurationFile={_log4j2_config()}",
+                **(conf or {})}
     for key, value in settings.items():
         builder = builder.config(key, value)
     session = builder.getOrCreate()
     session.sparkContext.setLogLevel("ERROR")
     return session
+
+
+def session_from_settings(settings: Settings, *, app_name: str = "lakefold") -> SparkSession:
+    """The session for ``settings``: ``spark_master`` (``local[*]`` by default) and
+    ``spark_conf`` on top of lakefold's defaults."""
+    return spark_session(settings.spark_master, conf=settings.spark_conf, app_name=app_name)

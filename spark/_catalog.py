@@ -1,0 +1,102 @@
+"""Which materialized tables exist, under which names: the ``TableCatalog`` protocol.
+
+``lakefold query`` registers every table of a catalog under its name. The default catalog lists
+the Delta tables directly under the lake directory (``Settings.lake_path``): the directory name
+is the table name. The projections layer supplies a generation-aware catalog (name → the Delta
+path of the live generation) by implementing the same one-method protocol, and exposes it as
+``lakefold.projections.table_catalog(settings)``; ``catalog_for`` prefers it when it exists.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
+
+from lakefold.spark._delta_target import normalize_table_uri
+from lakefold.spark.exceptions import NotADeltaTableError, UnknownTableError
+
+if TYPE_CHECKING:
+    from lakefold.settings import Settings
+
+DELTA_LOG = "_delta_log"
+
+
+@runtime_checkable
+class TableCatalog(Protocol):
+    """Names of the materialized tables and where their Delta tables are."""
+
+    def tables(self) -> Mapping[str, str]:
+        """Table name → Delta table path or URI. Names are unique; the map is a snapshot."""
+        ...
+
+
+def is_delta_table(path: Path) -> bool:
+    """True when ``path`` is a directory with a Delta log."""
+    return (path / DELTA_LOG).is_dir()
+
+
+@dataclass(frozen=True)
+class LakeCatalog:
+    """The Delta tables directly under ``lake_path``, named by their directory.
+
+    Directories whose name starts with ``_`` or ``.`` are not tables (staging, checkpoints).
+    A missing lake directory is an empty catalog.
+    """
+
+    lake_path: Path
+
+    def tables(self) -> dict[str, str]:
+        root = Path(self.lake_path).expanduser()
+        if not root.is_dir():
+            return {}
+        return {
+            child.name: normalize_table_uri(child)
+            for child in sorted(root.iterdir())
+            if child.is_dir() and not child.name.startswith(("_", ".")) and is_delta_table(child)
+        }
+
+
+@dataclass(frozen=True)
+class StaticCatalog:
+    """A fixed name → path map (tests, scripts, a user's own table list)."""
+
+    entries: Mapping[str, str] = field(default_factory=dict)
+
+    def tables(self) -> dict[str, str]:
+        return {name: normalize_table_uri(path) for name, path in self.entries.items()}
+
+
+def catalog_for(settings: Settings) -> TableCatalog:
+    """The projections layer's catalog when it provides one, else the lake directory's."""
+    try:
+        projections = importlib.import_module("lakefold.projections")
+    except ImportError:
+        projections = None
+    factory = getattr(projections, "table_catalog", None)
+    if callable(factory):
+        catalog = factory(settings)
+        if isinstance(catalog, TableCatalog):
+            return catalog
+    return LakeCatalog(settings.lake_path)
+
+
+def resolve_table(catalog: TableCatalog, name_or_path: str) -> str:
+    """The Delta path of a table given by catalog name, or by path.
+
+    Raises UnknownTableError, listing the known names, when it is neither a catalog name nor a
+    Delta table directory.
+    """
+    known = catalog.tables()
+    if name_or_path in known:
+        return known[name_or_path]
+    candidate = Path(name_or_path).expanduser()
+    if "://" in name_or_path or is_delta_table(candidate):
+        return normalize_table_uri(name_or_path)
+    if candidate.exists():
+        raise NotADeltaTableError(f"{candidate} is not a Delta table (no {DELTA_LOG} directory)")
+    raise UnknownTableError(
+        f"unknown table {name_or_path!r}; known tables: {', '.join(sorted(known)) or 'none'}"
+    )
