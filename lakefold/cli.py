@@ -6,6 +6,7 @@ import sys
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from lakefold._bench import bench_app
 from lakefold.exceptions import LakefoldError
@@ -37,9 +38,10 @@ def main() -> None:
     try:
         app()
     except LakefoldError as e:
-        _stderr.print(f"[bold red]error:[/] {e}", highlight=False, markup=True)
+        _stderr.print(f"[bold red]error:[/] {escape(str(e))}", highlight=False, soft_wrap=True)
         sys.exit(1)
     except KeyboardInterrupt:
         _stderr.print("interrupted")
         sys.exit(130)
 from lakefold import _cli_spark  # noqa: E402,F401  (query, optimize, vacuum)
+from lakefold import _cli_events  # noqa: E402,F401  (events install, status, tail)
