@@ -83,7 +83,7 @@ def project_revenue(spark: SparkSession, store_dsn: str, table_path: Path) -> No
     keys), aggregates, and overwrites the table in one Delta transaction whose app transaction
     version is the orders stream's head: re-running it for the same head is a no-op.
     """
-    from pyspark.sql import functions as F  # noqa: N812 - Spark's own convention
+    from pyspark.sql import functions as F
 
     from lakefold.capture import ChangelogStore
     from lakefold.spark import DeltaTarget, WriteMode, write_batch
@@ -107,7 +107,7 @@ def project_revenue(spark: SparkSession, store_dsn: str, table_path: Path) -> No
 def _current_rows(spark: SparkSession, store: Any, stream: str, *, key: str) -> DataFrame:
     """The stream's latest record per key, without deleted keys, as a DataFrame."""
     from pyspark.sql import Window
-    from pyspark.sql import functions as F  # noqa: N812
+    from pyspark.sql import functions as F
 
     records = store.read(stream, 1, limit=store.head(stream) + 1)
     frame = spark.createDataFrame(records)
@@ -183,9 +183,8 @@ class DemoMismatchError(LakefoldError):
 def _current_lsn(conn: psycopg.Connection[Any]) -> int:
     from lakefold.capture import parse_lsn
 
-    row = conn.execute("SELECT pg_current_wal_lsn()::text").fetchone()
-    assert row is not None
-    return parse_lsn(str(row[0]))
+    (lsn,) = conn.execute("SELECT pg_current_wal_lsn()::text").fetchone() or ("0/0",)
+    return parse_lsn(str(lsn))
 
 
 def _progress(console: Console) -> Progress:

@@ -43,5 +43,10 @@ def main() -> None:
     except KeyboardInterrupt:
         _stderr.print("interrupted")
         sys.exit(130)
-from lakefold import _cli_spark  # noqa: E402,F401  (query, optimize, vacuum)
-from lakefold import _cli_events  # noqa: E402,F401  (events install, status, tail)
+
+
+# Command groups live in their own modules and register themselves on `app` when imported.
+from lakefold import (  # noqa: E402
+    _cli_events,  # noqa: F401  (events install, status, tail)
+    _cli_spark,  # noqa: F401  (query, optimize, vacuum)
+)
