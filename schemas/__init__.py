@@ -35,3 +35,12 @@ __all__ += [
     "category_of",
     "new_event_id",
 ]
+
+# Arrow and Spark schemas of event models and captured columns (lakefold.spark's side).
+from lakefold.schemas.arrow import (  # noqa: E402
+    arrow_schema_for_model,
+    payload_schema,
+    spark_compatible,
+)
+
+__all__ += ["arrow_schema_for_model", "payload_schema", "spark_compatible"]

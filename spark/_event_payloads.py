@@ -1,0 +1,120 @@
+"""Typed event payloads for Spark: JSON text in the store, a struct column in the DataFrame.
+
+``PayloadDecoder`` turns the ``data`` JSON text of a batch of events into one Arrow struct
+column typed by the registered pydantic models (``lakefold.schemas.arrow.payload_schema``).
+Payloads stored at the current version of their type are parsed in bulk by Arrow's JSON reader;
+payloads stored at an older version are first brought to the current version by the registry's
+upcasters (row by row, only those rows). Fields whose model type has no fixed shape (``dict``,
+``Any``) arrive as JSON text.
+
+The registry is named by an import path (``"myapp.events:registry"``), because Spark's Python
+workers build the source from string options: the module must be importable there.
+"""
+
+from __future__ import annotations
+
+import importlib
+import io
+import json
+from collections.abc import Sequence
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.json as pajson
+from pydantic import BaseModel
+
+from lakefold.schemas import EventRegistry
+from lakefold.schemas.arrow import JSON_TEXT, arrow_type_for, payload_schema, spark_compatible
+from lakefold.schemas.exceptions import SchemaError
+from lakefold.spark.exceptions import SparkLayerError
+
+
+def load_registry(path: str) -> EventRegistry:
+    """The EventRegistry at ``"module:attribute"`` (an instance, or a function returning one)."""
+    module_name, _, attribute = path.partition(":")
+    if not module_name or not attribute:
+        raise SparkLayerError(
+            f"registry {path!r} is not an import path; use 'package.module:registry'"
+        )
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as e:
+        raise SparkLayerError(
+            f"cannot import {module_name!r} for the event registry: {e}; it must be installed "
+            "(or on PYTHONPATH) where Spark's Python workers run"
+        ) from e
+    value = getattr(module, attribute, None)
+    if callable(value) and not isinstance(value, EventRegistry):
+        value = value()
+    if not isinstance(value, EventRegistry):
+        raise SparkLayerError(f"{path} is not an EventRegistry (got {type(value).__name__})")
+    return value
+
+
+def _json_text_fields(model: type[BaseModel]) -> set[str]:
+    """Top-level fields whose values are kept as JSON text (no fixed shape)."""
+    out = set()
+    for name, info in model.model_fields.items():
+        column = info.serialization_alias or info.alias or name
+        if arrow_type_for(info.annotation) == JSON_TEXT and info.annotation is not str:
+            annotation = info.annotation
+            if annotation is not None and not (
+                isinstance(annotation, type) and issubclass(annotation, str)
+            ):
+                out.add(column)
+    return out
+
+
+class PayloadDecoder:
+    """Decodes ``data`` JSON text of the selected event types into a typed struct column."""
+
+    def __init__(self, registry: EventRegistry, types: Sequence[str] | None) -> None:
+        names = list(types) if types else registry.names
+        if not names:
+            raise SparkLayerError("the event registry has no event types registered")
+        try:
+            self.models = {name: registry.get(name).model for name in names}
+            self.versions = {name: registry.get(name).version for name in names}
+            self.schema = spark_compatible(payload_schema(self.models))
+        except (SchemaError, LookupError) as e:
+            raise SparkLayerError(f"cannot type the event payloads: {e}") from e
+        self.registry = registry
+        self.text_fields = {name: _json_text_fields(m) for name, m in self.models.items()}
+        self.struct_type = pa.struct(list(self.schema))
+
+    def _rewrite(self, type_name: str, version: int, text: str) -> str:
+        """The payload brought to the current version, with shapeless fields as JSON text."""
+        data: Any = json.loads(text)
+        if type_name in self.models and version != self.versions[type_name]:
+            data = self.registry.upcast(type_name, version, data)
+        for name in self.text_fields.get(type_name, ()):
+            if name in data and data[name] is not None and not isinstance(data[name], str):
+                data[name] = json.dumps(data[name], separators=(",", ":"))
+        return json.dumps(data, separators=(",", ":"))
+
+    def decode(self, types: pa.Array, versions: pa.Array, data: pa.Array) -> pa.StructArray:
+        """One struct per event; fields a type lacks are null."""
+        if len(data) == 0:
+            return pa.array([], type=self.struct_type)
+        texts: list[str] = data.to_pylist()
+        type_list = types.to_pylist()
+        version_list = versions.to_pylist()
+        for i, (type_name, version) in enumerate(zip(type_list, version_list, strict=True)):
+            if type_name in self.models and (
+                version != self.versions[type_name] or self.text_fields[type_name]
+            ):
+                texts[i] = self._rewrite(type_name, version, texts[i])
+        payload = "\n".join(t.replace("\n", " ") for t in texts).encode()
+        table = pajson.read_json(
+            io.BytesIO(payload),
+            read_options=pajson.ReadOptions(block_size=max(1 << 20, len(payload) + 1)),
+            parse_options=pajson.ParseOptions(
+                explicit_schema=self.schema, unexpected_field_behavior="ignore"
+            ),
+        )
+        if table.num_rows != len(texts):
+            raise SparkLayerError(
+                f"decoding {len(texts)} event payloads produced {table.num_rows} rows"
+            )
+        columns = [table.column(f.name).combine_chunks() for f in self.schema]
+        return pa.StructArray.from_arrays(columns, fields=list(self.schema))

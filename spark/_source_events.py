@@ -1,0 +1,205 @@
+"""``lakefold_events``: the event store as a Spark source, streaming and batch.
+
+    spark.readStream.format("lakefold_events")
+        .option("dsn", store_dsn)                 # default: the settings' store DSN
+        .option("category", "order")              # optional: one category
+        .option("types", "order.placed,order.paid")  # optional: some event types
+        .option("registry", "myapp.events:registry")  # optional: typed `data` struct
+        .option("maxRecordsPerTrigger", 100000)
+        .load()
+
+Columns: ``position``, ``event_id``, ``stream_id``, ``stream_version``, ``category``,
+``type``, ``schema_version``, ``data``, ``metadata``, ``correlation_id``, ``causation_id``,
+``recorded_at``. ``data`` is JSON text, or, with ``registry``, a struct typed by the registered
+pydantic models of the selected types, payloads upcast to their current version.
+
+Offsets are ``{"position": next}`` over the store's global positions; only positions up to the
+store's head are handed out, and the head only covers finished transactions, so a micro-batch
+range is final: replaying it after a crash reads the same events. ``maxRecordsPerTrigger``
+bounds the positions per micro-batch (positions of other categories or types count too).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow as pa
+from pyspark.sql.datasource import (
+    DataSource,
+    DataSourceReader,
+    DataSourceStreamReader,
+    InputPartition,
+)
+from pyspark.sql.streaming.datasource import (
+    ReadAllAvailable,
+    ReadLimit,
+    ReadMaxRows,
+    SupportsTriggerAvailableNow,
+)
+
+from lakefold.eventstore import EVENTS_ARROW_SCHEMA, head_position, read_events_range
+from lakefold.schemas.arrow import conform_batch, spark_schema
+from lakefold.spark._event_payloads import PayloadDecoder, load_registry
+from lakefold.spark._positions import (
+    PositionRange,
+    ReadOptions,
+    capped_end,
+    offset,
+    position_of,
+    split_range,
+)
+from lakefold.spark._store_dsn import store_dsn_option
+from lakefold.spark.exceptions import SparkLayerError
+
+SOURCE_NAME = "lakefold_events"
+
+
+@dataclass(frozen=True)
+class EventsQuery:
+    """What an events source reads; picklable, shipped to every task."""
+
+    dsn: str
+    category: str | None
+    types: tuple[str, ...] | None
+    registry: str | None
+    batch_rows: int = 50_000
+
+    @classmethod
+    def parse(cls, options: dict[str, str]) -> EventsQuery:
+        lowered = {k.lower(): v for k, v in options.items()}
+        types = lowered.get("types")
+        type_list = tuple(t.strip() for t in types.split(",") if t.strip()) if types else None
+        return cls(
+            dsn=store_dsn_option(lowered),
+            category=lowered.get("category") or None,
+            types=type_list or None,
+            registry=lowered.get("registry") or None,
+        )
+
+    def decoder(self) -> PayloadDecoder | None:
+        if self.registry is None:
+            return None
+        return PayloadDecoder(load_registry(self.registry), self.types)
+
+    def arrow_schema(self) -> pa.Schema:
+        decoder = self.decoder()
+        if decoder is None:
+            return EVENTS_ARROW_SCHEMA
+        index = EVENTS_ARROW_SCHEMA.get_field_index("data")
+        return EVENTS_ARROW_SCHEMA.set(index, pa.field("data", decoder.struct_type))
+
+
+class _RangePartition(InputPartition):
+    def __init__(self, positions: PositionRange) -> None:
+        super().__init__(positions)
+        self.positions = positions
+
+
+def _arrow_schema_of(spark_struct: Any) -> pa.Schema:
+    from pyspark.sql.pandas.types import to_arrow_schema
+
+    return to_arrow_schema(spark_struct, timezone="UTC")
+
+
+def read_range(query: EventsQuery, positions: PositionRange, schema: pa.Schema
+               ) -> Iterator[pa.RecordBatch]:
+    """The events at ``positions`` as record batches of the source's schema (in a task)."""
+    decoder = query.decoder()
+    for batch in read_events_range(
+        query.dsn, positions.start, positions.end,
+        category=query.category, types=query.types, batch_size=query.batch_rows,
+    ):
+        if decoder is not None:
+            data = decoder.decode(batch.column("type"), batch.column("schema_version"),
+                                  batch.column("data"))
+            index = batch.schema.get_field_index("data")
+            batch = batch.set_column(index, pa.field("data", data.type), data)
+        yield batch if batch.schema == schema else conform_batch(batch, schema)
+
+
+class EventsStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
+    """Micro-batches of the global log; see the module docstring for the offset contract."""
+
+    def __init__(self, query: EventsQuery, options: ReadOptions, schema: pa.Schema) -> None:
+        self.query = query
+        self.options = options
+        self.schema = schema
+        self.target_head: int | None = None
+
+    def initialOffset(self) -> dict[str, int]:
+        return offset(self.options.starting_position)
+
+    def getDefaultReadLimit(self) -> ReadLimit:
+        limit = self.options.max_records_per_trigger
+        return ReadMaxRows(limit) if limit is not None else ReadAllAvailable()
+
+    def prepareForTriggerAvailableNow(self) -> None:
+        self.target_head = head_position(self.query.dsn)
+
+    def _head(self) -> int:
+        return self.target_head if self.target_head is not None else head_position(self.query.dsn)
+
+    def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, int]:
+        rows = limit.max_rows if isinstance(limit, ReadMaxRows) else None
+        return offset(capped_end(position_of(start), self._head(), rows))
+
+    def reportLatestOffset(self) -> dict[str, int]:
+        return offset(self._head() + 1)
+
+    def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[InputPartition]:
+        ranges = split_range(position_of(start), position_of(end), self.options)
+        return [_RangePartition(r) for r in ranges]
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        assert isinstance(partition, _RangePartition)  # noqa: S101 - Spark hands ours back
+        return read_range(self.query, partition.positions, self.schema)
+
+    def commit(self, end: dict[str, Any]) -> None:
+        """Nothing to release: the log keeps every event (projections keep checkpoints)."""
+
+
+class EventsBatchReader(DataSourceReader):
+    """All events from ``startingPosition`` up to ``endingPosition`` (default: the head)."""
+
+    def __init__(self, query: EventsQuery, options: ReadOptions, schema: pa.Schema) -> None:
+        self.query = query
+        self.options = options
+        self.schema = schema
+
+    def partitions(self) -> Sequence[InputPartition]:
+        end = self.options.ending_position
+        if end is None:
+            end = head_position(self.query.dsn) + 1
+        ranges = split_range(self.options.starting_position, end, self.options)
+        return [_RangePartition(r) for r in ranges]
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        assert isinstance(partition, _RangePartition)  # noqa: S101 - Spark hands ours back
+        return read_range(self.query, partition.positions, self.schema)
+
+
+class EventsDataSource(DataSource):
+    """The event store as a Spark data source named ``lakefold_events``."""
+
+    @classmethod
+    def name(cls) -> str:
+        return SOURCE_NAME
+
+    def _parsed(self) -> tuple[EventsQuery, ReadOptions]:
+        return EventsQuery.parse(dict(self.options)), ReadOptions.parse(dict(self.options))
+
+    def schema(self) -> Any:
+        query, _ = self._parsed()
+        return spark_schema(query.arrow_schema())
+
+    def reader(self, schema: Any) -> DataSourceReader:
+        query, options = self._parsed()
+        return EventsBatchReader(query, options, _arrow_schema_of(schema))
+
+    def streamReader(self, schema: Any) -> DataSourceStreamReader:
+        query, options = self._parsed()
+        if options.ending_position is not None:
+            raise SparkLayerError("endingPosition is for batch reads; a stream has no end")
+        return EventsStreamReader(query, options, _arrow_schema_of(schema))
