@@ -32,7 +32,7 @@ import importlib
 import importlib.util
 import sys
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -58,15 +58,18 @@ from lakefold.projections.exceptions import (
 )
 
 Handler = Callable[[dict[str, Any], Any], dict[str, Any] | None]
-KeyFunction = Callable[[Any], object]
+#: The key of a fold: a field of every record's data, ``"$stream"`` (the event stream id, or
+#: the changelog row's table key), or a map of source alias to field for multi-source folds.
+FoldKey = str | Mapping[str, str]
+STREAM_KEY = "$stream"
 
 
 @dataclass
 class FoldLogic:
-    """Per-key fold: ``key`` (a field of the record data, or a function of the record) groups
-    records; each handler maps (state, record) to the new state, or None to delete the key."""
+    """Per-key fold: ``key`` (see ``FoldKey``) groups records; each handler maps (state,
+    record) to the new state, or None to delete the key."""
 
-    key: str | KeyFunction
+    key: FoldKey
     key_column: str
     schema: str
     initial: Callable[[object], dict[str, Any]] | None = None
@@ -158,7 +161,8 @@ _current: contextvars.ContextVar[Registry | None] = contextvars.ContextVar(
 
 def current_registry() -> Registry:
     """The registry definitions go to: the one being loaded, else the process-wide default."""
-    return _current.get() or _default_registry
+    registry = _current.get()
+    return registry if registry is not None else _default_registry
 
 
 @contextlib.contextmanager
@@ -270,7 +274,8 @@ def projection(
 class Fold:
     """A per-key fold projection, registered on construction; add handlers with ``on``.
 
-    ``key``: the record-data field to group by (or a function of the ``Record``).
+    ``key``: the record-data field to group by; ``"$stream"`` for the event stream id; or a
+    dict of source alias to field when the sources name the key differently.
     ``schema``: the output columns as a Spark DDL string; the state dict returned by handlers
     is written with these columns (missing ones are null), plus the key column.
     ``initial``: the state of a new key (default: ``{key_column: key}``).
@@ -281,7 +286,7 @@ class Fold:
         name: str,
         *,
         sources: list[Source] | tuple[Source, ...] | Source,
-        key: str | KeyFunction,
+        key: FoldKey,
         schema: str,
         target: Target,
         key_column: str | None = None,
@@ -289,14 +294,27 @@ class Fold:
         options: ProjectionOptions | None = None,
     ) -> None:
         check_name("projection", name)
-        if not (isinstance(key, str) and key) and not callable(key):
-            raise MissingKeyError(f"fold {name}: key= must name a record field or be a function")
-        if key_column is None:
-            if not isinstance(key, str):
+        checked_sources = _check_sources(name, sources)
+        if isinstance(key, Mapping):
+            aliases = {s.alias for s in checked_sources}
+            if set(key) != aliases or not all(isinstance(v, str) and v for v in key.values()):
                 raise MissingKeyError(
-                    f"fold {name}: a key function needs key_column='<output column>'"
+                    f"fold {name}: key={dict(key)!r} must map every source alias "
+                    f"({', '.join(sorted(aliases))}) to a field name"
+                )
+        elif not (isinstance(key, str) and key):
+            raise MissingKeyError(
+                f"fold {name}: key= must name a record field, be '$stream', or map each source "
+                "alias to a field"
+            )
+        if key_column is None:
+            if not isinstance(key, str) or key == STREAM_KEY:
+                raise MissingKeyError(
+                    f"fold {name}: with key={key!r} pass key_column='<output column>' naming "
+                    "the column that holds the key"
                 )
             key_column = key
+        check_name("key column", key_column)
         if not isinstance(schema, str) or not schema.strip():
             raise ProjectionDefinitionError(
                 f"fold {name}: schema= must be a Spark DDL string such as "
@@ -305,7 +323,7 @@ class Fold:
         self.name = name
         self._logic = FoldLogic(key=key, key_column=key_column, schema=schema, initial=initial)
         self.projection = current_registry().add(Projection(
-            name=name, sources=_check_sources(name, sources), target=_check_target(name, target),
+            name=name, sources=checked_sources, target=_check_target(name, target),
             options=options or ProjectionOptions(), fold=self._logic,
             module=getattr(initial, "__module__", None),
         ))

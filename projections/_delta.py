@@ -1,0 +1,237 @@
+"""The Delta target: append and upsert through the Spark layer's exactly-once sink, and SCD
+type 2 history written here with the same app-transaction rule.
+
+SCD2 table layout: the output's columns (keys, attributes, ``_position``), plus
+``valid_from`` (the change's time, from the ``valid_from`` column of the output, ``_ts`` by
+default), ``valid_to`` (null while the version is current) and ``current``.
+
+One SCD2 batch is one Delta transaction (a delta-rs merge) carrying
+``Transaction(app_id, batch_id)``; a batch whose id the table already records for ``app_id`` is
+skipped, so a replay after a crash is a no-op. Per key the batch's changes are applied in
+``_position`` order: each change that alters the attributes closes the current version
+(``valid_to`` = the change's time, ``current`` = false) and opens a new one; a change that
+alters nothing is ignored; a ``_deleted`` row closes the current version without opening one.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
+from deltalake.exceptions import CommitFailedError, TableNotFoundError
+
+from lakefold.projections._model import (
+    DELETED_COLUMN,
+    POSITION_COLUMN,
+    DeltaTableTarget,
+)
+from lakefold.projections.exceptions import (
+    IncompatibleTargetError,
+    MissingKeyError,
+    TargetError,
+    TargetUnavailable,
+)
+from lakefold.spark import DeltaTarget, WriteMode, write_batch
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame
+
+VALID_FROM = "valid_from"
+VALID_TO = "valid_to"
+CURRENT = "current"
+_RESERVED = (VALID_FROM, VALID_TO, CURRENT)
+
+
+def check_columns(spec: DeltaTableTarget, columns: list[str], types: dict[str, str]) -> None:
+    """Refuse an output that the Delta target cannot take (before anything runs)."""
+    for key in spec.keys:
+        if key not in columns:
+            raise MissingKeyError(
+                f"the Delta {spec.mode} key column {key!r} is not in the output columns "
+                f"{columns}; add it to the projection's output"
+            )
+    for column in spec.partition_by:
+        if column not in columns:
+            raise IncompatibleTargetError(
+                f"partition column {column!r} is not in the output columns {columns}"
+            )
+    if spec.mode == "scd2":
+        clash = [c for c in _RESERVED if c in columns]
+        if clash:
+            raise IncompatibleTargetError(
+                f"an SCD2 output cannot have columns named {clash}: the target adds them"
+            )
+        if spec.valid_from not in columns:
+            raise MissingKeyError(
+                f"the SCD2 target takes each version's start time from column "
+                f"{spec.valid_from!r}, which is not in the output {columns}; keep the source's "
+                "_ts column or pass delta_table('scd2', valid_from=...)"
+            )
+        if not types.get(spec.valid_from, "").startswith("timestamp"):
+            raise IncompatibleTargetError(
+                f"SCD2 valid_from column {spec.valid_from!r} is {types.get(spec.valid_from)}, "
+                "not a timestamp"
+            )
+        if POSITION_COLUMN not in columns:
+            raise MissingKeyError(
+                "an SCD2 output needs the _position column to order changes; keep it in the "
+                "projection's output"
+            )
+    if spec.mode == "append" and DELETED_COLUMN in columns:
+        raise IncompatibleTargetError(
+            "an append-only Delta target cannot delete; drop the _deleted column or use "
+            "delta_table('upsert', keys=[...])"
+        )
+
+
+@dataclass(frozen=True)
+class DeltaWriteResult:
+    skipped: bool
+    rows: int
+    version: int
+
+
+class DeltaViewWriter:
+    """Writes batches of one generation's Delta table, exactly once per batch id."""
+
+    def __init__(self, spec: DeltaTableTarget, path: str, *, app_id: str, name: str) -> None:
+        self.spec = spec
+        self.path = path
+        self.app_id = app_id
+        self.name = name
+
+    def write(self, df: DataFrame, batch_id: int) -> DeltaWriteResult:
+        columns = df.columns
+        if self.spec.mode == "scd2":
+            return self.write_scd2(df.toArrow(), batch_id)
+        mode = WriteMode.APPEND if self.spec.mode == "append" else WriteMode.UPSERT
+        keyed = mode is WriteMode.UPSERT
+        target = DeltaTarget(
+            path=self.path, mode=mode, app_id=self.app_id,
+            keys=self.spec.keys if keyed else (),
+            partition_by=self.spec.partition_by,
+            order_by=POSITION_COLUMN if keyed and POSITION_COLUMN in columns else None,
+            deleted_column=DELETED_COLUMN if keyed and DELETED_COLUMN in columns else None,
+            name=self.name,
+        )
+        result = write_batch(df, target, batch_id)
+        return DeltaWriteResult(result.skipped, result.rows_written, result.table_version)
+
+    # ------------------------------------------------------------------ SCD2
+
+    def _open(self) -> DeltaTable | None:
+        try:
+            return DeltaTable(self.path)
+        except TableNotFoundError:
+            return None
+
+    def write_scd2(self, rows: pa.Table, batch_id: int) -> DeltaWriteResult:
+        """Apply one batch of changes as SCD2 history (see the module docstring)."""
+        table = self._open()
+        if table is not None and (table.transaction_version(self.app_id) or -1) >= batch_id:
+            return DeltaWriteResult(True, 0, table.version())
+        keys = list(self.spec.keys)
+        attributes = [c for c in rows.column_names
+                      if c not in keys and c not in (POSITION_COLUMN, DELETED_COLUMN,
+                                                     self.spec.valid_from)]
+        current = self._current_rows(table, rows, keys) if table is not None else {}
+        closes, inserts = _versions(rows.to_pylist(), keys, attributes, self.spec.valid_from,
+                                    current)
+        properties = CommitProperties(app_transactions=[Transaction(self.app_id, batch_id)])
+        schema = _scd2_schema(rows.schema, self.spec.valid_from)
+        new_rows = pa.Table.from_pylist(inserts, schema=schema)
+        try:
+            if table is None:
+                write_deltalake(self.path, new_rows, mode="append", name=self.name,
+                                partition_by=list(self.spec.partition_by) or None,
+                                commit_properties=properties)
+                return DeltaWriteResult(False, len(inserts), 0)
+            source = pa.concat_tables([
+                _with_action(pa.Table.from_pylist(closes, schema=schema), "close"),
+                _with_action(new_rows, "insert"),
+            ])
+            predicate = " AND ".join(
+                [f't."{k}" = s."{k}"' for k in keys]
+                + [f't."{CURRENT}" = true', "s._action = 'close'"])
+            (table.merge(source, predicate, source_alias="s", target_alias="t",
+                         commit_properties=properties)
+             .when_matched_update({VALID_TO: f's."{VALID_TO}"', CURRENT: "false"})
+             .when_not_matched_insert({f'"{c}"': f's."{c}"' for c in schema.names},
+                                      predicate="s._action = 'insert'")
+             .execute())
+            return DeltaWriteResult(False, len(inserts) + len(closes), table.version())
+        except CommitFailedError as e:
+            raise TargetUnavailable(
+                f"SCD2 commit of batch {batch_id} to {self.path} conflicted with another "
+                "writer; retrying the batch"
+            ) from e
+        except (ValueError, pa.ArrowInvalid) as e:
+            raise TargetError(f"SCD2 batch {batch_id} cannot be written to {self.path}: {e}") \
+                from e
+
+    def _current_rows(self, table: DeltaTable, rows: pa.Table,
+                      keys: list[str]) -> dict[tuple[Any, ...], dict[str, Any]]:
+        """The current version of each key of the batch, from the table."""
+        import pyarrow.dataset as ds
+
+        dataset = table.to_pyarrow_dataset()
+        condition = ds.field(CURRENT) == True  # noqa: E712 - a dataset expression, not a bool
+        for key in keys:
+            values = pc.unique(rows.column(key))
+            condition = condition & ds.field(key).isin(values)
+        found = dataset.to_table(filter=condition).to_pylist()
+        return {tuple(row[k] for k in keys): row for row in found}
+
+
+def _scd2_schema(output: pa.Schema, valid_from: str) -> pa.Schema:
+    fields = [f for f in output if f.name not in (DELETED_COLUMN, valid_from)]
+    time_type = output.field(valid_from).type
+    return pa.schema([*fields, pa.field(VALID_FROM, time_type), pa.field(VALID_TO, time_type),
+                      pa.field(CURRENT, pa.bool_())])
+
+
+def _with_action(table: pa.Table, action: str) -> pa.Table:
+    return table.append_column("_action", pa.array([action] * table.num_rows, pa.string()))
+
+
+def _versions(
+    changes: list[dict[str, Any]], keys: list[str], attributes: list[str], valid_from: str,
+    current: dict[tuple[Any, ...], dict[str, Any]],
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Turn a batch of changes into (versions to close, versions to insert)."""
+    by_key: dict[tuple[Any, ...], list[dict[str, Any]]] = defaultdict(list)
+    for change in changes:
+        key = tuple(change[k] for k in keys)
+        if any(v is None for v in key):
+            raise TargetError(f"an SCD2 change has a null key {dict(zip(keys, key, strict=True))}")
+        by_key[key].append(change)
+    closes: list[dict[str, Any]] = []
+    inserts: list[dict[str, Any]] = []
+    for key, key_changes in by_key.items():
+        key_changes.sort(key=lambda c: c[POSITION_COLUMN])
+        open_row = current.get(key)
+        open_is_new = False
+        for change in key_changes:
+            deleted = bool(change.get(DELETED_COLUMN))
+            if not deleted and open_row is not None and \
+                    all(open_row.get(a) == change.get(a) for a in attributes):
+                continue  # nothing tracked changed
+            if open_row is None and deleted:
+                continue
+            if open_row is not None:
+                if open_is_new:
+                    open_row[VALID_TO] = change[valid_from]
+                    open_row[CURRENT] = False
+                else:
+                    closes.append({**open_row, VALID_TO: change[valid_from], CURRENT: False})
+                open_row = None
+            if not deleted:
+                version = {c: change.get(c) for c in (*keys, *attributes, POSITION_COLUMN)}
+                version.update({VALID_FROM: change[valid_from], VALID_TO: None, CURRENT: True})
+                inserts.append(version)
+                open_row, open_is_new = version, True
+    return closes, inserts

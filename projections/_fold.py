@@ -1,0 +1,300 @@
+"""Per-key fold handlers run by Spark with managed state (``applyInPandasWithState``).
+
+Plan of one fold projection:
+
+1. Every source frame becomes rows of one shape: the record's metadata (``_source``,
+   ``_position``, ``_ts``, ``_type``, ``_stream``), its key as text (``_fkey``), and its data
+   as a struct column named after the source (typed values survive: decimals stay decimals).
+   Records queued for a dead-letter retry join as rows whose ``_retry`` holds the record.
+2. Spark groups by ``_fkey``; for each key the Python function below loads the key's state
+   from Spark's state store (tagged JSON, see ``_codec``), applies the handlers to the key's
+   records in position order, and stores the new state. Spark's checkpoint keeps the state
+   and the offsets together, so after a crash the state is exactly as of the last committed
+   batch, and the replayed batch recomputes the same output.
+3. Each key with a changed state emits one row: the state's columns, ``_position`` (the
+   highest position folded into it), ``_deleted`` (the handler returned None).
+4. A handler that keeps failing (``retries`` attempts with backoff) either stops the
+   projection (``on_error="stop"``) or emits a ``_dead_letter`` row and the key's other
+   records are still folded: progress continues.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import time
+import traceback
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from lakefold.projections import _codec
+from lakefold.projections._api import STREAM_KEY, FoldLogic, Handler, Projection
+from lakefold.projections._model import (
+    DELETED_COLUMN,
+    POSITION_COLUMN,
+    ProjectionOptions,
+    Record,
+)
+from lakefold.projections.exceptions import RecordFailed
+
+if TYPE_CHECKING:
+    import pandas as pd
+    from pyspark.sql import DataFrame
+    from pyspark.sql.streaming.state import GroupState
+    from pyspark.sql.types import StructType
+
+DEAD_LETTER_COLUMN = "_dead_letter"
+META_COLUMNS = ("_source", "_position", "_ts", "_type", "_stream")
+#: Metadata columns of a source frame that are not part of a record's data.
+FRAME_META = frozenset({*META_COLUMNS, DELETED_COLUMN, "_before"})
+STATE_SCHEMA = "state string, position long"
+
+
+@dataclass(frozen=True)
+class FoldRuntime:
+    """Everything the Python workers need to run a fold (pickled into the UDF)."""
+
+    name: str
+    key_fields: Mapping[str, str]
+    key_column: str
+    source_kinds: Mapping[str, str]
+    handlers: Mapping[str, tuple[Handler, Any]]
+    initial: Callable[[object], dict[str, Any]] | None
+    columns: tuple[str, ...]
+    options: ProjectionOptions
+
+    @classmethod
+    def of(cls, projection: Projection, columns: tuple[str, ...]) -> FoldRuntime:
+        fold = projection.fold
+        assert fold is not None  # noqa: S101 - callers pass fold projections only
+        aliases = [s.alias for s in projection.sources]
+        key = fold.key
+        key_fields = dict(key) if isinstance(key, Mapping) else dict.fromkeys(aliases, key)
+        return cls(name=projection.name, key_fields=key_fields, key_column=fold.key_column,
+                   source_kinds={s.alias: s.kind for s in projection.sources},
+                   handlers=dict(fold.handlers), initial=fold.initial, columns=columns,
+                   options=projection.options)
+
+
+def output_schema(fold: FoldLogic) -> StructType:
+    """The fold's output columns (its DDL schema) plus the runner's bookkeeping columns."""
+    from pyspark.sql.types import (
+        BooleanType,
+        LongType,
+        StringType,
+        StructField,
+        StructType,
+    )
+
+    declared = StructType.fromDDL(fold.schema)
+    if not isinstance(declared, StructType):
+        raise TypeError("a fold schema must be a list of columns")
+    return StructType([
+        *declared.fields,
+        StructField(POSITION_COLUMN, LongType()),
+        StructField(DELETED_COLUMN, BooleanType()),
+        StructField(DEAD_LETTER_COLUMN, StringType()),
+    ])
+
+
+def fold_input(projection: Projection, frames: Mapping[str, DataFrame],
+               retries: DataFrame | None = None) -> DataFrame:
+    """The union of the source frames in the shape described in the module docstring."""
+    from pyspark.sql import functions as F
+
+    fold = projection.fold
+    assert fold is not None  # noqa: S101
+    parts = []
+    for source in projection.sources:
+        frame = frames[source.alias]
+        data_columns = [c for c in frame.columns if c not in FRAME_META]
+        field = fold.key[source.alias] if isinstance(fold.key, Mapping) else fold.key
+        if field == STREAM_KEY:
+            key = F.col("_stream")
+        elif source.kind == "events" and "data" in frame.columns:
+            key = F.get_json_object(F.col("data"), f"$.{field}")
+        else:
+            key = F.col(field).cast("string")
+        parts.append(frame.select(
+            F.lit(source.alias).alias("_source"),
+            F.col("_position").cast("long").alias("_position"),
+            F.col("_ts").cast("timestamp").alias("_ts"),
+            F.col("_type").cast("string").alias("_type"),
+            F.col("_stream").cast("string").alias("_stream"),
+            key.alias("_fkey"),
+            F.lit(None).cast("string").alias("_retry"),
+            F.struct(*[F.col(c) for c in data_columns]).alias(source.alias),
+        ))
+    if retries is not None:
+        parts.append(retries.select("_source", "_position", "_ts", "_type", "_stream", "_fkey",
+                                    "_retry"))
+    union = parts[0]
+    for part in parts[1:]:
+        union = union.unionByName(part, allowMissingColumns=True)
+    return union
+
+
+def apply_fold(projection: Projection, union: DataFrame) -> DataFrame:
+    """Group the union by key and run the handlers with Spark-managed state."""
+    from pyspark.sql.streaming.state import GroupStateTimeout
+
+    fold = projection.fold
+    assert fold is not None  # noqa: S101
+    schema = output_schema(fold)
+    runtime = FoldRuntime.of(projection, tuple(schema.fieldNames()))
+    return union.groupBy("_fkey").applyInPandasWithState(
+        make_fold_function(runtime), schema, STATE_SCHEMA, "update",
+        GroupStateTimeout.NoTimeout)
+
+
+def _timestamp(value: object) -> dt.datetime | None:
+    if value is None:
+        return None
+    to_pydatetime = getattr(value, "to_pydatetime", None)
+    if callable(to_pydatetime):
+        value = to_pydatetime()
+    if isinstance(value, dt.datetime):
+        return value if value.tzinfo else value.replace(tzinfo=dt.UTC)
+    return None
+
+
+def _record(row: dict[str, Any], runtime: FoldRuntime) -> Record:
+    if row.get("_retry") is not None:
+        stored = _codec.loads(row["_retry"])
+        return Record(source=stored["source"], position=int(stored["position"]),
+                      type=stored["type"], stream=stored["stream"], data=stored["data"],
+                      timestamp=stored.get("timestamp"))
+    source = str(row["_source"])
+    payload = row.get(source) or {}
+    if runtime.source_kinds.get(source) == "events" and isinstance(payload.get("data"), str):
+        data = _codec.loads(payload["data"])
+        if not isinstance(data, dict):
+            data = {"value": data}
+    else:
+        data = {k: (_timestamp(v) if hasattr(v, "to_pydatetime") else v)
+                for k, v in payload.items()}
+    return Record(source=source, position=int(row["_position"]), type=str(row["_type"]),
+                  stream=str(row["_stream"]), data=data, timestamp=_timestamp(row.get("_ts")))
+
+
+def record_json(record: Record) -> dict[str, Any]:
+    """A record as stored in a dead letter (tagged JSON, so a retry gets the same values)."""
+    return {"source": record.source, "position": record.position, "type": record.type,
+            "stream": record.stream, "data": _codec.plain(record.data),
+            "timestamp": _codec.plain(record.timestamp)}
+
+
+def make_fold_function(runtime: FoldRuntime) -> Callable[..., Iterator[pd.DataFrame]]:
+    """The function Spark calls per key and micro-batch (see the module docstring)."""
+
+    def fold(key: tuple[Any, ...], frames: Iterator[pd.DataFrame],
+             state: GroupState) -> Iterator[pd.DataFrame]:
+        import pandas as pd
+
+        rows: list[dict[str, Any]] = []
+        for frame in frames:
+            rows.extend(frame.to_dict("records"))
+        # New records in position order; retried records after them (they are old records
+        # applied late, by request).
+        rows.sort(key=lambda r: (r.get("_retry") is not None, int(r["_position"])))
+        if state.exists:
+            text, position = state.get
+            current: dict[str, Any] | None = _codec.loads(text)
+        else:
+            current, position = None, -1
+        out: list[dict[str, Any]] = []
+        changed = False
+        for row in rows:
+            record = _record(row, runtime)
+            entry = runtime.handlers.get(record.type)
+            if entry is None:
+                continue
+            handler, event_class = entry
+            if event_class is not None:
+                record = Record(**{**record.__dict__, "event_class": event_class})
+            key_value = _key_value(record, key[0], runtime)
+            if key_value is None:
+                out.append(_dead_letter(runtime, record, None, "the record has no key field "
+                                        f"{runtime.key_fields.get(record.source)!r}", 1))
+                continue
+            base = current if current is not None else _initial(runtime, key_value)
+            result, error, attempts = _attempt(runtime, handler, base, record)
+            if error is not None:
+                if runtime.options.on_error == "stop":
+                    raise RecordFailed(
+                        f"projection {runtime.name}: handler for {record.type} failed on "
+                        f"{record.source} position {record.position} after {attempts} "
+                        f"attempts: {error}"
+                    )
+                out.append(_dead_letter(runtime, record, key_value, error, attempts))
+                continue
+            changed = True
+            position = max(position, record.position)
+            if result is None:
+                current = None
+            else:
+                current = dict(result)
+                current[runtime.key_column] = key_value
+        if changed:
+            if current is None:
+                if state.exists:
+                    state.remove()
+                out.append({runtime.key_column: _key_value_any(rows, runtime, key[0]),
+                            POSITION_COLUMN: position, DELETED_COLUMN: True})
+            else:
+                state.update((_codec.dumps(current), position))
+                out.append({**{c: current.get(c) for c in runtime.columns},
+                            POSITION_COLUMN: position, DELETED_COLUMN: False,
+                            DEAD_LETTER_COLUMN: None})
+        if out:
+            yield pd.DataFrame([{c: r.get(c) for c in runtime.columns} for r in out],
+                               columns=list(runtime.columns), dtype=object)
+
+    return fold
+
+
+def _initial(runtime: FoldRuntime, key_value: object) -> dict[str, Any]:
+    if runtime.initial is not None:
+        return dict(runtime.initial(key_value))
+    return {runtime.key_column: key_value}
+
+
+def _key_value(record: Record, fallback: object, runtime: FoldRuntime) -> object:
+    field = runtime.key_fields.get(record.source)
+    if field == STREAM_KEY:
+        return record.stream
+    if field is None:
+        return fallback
+    return record.data.get(field, None) if fallback is not None else None
+
+
+def _key_value_any(rows: list[dict[str, Any]], runtime: FoldRuntime, fallback: object) -> object:
+    for row in rows:
+        value = _key_value(_record(row, runtime), fallback, runtime)
+        if value is not None:
+            return value
+    return fallback
+
+
+def _attempt(runtime: FoldRuntime, handler: Handler, state: dict[str, Any],
+             record: Record) -> tuple[dict[str, Any] | None, str | None, int]:
+    """Run a handler with retries and backoff: (new state, None, attempts) or
+    (None, error text, attempts)."""
+    error = ""
+    for attempt in range(1, runtime.options.retries + 1):
+        try:
+            return handler(dict(state), record), None, attempt
+        except Exception as e:
+            error = "".join(traceback.format_exception_only(e)).strip()
+            if attempt < runtime.options.retries:
+                time.sleep(runtime.options.backoff(attempt))
+    return None, error, runtime.options.retries
+
+
+def _dead_letter(runtime: FoldRuntime, record: Record, key: object, error: str,
+                 attempts: int) -> dict[str, Any]:
+    letter = {"ref": f"fold:{record.source}:{record.position}", "stage": "fold",
+              "source": record.source, "position": record.position,
+              "record": {**record_json(record), "key": _codec.plain(key)},
+              "error": error, "attempts": attempts}
+    return {DEAD_LETTER_COLUMN: _codec.dumps(letter)}

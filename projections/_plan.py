@@ -1,0 +1,235 @@
+"""From a projection definition to the streaming DataFrame Spark runs, and the checks that
+need Spark and the live stores (``validate``), run before anything starts.
+
+``build`` gives the output DataFrame of one generation: the source frames (one streaming
+source per projection source, see ``_source``), optionally narrowed to a rebuild scope, then
+the user's transform or the fold. ``validate`` builds the same plan without starting it, so
+unknown sources, missing keys and incompatible targets fail with a clear error first.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from lakefold.projections import _stores
+from lakefold.projections._api import STREAM_KEY, Projection, Registry
+from lakefold.projections._delta import check_columns
+from lakefold.projections._fold import DEAD_LETTER_COLUMN, apply_fold, fold_input
+from lakefold.projections._model import (
+    DELETED_COLUMN,
+    POSITION_COLUMN,
+    ChangelogSource,
+    DeltaTableTarget,
+    EventSource,
+    RedisCacheTarget,
+    SearchIndexTarget,
+)
+from lakefold.projections._source import source_frame, spark_schema
+from lakefold.projections.exceptions import (
+    IncompatibleTargetError,
+    MissingKeyError,
+    ProjectionDefinitionError,
+)
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+
+# Logical operators that keep state across micro-batches.
+_STATEFUL = ("Aggregate", "Deduplicate", "FlatMapGroupsWithState", "FlatMapGroupsInPandas",
+             "TransformWithState", "Join", "Window", "Distinct")
+
+
+@dataclass(frozen=True)
+class Plan:
+    """A projection's output DataFrame and what the runner needs to know about it."""
+
+    output: DataFrame
+    stateful: bool
+    columns: tuple[str, ...]
+    types: Mapping[str, str]
+
+
+def _call_transform(projection: Projection, frames: Mapping[str, DataFrame]) -> Any:
+    transform = projection.transform
+    assert transform is not None  # noqa: S101
+    if len(projection.sources) == 1:
+        return transform(frames[projection.sources[0].alias])
+    return transform(**frames)
+
+
+def is_stateful(df: DataFrame) -> bool:
+    """True when the plan holds operators that keep state across micro-batches."""
+    try:
+        plan = df._jdf.queryExecution().analyzed().toString()
+    except Exception:
+        return True
+    return any(line.lstrip(" :+-").startswith(_STATEFUL) for line in plan.splitlines())
+
+
+def build(spark: SparkSession, projection: Projection, dsn: str, *, max_records: int,
+          scope: Mapping[str, Any] | None = None,
+          retries: DataFrame | None = None) -> Plan:
+    """The streaming output of ``projection`` reading ``dsn``'s stores."""
+    frames = {s.alias: source_frame(spark, dsn, s, max_records=max_records)
+              for s in projection.sources}
+    if scope and scope.get("stream"):
+        frames = {alias: frame.filter(frame["_stream"] == scope["stream"])
+                  for alias, frame in frames.items()}
+    if projection.fold is not None:
+        output = apply_fold(projection, fold_input(projection, frames, retries))
+        stateful = True
+    else:
+        output = _call_transform(projection, frames)
+        from pyspark.sql import DataFrame as SparkDataFrame
+
+        if not isinstance(output, SparkDataFrame):
+            raise ProjectionDefinitionError(
+                f"projection {projection.name}: the transform returned "
+                f"{type(output).__name__}, not a DataFrame"
+            )
+        stateful = is_stateful(output)
+    if scope and scope.get("keys") is not None:
+        low, high = scope["keys"]
+        key = _target_key(projection)
+        column = output[key]
+        if low is not None:
+            output = output.filter(column >= low)
+        if high is not None:
+            output = output.filter(column < high)
+    types = {f.name: f.dataType.simpleString() for f in output.schema.fields}
+    return Plan(output=output, stateful=stateful, columns=tuple(output.columns), types=types)
+
+
+def _target_key(projection: Projection) -> str:
+    target = projection.target
+    if isinstance(target, RedisCacheTarget | SearchIndexTarget):
+        return target.key
+    if target.keys:
+        return target.keys[0]
+    raise ProjectionDefinitionError(
+        f"projection {projection.name}: a key-range rebuild needs a keyed target"
+    )
+
+
+def check_target(projection: Projection, plan: Plan) -> None:
+    """Refuse outputs the target cannot take."""
+    columns = [c for c in plan.columns if c != DEAD_LETTER_COLUMN]
+    target = projection.target
+    if POSITION_COLUMN in columns and plan.types[POSITION_COLUMN] not in ("bigint", "int"):
+        raise IncompatibleTargetError(
+            f"projection {projection.name}: _position must be an integer column, not "
+            f"{plan.types[POSITION_COLUMN]}"
+        )
+    if DELETED_COLUMN in columns and plan.types[DELETED_COLUMN] != "boolean":
+        raise IncompatibleTargetError(
+            f"projection {projection.name}: _deleted must be a boolean column, not "
+            f"{plan.types[DELETED_COLUMN]}"
+        )
+    if isinstance(target, DeltaTableTarget):
+        if plan.stateful and target.mode in ("append", "scd2") and projection.fold is None:
+            raise IncompatibleTargetError(
+                f"projection {projection.name}: the transform keeps state (an aggregation, "
+                "deduplication or join), so it emits updated rows; a Delta "
+                f"{target.mode} target would record every update as a new row. Use "
+                "delta_table('upsert', keys=[...])"
+            )
+        if projection.fold is not None and target.mode == "append":
+            raise IncompatibleTargetError(
+                f"projection {projection.name}: a fold emits the new state of each changed "
+                "key; write it with delta_table('upsert', keys=[...]) or 'scd2', not 'append'"
+            )
+        check_columns(target, columns, dict(plan.types))
+        return
+    key = target.key
+    if key not in columns:
+        raise MissingKeyError(
+            f"projection {projection.name}: the {target.kind} target's key column {key!r} is "
+            f"not in the output columns {columns}; add it to the projection's output"
+        )
+    if isinstance(target, RedisCacheTarget) and target.format == "hash":
+        nested = [c for c in columns if plan.types[c].startswith(("struct", "array", "map"))]
+        if nested:
+            raise IncompatibleTargetError(
+                f"projection {projection.name}: a Redis hash holds flat fields, but "
+                f"{nested} are nested; use redis_cache(..., format='json') or flatten them"
+            )
+    if isinstance(target, SearchIndexTarget):
+        for column in target.text:
+            if column not in columns:
+                raise IncompatibleTargetError(
+                    f"projection {projection.name}: search text column {column!r} is not in "
+                    f"the output columns {columns}"
+                )
+            if plan.types[column] != "string":
+                raise IncompatibleTargetError(
+                    f"projection {projection.name}: search text column {column!r} is "
+                    f"{plan.types[column]}, not a string"
+                )
+
+
+def _check_fold_keys(projection: Projection, dsn: str) -> None:
+    fold = projection.fold
+    if fold is None:
+        return
+    if not fold.handlers:
+        raise ProjectionDefinitionError(
+            f"fold {projection.name} has no handlers; add one with @{projection.name}.on(...)"
+        )
+    for source in projection.sources:
+        field = fold.key[source.alias] if isinstance(fold.key, Mapping) else fold.key
+        if field == STREAM_KEY or not isinstance(source, ChangelogSource):
+            continue
+        columns = spark_schema(dsn, source).fieldNames()
+        if field not in columns:
+            raise MissingKeyError(
+                f"fold {projection.name}: key field {field!r} is not a column of "
+                f"{source.table}; its columns are {[c for c in columns if not c.startswith('_')]}"
+            )
+    for source in projection.sources:
+        if not isinstance(source, EventSource):
+            continue
+        field = fold.key[source.alias] if isinstance(fold.key, Mapping) else fold.key
+        for type_name, (_, event_class) in fold.handlers.items():
+            fields = getattr(event_class, "model_fields", None)
+            if field != STREAM_KEY and isinstance(fields, Mapping) and field not in fields:
+                raise MissingKeyError(
+                    f"fold {projection.name}: key field {field!r} is not a field of "
+                    f"{type_name} ({', '.join(fields)})"
+                )
+
+
+def validate(spark: SparkSession, registry: Registry, dsn: str) -> dict[str, Plan]:
+    """Check every projection against the live stores and Spark: sources exist, keys exist,
+    the output suits the target. Returns the plans (not started)."""
+    plans = {}
+    for projection in registry:
+        registered = [name for s in projection.sources if isinstance(s, EventSource)
+                      for name in s.types]
+        if projection.fold is not None:
+            registered += [t for t, (_, cls) in projection.fold.handlers.items()
+                           if cls is not None]
+        _stores.check_sources_exist(dsn, projection.sources, projection=projection.name,
+                                    registered_types=registered)
+        _check_fold_keys(projection, dsn)
+        try:
+            plan = build(spark, projection, dsn, max_records=1)
+        except ProjectionDefinitionError:
+            raise
+        except Exception as e:
+            if type(e).__name__ in ("AnalysisException", "PySparkTypeError", "ParseException",
+                                    "PySparkValueError"):
+                raise ProjectionDefinitionError(
+                    f"projection {projection.name} does not fit its sources: "
+                    f"{str(e).splitlines()[0]}"
+                ) from e
+            raise
+        check_target(projection, plan)
+        if inspect.isgeneratorfunction(projection.transform):
+            raise ProjectionDefinitionError(
+                f"projection {projection.name}: the transform must return a DataFrame"
+            )
+        plans[projection.name] = plan
+    return plans

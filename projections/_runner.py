@@ -1,0 +1,400 @@
+"""The runner: keeps every registered projection's live generation running as a Spark
+streaming query, builds requested generations beside it and switches to them, honours pause
+and resume, and retries failed queries with backoff.
+
+One query per (projection, generation), each with its own Spark checkpoint directory and its
+own target locations. A PostgreSQL advisory lock per (projection, generation), held on its own
+connection while the query runs, makes sure that two runner processes never run the same
+generation (the second one leaves it alone); the lock goes away with the process, even on
+SIGKILL.
+
+Rebuild (``Catalog.begin_rebuild``; ``lakefold rebuild NAME``): generation N+1 replays from
+position 0 in batches of ``rebuild_records_per_batch`` while generation N stays live. When
+N+1's committed position has reached N's for every source, the catalog switches NAME to N+1
+in one transaction, Redis readers' pointer follows, N's query stops, and generations beyond
+``keep_generations`` are dropped (Delta directory, Redis keys, index, checkpoint). N+1's query
+simply carries on as the live one: readers never see an empty or half-built view.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import shutil
+import threading
+import time
+import zlib
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import psycopg
+
+from lakefold.projections import _stores
+from lakefold.projections._api import Projection, Registry
+from lakefold.projections._batch import GenerationSink
+from lakefold.projections._catalog import Catalog, Generation, SinkRoots
+from lakefold.projections._deadletters import DeadLetters
+from lakefold.projections._plan import build, validate
+from lakefold.projections._redis import drop_prefix
+from lakefold.projections._source import retry_frame
+from lakefold.projections.exceptions import (
+    ProjectionStateError,
+    RecordFailed,
+)
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+    from pyspark.sql.streaming import StreamingQuery
+
+log = logging.getLogger(__name__)
+_LOCK_NAMESPACE = zlib.crc32(b"lakefold.projection") & 0x7FFF_FFFF
+
+
+@dataclass(frozen=True)
+class RunnerConfig:
+    """Where the runner reads and writes. ``trigger_seconds`` overrides every projection's
+    processing-time trigger; ``only`` limits the runner to some projections."""
+
+    store_dsn: str
+    roots: SinkRoots
+    redis_url: str | None = None
+    poll_seconds: float = 0.5
+    trigger_seconds: float | None = None
+    only: tuple[str, ...] = ()
+
+
+def generation_lock_key(name: str, generation: int) -> int:
+    return zlib.crc32(f"{name}:{generation}".encode()) & 0x7FFF_FFFF
+
+
+class GenerationQuery:
+    """One generation of one projection, running as a streaming query in this process."""
+
+    def __init__(self, runner: Runner, projection: Projection, generation: Generation, *,
+                 role: str) -> None:
+        self.runner = runner
+        self.projection = projection
+        self.generation = generation
+        self.role = role
+        self.query: StreamingQuery | None = None
+        self.sink: GenerationSink | None = None
+        self._lock_conn: psycopg.Connection[Any] | None = None
+
+    @property
+    def key(self) -> tuple[str, int]:
+        return (self.projection.name, self.generation.generation)
+
+    def _acquire(self) -> bool:
+        conn = psycopg.connect(self.runner.config.store_dsn, autocommit=True)
+        row = conn.execute("SELECT pg_try_advisory_lock(%s, %s)",
+                           (_LOCK_NAMESPACE, generation_lock_key(*self.key))).fetchone()
+        if not (row and row[0]):
+            conn.close()
+            return False
+        self._lock_conn = conn
+        return True
+
+    def start(self) -> bool:
+        """Start the query; False when another process is running this generation."""
+        if not self._acquire():
+            return False
+        try:
+            self._start()
+        except BaseException:
+            self._release()
+            raise
+        return True
+
+    def _start(self) -> None:
+        runner, projection, generation = self.runner, self.projection, self.generation
+        options = projection.options
+        max_records = options.rebuild_records_per_batch if self.role == "rebuild" \
+            else options.max_records_per_batch
+        retries = None
+        if projection.fold is not None:
+            retries = retry_frame(runner.spark, runner.config.store_dsn, projection.name,
+                                  generation.generation)
+        plan = build(runner.spark, projection, runner.config.store_dsn,
+                     max_records=max_records, scope=generation.scope, retries=retries)
+        from pyspark.sql.pandas.types import to_arrow_schema
+
+        self.sink = GenerationSink(
+            projection, generation, catalog=runner.catalog, dead_letters=runner.dead_letters,
+            redis_url=runner.config.redis_url, namespace=runner.config.roots.redis_namespace,
+            output_schema=to_arrow_schema(plan.output.schema, timezone="UTC"))
+        self.sink.progress.end = dict(generation.position)
+        if self.role == "live":
+            self.sink.publish()
+        trigger = runner.config.trigger_seconds
+        if trigger is None:
+            trigger = options.trigger_seconds
+        self.query = (plan.output.writeStream
+                      .foreachBatch(self.sink)
+                      .outputMode("update")
+                      .option("checkpointLocation", generation.checkpoint_dir)
+                      .queryName(f"{projection.name}_g{generation.generation}")
+                      .trigger(processingTime=f"{int(trigger * 1000)} milliseconds")
+                      .start())
+
+    def _release(self) -> None:
+        if self._lock_conn is not None:
+            self._lock_conn.close()
+            self._lock_conn = None
+
+    def stop(self) -> None:
+        try:
+            if self.query is not None:
+                try:
+                    self.query.stop()
+                except Exception as e:
+                    log.warning("stopping %s failed: %s", self.query.name, e)
+        finally:
+            if self.sink is not None:
+                self.sink.close()
+            self._release()
+
+    @property
+    def active(self) -> bool:
+        return self.query is not None and self.query.isActive
+
+    def failure(self) -> BaseException | None:
+        """The error that stopped the query (the original one when it came from our sink)."""
+        if self.query is None or self.query.isActive:
+            return None
+        if self.sink is not None and self.sink.progress.error is not None:
+            return self.sink.progress.error
+        return self.query.exception()  # type: ignore[return-value]
+
+    def end(self) -> dict[str, int]:
+        if self.sink is None:
+            return dict(self.generation.position)
+        with self.sink.progress.lock:
+            return dict(self.sink.progress.end)
+
+
+@dataclass
+class _Health:
+    failures: int = 0
+    retry_at: float = 0.0
+    given_up: bool = False
+    last_error: str | None = None
+    remote: set[int] = field(default_factory=set)
+
+
+class Runner:
+    """Runs the projections of a registry (see the module docstring)."""
+
+    def __init__(self, spark: SparkSession, registry: Registry, config: RunnerConfig) -> None:
+        self.spark = spark
+        self.registry = registry
+        self.config = config
+        self.catalog = Catalog(config.store_dsn, config.roots)
+        self.dead_letters = DeadLetters(self.catalog)
+        self.queries: dict[tuple[str, int], GenerationQuery] = {}
+        self._health: dict[str, _Health] = {}
+        self._prepared = False
+
+    @property
+    def projections(self) -> list[Projection]:
+        selected = [p for p in self.registry
+                    if not self.config.only or p.name in self.config.only]
+        unknown = set(self.config.only) - {p.name for p in selected}
+        if unknown:
+            self.registry.get(sorted(unknown)[0])  # raises ProjectionNotFound, listing names
+        return selected
+
+    def prepare(self) -> None:
+        """Install the catalog, validate every projection against the live stores, and
+        register new projections (generation 1). Raises before anything runs."""
+        if self._prepared:
+            return
+        self.catalog.install()
+        self.dead_letters.install()
+        selected = Registry()
+        for projection in self.projections:
+            selected._projections[projection.name] = projection
+        validate(self.spark, selected, self.config.store_dsn)
+        for projection in self.projections:
+            self.catalog.ensure(projection.name, target_kind=projection.target.kind,
+                                fingerprint=projection.fingerprint(),
+                                keep_generations=projection.options.keep_generations)
+        self._prepared = True
+
+    # ------------------------------------------------------------------ rebuild
+
+    def request_rebuild(self, name: str, *, scope: dict[str, Any] | None = None) -> Generation:
+        """Start building generation N+1 of NAME; the run loop switches to it when it has
+        caught up."""
+        self.registry.get(name)
+        return self.catalog.begin_rebuild(name, scope=scope)
+
+    # ------------------------------------------------------------------ the loop
+
+    def heads(self, projection: Projection) -> dict[str, int]:
+        return {s.alias: _stores.head(self.config.store_dsn, s) for s in projection.sources}
+
+    def run(self, *, until_caught_up: bool = False, stop: threading.Event | None = None,
+            timeout: float | None = None) -> None:
+        """Run until ``stop`` is set (or, with ``until_caught_up``, until every projection has
+        processed everything that was in the stores when the call started, and every
+        requested rebuild has switched)."""
+        self.prepare()
+        stop = stop or threading.Event()
+        deadline = None if timeout is None else time.monotonic() + timeout
+        targets = {p.name: self.heads(p) for p in self.projections} if until_caught_up else {}
+        try:
+            while not stop.is_set():
+                done = [self._tick(p, targets.get(p.name)) for p in self.projections]
+                if until_caught_up and all(done):
+                    return
+                if deadline is not None and time.monotonic() > deadline:
+                    raise TimeoutError(f"projections not caught up within {timeout} s")
+                stop.wait(self.config.poll_seconds)
+        finally:
+            self.stop_all()
+
+    def stop_all(self) -> None:
+        for query in list(self.queries.values()):
+            query.stop()
+        self.queries.clear()
+
+    def close(self) -> None:
+        self.stop_all()
+        self.catalog.close()
+
+    def _stop_projection(self, name: str) -> None:
+        for key in [k for k in self.queries if k[0] == name]:
+            self.queries.pop(key).stop()
+
+    def _tick(self, projection: Projection, target: dict[str, int] | None) -> bool:
+        """One look at one projection; True when it is caught up with ``target`` (or paused,
+        or failed: nothing more will happen to it in this run)."""
+        name = projection.name
+        health = self._health.setdefault(name, _Health())
+        row = self.catalog.projection(name)
+        if row.paused:
+            if any(k[0] == name for k in self.queries):
+                self._stop_projection(name)
+            if row.state != "paused":
+                self.catalog.set_state(name, "paused", keep_error=True)
+            return True
+        if health.given_up:
+            if row.state == "failed":
+                return True
+            self._health[name] = health = _Health()  # resumed by `lakefold resume`
+        live = self.catalog.current(name)
+        building = self.catalog.building(name)
+        if not self._ensure(projection, live, "live", health):
+            return health.given_up
+        if building is not None:
+            if not self._ensure(projection, building, "rebuild", health):
+                return health.given_up
+            self._maybe_switch(projection, live, building)
+        expected = "rebuilding" if self.catalog.building(name) is not None else "running"
+        if row.state != expected:
+            self.catalog.set_state(name, expected, keep_error=True)
+        if target is None:
+            return False
+        if self.catalog.building(name) is not None:
+            return False
+        query = self.queries.get((name, self.catalog.current(name).generation))
+        if query is None:
+            return False
+        end = query.end()
+        return all(end.get(alias, 0) >= head + 1 for alias, head in target.items())
+
+    def _ensure(self, projection: Projection, generation: Generation, role: str,
+                health: _Health) -> bool:
+        """Keep the generation's query running; False while it is down."""
+        key = (projection.name, generation.generation)
+        query = self.queries.get(key)
+        if query is not None and query.active:
+            return True
+        if query is not None:
+            error = query.failure()
+            query.stop()
+            del self.queries[key]
+            if error is not None:
+                self._failed(projection, health, error)
+            return False
+        if health.given_up or time.monotonic() < health.retry_at:
+            return False
+        query = GenerationQuery(self, projection, generation, role=role)
+        try:
+            started = query.start()
+        except Exception as e:
+            self._failed(projection, health, e)
+            return False
+        if not started:
+            health.remote.add(generation.generation)
+            return False
+        self.queries[key] = query
+        return True
+
+    def _failed(self, projection: Projection, health: _Health, error: BaseException) -> None:
+        health.failures += 1
+        text = _describe(error)
+        health.last_error = text
+        permanent = isinstance(error, RecordFailed) or text.startswith("RecordFailed")
+        if permanent or health.failures > projection.options.retries:
+            health.given_up = True
+            self.catalog.set_state(projection.name, "failed", error=text)
+            log.error("projection %s failed: %s", projection.name, text)
+            return
+        delay = projection.options.backoff(health.failures)
+        health.retry_at = time.monotonic() + delay
+        self.catalog.set_state(projection.name, "retrying", error=text)
+        log.warning("projection %s failed (attempt %d), retrying in %.2f s: %s",
+                    projection.name, health.failures, delay, text)
+
+    def _maybe_switch(self, projection: Projection, live: Generation,
+                      building: Generation) -> None:
+        name = projection.name
+        new = self.queries.get((name, building.generation))
+        if new is None or new.sink is None or new.sink.progress.batch_id is None:
+            return
+        old = self.queries.get((name, live.generation))
+        live_end = old.end() if old is not None else dict(live.position)
+        new_end = new.end()
+        heads = self.heads(projection)
+        reached = all(new_end.get(a, 0) >= max(live_end.get(a, 0), 1) for a in heads)
+        if not reached:
+            return
+        dropped = self.catalog.switch(name, building.generation)
+        new.role = "live"
+        new.sink.publish()
+        if old is not None:
+            old.stop()
+            self.queries.pop((name, live.generation), None)
+        self.drop_generations(dropped)
+        log.info("projection %s switched to generation %d", name, building.generation)
+
+    def drop_generations(self, generations: Iterable[Generation]) -> None:
+        """Delete the sinks of retired generations and mark them dropped."""
+        for generation in generations:
+            if (generation.name, generation.generation) in self.queries:
+                raise ProjectionStateError(
+                    f"generation {generation.generation} of {generation.name} is running"
+                )
+            shutil.rmtree(generation.delta_path, ignore_errors=True)
+            shutil.rmtree(generation.index_dir, ignore_errors=True)
+            shutil.rmtree(generation.checkpoint_dir, ignore_errors=True)
+            if self.config.redis_url is not None:
+                drop_prefix(self.config.redis_url, generation.redis_prefix)
+            self.catalog.mark_dropped(generation.name, generation.generation)
+
+
+_PY_ERROR = re.compile(r"^(?:[A-Za-z_][\w.]*\.)?([A-Z]\w*(?:Error|Exception|Failed|Unavailable))"
+                       r": (.+)$")
+
+
+def _describe(error: BaseException) -> str:
+    """One line: the innermost Python error of a Spark failure, else the error's first line."""
+    text = str(error).strip() or type(error).__name__
+    lines = text.split("JVM stacktrace:")[0].splitlines()
+    for line in reversed(lines):
+        match = _PY_ERROR.match(line.strip())
+        if match:
+            return f"{match[1]}: {match[2]}"[:2000]
+    return f"{type(error).__name__}: {lines[0] if lines else text}"[:2000]

@@ -1,0 +1,254 @@
+"""The Spark streaming source a projection reads one of its sources through.
+
+Offsets are ``{"source": alias, "position": p}`` where ``p`` is the next position to read:
+a micro-batch covers ``[start.position, end.position)``. ``latestOffset`` moves at most
+``max_records`` positions per trigger (``ReadMaxRows``, honoured in processing-time mode), so a
+live projection takes small batches and a rebuild large ones. A range is split into parallel
+partitions of ``partition_records`` positions, each read by ``_stores.read`` in one worker.
+
+Reads below the head are final (the stores guarantee it: the event store hands out only
+sequenced positions, the changelog only committed ones), so a micro-batch replayed after a
+crash reads exactly the same records, which is what makes the sinks' batch ids meaningful.
+
+The source is registered on the session under ``lakefold_projection_source`` and is part of
+the installed package, so any Spark worker can import it.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator, Sequence
+from dataclasses import asdict
+from typing import TYPE_CHECKING, Any
+
+import pyarrow as pa
+from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
+from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMaxRows
+
+from lakefold.projections import _stores
+from lakefold.projections._model import ChangelogSource, EventSource, Source
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql.types import StructType
+
+FORMAT = "lakefold_projection_source"
+DEFAULT_PARTITION_RECORDS = 250_000
+
+
+def source_to_json(source: Source) -> str:
+    return json.dumps({"kind": source.kind, **asdict(source)})
+
+
+def source_from_json(text: str) -> Source:
+    data = json.loads(text)
+    kind = data.pop("kind")
+    if kind == "events":
+        return EventSource(category=data["category"], types=tuple(data["types"]),
+                           alias=data["alias"])
+    return ChangelogSource(table=data["table"], alias=data["alias"])
+
+
+class _Range(InputPartition):
+    def __init__(self, start: int, end: int) -> None:
+        super().__init__((start, end))
+        self.start = start
+        self.end = end
+
+
+class ProjectionSourceReader(DataSourceStreamReader):
+    """Reads one store source by position ranges (see the module docstring)."""
+
+    def __init__(self, options: dict[str, str], schema: StructType) -> None:
+        self.dsn = options["dsn"]
+        self.source = source_from_json(options["source"])
+        self.max_records = int(options.get("max_records", "20000"))
+        self.partition_records = int(options.get("partition_records",
+                                                 str(DEFAULT_PARTITION_RECORDS)))
+        self.start_position = int(options.get("start_position", "0"))
+        from pyspark.sql.pandas.types import to_arrow_schema
+
+        self.arrow_schema = to_arrow_schema(schema, timezone="UTC")
+
+    def _offset(self, position: int) -> dict[str, Any]:
+        return {"source": self.source.alias, "position": position}
+
+    def initialOffset(self) -> dict[str, Any]:
+        return self._offset(self.start_position)
+
+    def getDefaultReadLimit(self) -> ReadLimit:
+        return ReadMaxRows(self.max_records)
+
+    def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, Any]:
+        begin = int(start["position"])
+        end = max(begin, _stores.head(self.dsn, self.source) + 1)
+        if not isinstance(limit, ReadAllAvailable):
+            max_rows = getattr(limit, "max_rows", None) or getattr(limit, "maxRows", None)
+            if max_rows:
+                end = min(end, begin + int(max_rows))
+        return self._offset(end)
+
+    def reportLatestOffset(self) -> dict[str, Any] | None:
+        return self._offset(_stores.head(self.dsn, self.source) + 1)
+
+    def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[InputPartition]:
+        begin, stop = int(start["position"]), int(end["position"])
+        step = max(1, self.partition_records)
+        return [_Range(s, min(stop, s + step)) for s in range(begin, stop, step)]
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        start, end = partition.value
+        for batch in _stores.read(self.dsn, self.source, int(start), int(end)):
+            yield _conform(batch, self.arrow_schema)
+
+    def commit(self, end: dict[str, Any]) -> None:
+        """Nothing to release: the stores keep every record (the log is the buffer)."""
+
+
+def _conform(batch: pa.RecordBatch, schema: pa.Schema) -> pa.RecordBatch:
+    """The batch with exactly the declared columns, in order, cast to the declared types."""
+    columns = []
+    for field in schema:
+        index = batch.schema.get_field_index(field.name)
+        column = batch.column(index) if index >= 0 else pa.nulls(batch.num_rows, field.type)
+        if column.type != field.type:
+            column = column.cast(field.type)
+        columns.append(column)
+    return pa.RecordBatch.from_arrays(columns, schema=schema)
+
+
+class ProjectionSource(DataSource):
+    """``spark.readStream.format("lakefold_projection_source")`` with options ``dsn``,
+    ``source`` (JSON), ``max_records``, ``partition_records``; the schema must be given."""
+
+    @classmethod
+    def name(cls) -> str:
+        return FORMAT
+
+    def schema(self) -> StructType:
+        from pyspark.sql.pandas.types import from_arrow_schema
+
+        source = source_from_json(self.options["source"])
+        result: StructType = from_arrow_schema(_stores.arrow_schema(self.options["dsn"], source))
+        return result
+
+    def streamReader(self, schema: StructType) -> DataSourceStreamReader:
+        return ProjectionSourceReader(dict(self.options), schema)
+
+
+def register(spark: SparkSession) -> None:
+    """Register the source on ``spark`` (idempotent)."""
+    spark.dataSource.register(ProjectionSource)
+
+
+def spark_schema(dsn: str, source: Source) -> StructType:
+    """The Spark schema of a source's frame (metadata columns first)."""
+    from pyspark.sql.pandas.types import from_arrow_schema
+
+    result: StructType = from_arrow_schema(_stores.arrow_schema(dsn, source))
+    return result
+
+
+def source_frame(spark: SparkSession, dsn: str, source: Source, *, max_records: int,
+                 partition_records: int = DEFAULT_PARTITION_RECORDS) -> DataFrame:
+    """A streaming DataFrame over one source, with the projection metadata columns."""
+    register(spark)
+    return (spark.readStream.format(FORMAT)
+            .schema(spark_schema(dsn, source))
+            .option("dsn", dsn)
+            .option("source", source_to_json(source))
+            .option("max_records", str(max_records))
+            .option("partition_records", str(partition_records))
+            .load())
+
+
+# ------------------------------------------------------------------------- dead-letter retries
+
+RETRY_FORMAT = "lakefold_projection_retries"
+RETRY_SCHEMA = ("_source string, _position long, _ts timestamp, _type string, _stream string, "
+                "_fkey string, _retry string")
+
+
+def _retry_head(dsn: str, name: str, generation: int) -> int:
+    import psycopg
+
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        if not conn.execute("SELECT to_regclass('lakefold.projection_dead_letters') IS NOT NULL"
+                            ).fetchone()[0]:  # type: ignore[index]
+            return 0
+        row = conn.execute(
+            "SELECT coalesce(max(retry_seq), 0) FROM lakefold.projection_dead_letters "
+            "WHERE name = %s AND generation = %s AND stage = 'fold'", (name, generation)
+        ).fetchone()
+    return int(row[0]) if row else 0
+
+
+class RetryReader(DataSourceStreamReader):
+    """Fold records queued for another attempt (``lakefold dlq retry``), by retry sequence
+    number: offsets are ``{"source": "_retry", "position": next sequence number}``. A retry
+    that failed again loses its sequence number, so a replayed batch skips it (it is back in
+    the dead letters); a resolved one keeps it, so a replayed batch folds it again."""
+
+    def __init__(self, options: dict[str, str]) -> None:
+        self.dsn = options["dsn"]
+        self.name = options["name"]
+        self.generation = int(options["generation"])
+
+    def _offset(self, position: int) -> dict[str, Any]:
+        return {"source": "_retry", "position": position}
+
+    def initialOffset(self) -> dict[str, Any]:
+        return self._offset(_retry_head(self.dsn, self.name, self.generation) + 1)
+
+    def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, Any]:
+        head = _retry_head(self.dsn, self.name, self.generation) + 1
+        return self._offset(max(int(start["position"]), head))
+
+    def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[InputPartition]:
+        begin, stop = int(start["position"]), int(end["position"])
+        return [_Range(begin, stop)] if stop > begin else []
+
+    def read(self, partition: InputPartition) -> Iterator[tuple[Any, ...]]:
+        import psycopg
+
+        from lakefold.projections import _codec
+        from lakefold.projections._redis import key_text
+
+        start, end = partition.value
+        with psycopg.connect(self.dsn, autocommit=True) as conn:
+            rows = conn.execute(
+                "SELECT record FROM lakefold.projection_dead_letters WHERE name = %s "
+                "AND generation = %s AND stage = 'fold' AND retry_seq >= %s AND retry_seq < %s "
+                "ORDER BY retry_seq", (self.name, self.generation, start, end)).fetchall()
+        for (record,) in rows:
+            decoded = _codec.loads(json.dumps(record))
+            key = decoded.get("key")
+            yield (decoded["source"], int(decoded["position"]), decoded.get("timestamp"),
+                   decoded["type"], decoded["stream"],
+                   None if key is None else key_text(key), json.dumps(record))
+
+    def commit(self, end: dict[str, Any]) -> None:
+        """Nothing to release."""
+
+
+class RetrySource(DataSource):
+    """``spark.readStream.format("lakefold_projection_retries")`` (options dsn, name,
+    generation): fold records queued for retry."""
+
+    @classmethod
+    def name(cls) -> str:
+        return RETRY_FORMAT
+
+    def schema(self) -> str:
+        return RETRY_SCHEMA
+
+    def streamReader(self, schema: StructType) -> DataSourceStreamReader:
+        return RetryReader(dict(self.options))
+
+
+def retry_frame(spark: SparkSession, dsn: str, name: str, generation: int) -> DataFrame:
+    """The streaming frame of a fold generation's retried dead letters."""
+    spark.dataSource.register(RetrySource)
+    return (spark.readStream.format(RETRY_FORMAT).schema(RETRY_SCHEMA)
+            .option("dsn", dsn).option("name", name).option("generation", str(generation))
+            .load())

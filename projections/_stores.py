@@ -1,0 +1,227 @@
+"""The projections' one door to the stores: listing sources, heads, typed range reads.
+
+Everything the projections layer needs from ``lakefold.capture`` (changelog streams) and
+``lakefold.eventstore`` (events) goes through these functions, so the runner, the validation
+and the Spark source speak one vocabulary: a source has a *head* (its last visible position)
+and a range ``[start, end)`` of positions reads as Arrow record batches with the projection
+metadata columns added:
+
+``_position`` (long), ``_ts`` (timestamp, UTC: commit or record time), ``_type`` (event type,
+or ``insert``/``update``/``delete``), ``_stream`` (event stream id, or the table) and
+``_deleted`` (true for a changelog delete or a stream-deletion record).
+
+All functions take plain arguments (a DSN, names) so they run in Spark's Python workers too.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import psycopg
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from lakefold.dsn import mask_dsn
+from lakefold.projections._model import ChangelogSource, EventSource, Source
+from lakefold.projections.exceptions import CatalogUnavailable, UnknownSourceError
+
+META_FIELDS = [
+    pa.field("_position", pa.int64(), nullable=False),
+    pa.field("_ts", pa.timestamp("us", tz="UTC")),
+    pa.field("_type", pa.string()),
+    pa.field("_stream", pa.string()),
+    pa.field("_deleted", pa.bool_()),
+]
+_STREAM_DELETED = "$stream.deleted"
+
+
+def _connect(dsn: str) -> psycopg.Connection[Any]:
+    try:
+        return psycopg.connect(dsn, autocommit=True, connect_timeout=10)
+    except psycopg.OperationalError as e:
+        raise CatalogUnavailable(
+            f"the store at {mask_dsn(dsn)} is unreachable ({e}); check the store DSN"
+        ) from e
+
+
+# --------------------------------------------------------------------------------- events
+
+
+def event_categories(dsn: str) -> list[str]:
+    """Categories that have at least one stream in the event store."""
+    with _connect(dsn) as conn:
+        if not _has_table(conn, "streams"):
+            return []
+        rows = conn.execute("SELECT DISTINCT category FROM lakefold.streams ORDER BY 1")
+        return [str(r[0]) for r in rows.fetchall()]
+
+
+def event_types(dsn: str, category: str | None) -> list[str]:
+    """Event types present in the store (in one category, or anywhere)."""
+    with _connect(dsn) as conn:
+        if not _has_table(conn, "event_positions"):
+            return []
+        if category is None:
+            # a skip scan over the (type, position) index: one probe per distinct type
+            rows = conn.execute(
+                "WITH RECURSIVE t(type) AS ("
+                " (SELECT type FROM lakefold.event_positions ORDER BY type LIMIT 1)"
+                " UNION ALL SELECT (SELECT p.type FROM lakefold.event_positions p"
+                "   WHERE p.type > t.type ORDER BY p.type LIMIT 1) FROM t WHERE t.type IS NOT NULL"
+                ") SELECT type FROM t WHERE type IS NOT NULL")
+        else:
+            rows = conn.execute("SELECT DISTINCT type FROM lakefold.event_positions "
+                                "WHERE category = %s ORDER BY 1", (category,))
+        return [str(r[0]) for r in rows.fetchall()]
+
+
+def _has_table(conn: psycopg.Connection[Any], table: str) -> bool:
+    row = conn.execute("SELECT to_regclass(%s) IS NOT NULL", (f"lakefold.{table}",)).fetchone()
+    return bool(row and row[0])
+
+
+def events_head(dsn: str) -> int:
+    """The last global position visible to readers (0 when the store is empty)."""
+    from lakefold.eventstore import head_position
+
+    return int(head_position(dsn))
+
+
+def read_events(dsn: str, source: EventSource, start: int, end: int
+                ) -> Iterator[pa.RecordBatch]:
+    """Events at positions ``[start, end)`` of ``source`` with the metadata columns."""
+    from lakefold.eventstore import read_events_range
+
+    for batch in read_events_range(dsn, max(start, 1), end, category=source.category,
+                                   types=list(source.types) or None):
+        yield _event_meta(batch)
+
+
+def events_arrow_schema() -> pa.Schema:
+    from lakefold.eventstore import EVENTS_ARROW_SCHEMA
+
+    return pa.schema([*META_FIELDS, *EVENTS_ARROW_SCHEMA])
+
+
+def _event_meta(batch: pa.RecordBatch) -> pa.RecordBatch:
+    types = batch.column("type")
+    deleted = pc.equal(types, _STREAM_DELETED)
+    arrays = [batch.column("position"), batch.column("recorded_at"), types,
+              batch.column("stream_id"), deleted]
+    return pa.RecordBatch.from_arrays([*arrays, *batch.columns],
+                                      schema=pa.schema([*META_FIELDS, *batch.schema]))
+
+
+# --------------------------------------------------------------------------------- changelog
+
+
+def changelog_streams(dsn: str) -> list[str]:
+    """The changelog streams (``schema.table``) in the store."""
+    from lakefold.capture import ChangelogStore
+
+    with ChangelogStore(dsn) as store:
+        return [info.name for info in store.streams()]
+
+
+def changelog_head(dsn: str, stream: str) -> int:
+    """The last position of a changelog stream that readers may see (0 when empty)."""
+    from lakefold.capture import ChangelogStore
+
+    with ChangelogStore(dsn) as store:
+        return int(store.head(stream))
+
+
+def changelog_arrow_schema(dsn: str, stream: str) -> pa.Schema:
+    """The columns a changelog read yields: the metadata columns, capture's own metadata
+    (``_op``, ``_commit_lsn``, ...) and the table's typed columns (newest schema version)."""
+    from lakefold.capture import ChangelogStore
+
+    with ChangelogStore(dsn) as store:
+        empty = store.read(stream, from_position=2**62, limit=1)
+    return changelog_meta(empty.to_batches()[0] if empty.num_rows else
+                          pa.RecordBatch.from_pylist([], schema=empty.schema), stream).schema
+
+
+def read_changelog(dsn: str, source: ChangelogSource, start: int, end: int
+                   ) -> Iterator[pa.RecordBatch]:
+    """Changelog records at positions ``[start, end)`` with the metadata columns."""
+    from lakefold.capture import read_changelog_range
+
+    for batch in read_changelog_range(dsn, source.table, max(start, 1), end):
+        yield changelog_meta(batch, source.table)
+
+
+def changelog_meta(batch: pa.RecordBatch, stream: str) -> pa.RecordBatch:
+    """Add the metadata columns to a changelog batch: ``_type`` is insert (snapshot reads
+    too), update, delete or truncate; ``_deleted`` is true for deletes."""
+    op = batch.column("_op")
+    kind = pc.if_else(pc.equal(op, "read"), "insert", op)
+    meta = [batch.column("_position"),
+            pc.cast(batch.column("_commit_ts"), pa.timestamp("us", tz="UTC")),
+            kind.cast(pa.string()),
+            pa.array([stream] * batch.num_rows, pa.string()),
+            pc.equal(op, "delete")]
+    skip = {f.name for f in META_FIELDS}
+    rest = [(f, batch.column(i)) for i, f in enumerate(batch.schema) if f.name not in skip]
+    return pa.RecordBatch.from_arrays(
+        [*meta, *(c for _, c in rest)],
+        schema=pa.schema([*META_FIELDS, *(f for f, _ in rest)]))
+
+
+# --------------------------------------------------------------------------------- any source
+
+
+def head(dsn: str, source: Source) -> int:
+    """The source's last visible position."""
+    if isinstance(source, EventSource):
+        return events_head(dsn)
+    return changelog_head(dsn, source.table)
+
+
+def read(dsn: str, source: Source, start: int, end: int) -> Iterator[pa.RecordBatch]:
+    if isinstance(source, EventSource):
+        return read_events(dsn, source, start, end)
+    return read_changelog(dsn, source, start, end)
+
+
+def arrow_schema(dsn: str, source: Source) -> pa.Schema:
+    if isinstance(source, EventSource):
+        return events_arrow_schema()
+    return changelog_arrow_schema(dsn, source.table)
+
+
+def check_sources_exist(dsn: str, sources: Sequence[Source], *, projection: str,
+                        registered_types: Sequence[str] = ()) -> None:
+    """Raise UnknownSourceError naming the first source that the stores do not know, with the
+    names they do know."""
+    streams: list[str] | None = None
+    categories: list[str] | None = None
+    for source in sources:
+        if isinstance(source, ChangelogSource):
+            if streams is None:
+                streams = changelog_streams(dsn)
+            if source.table not in streams:
+                raise UnknownSourceError(
+                    f"projection {projection}: no changelog stream for table {source.table}; "
+                    f"captured tables: {', '.join(streams) or 'none'} (start capture for it "
+                    "with `lakefold capture run`)"
+                )
+            continue
+        if source.category is not None:
+            if categories is None:
+                categories = event_categories(dsn)
+            if source.category not in categories:
+                raise UnknownSourceError(
+                    f"projection {projection}: no event category {source.category!r} in the "
+                    f"event store; known categories: {', '.join(categories) or 'none'}"
+                )
+        if source.types:
+            known = set(event_types(dsn, source.category)) | set(registered_types)
+            unknown = [t for t in source.types if t not in known]
+            if unknown:
+                where = f"category {source.category!r}" if source.category else "the store"
+                raise UnknownSourceError(
+                    f"projection {projection}: event type {unknown[0]!r} is neither in "
+                    f"{where} nor registered; known types: {', '.join(sorted(known)) or 'none'}"
+                )

@@ -1,0 +1,116 @@
+"""Helpers for projection tests: a shop schema in a source database captured into the store,
+events in the event store, and fresh computations to compare views with."""
+
+from __future__ import annotations
+
+import random
+from decimal import Decimal
+
+import psycopg
+
+from lakefold.capture import Capture, CaptureConfig, parse_lsn
+from lakefold.eventstore import EventStore
+from lakefold.schemas.events import NewEvent
+
+SHOP_DDL = [
+    "CREATE TABLE customers (id bigint PRIMARY KEY, name text NOT NULL, email text, city text)",
+    "CREATE TABLE products (id bigint PRIMARY KEY, name text NOT NULL, description text, "
+    "price numeric(10,2) NOT NULL)",
+]
+
+
+def create_shop(dsn):
+    """The shop tables, with a capture slot attached (changes from now on are captured)."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        for statement in SHOP_DDL:
+            conn.execute(statement)
+    Capture(capture_config(dsn)).setup()
+
+
+def capture_config(dsn):
+    return CaptureConfig(source_dsn=dsn, store_dsn=dsn, slot="t_projections",
+                         publication="t_projections", tables=("public.customers",
+                                                               "public.products"))
+
+
+def capture_now(dsn):
+    """Capture everything written to the source so far into the changelog store."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        (lsn,) = conn.execute("SELECT pg_current_wal_lsn()::text").fetchone()
+    Capture(capture_config(dsn)).run(until_lsn=parse_lsn(lsn))
+
+
+def write_customers(dsn, rng: random.Random, count: int, *, start: int = 0):
+    """Insert, update and delete customers; returns nothing (read the table for truth)."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        for i in range(start, start + count):
+            conn.execute("INSERT INTO customers VALUES (%s, %s, %s, %s) ON CONFLICT (id) DO "
+                         "UPDATE SET name = EXCLUDED.name, city = EXCLUDED.city",
+                         (rng.randrange(count + start), f"name {i}", f"c{i}@example.com",
+                          rng.choice(["Oslo", "Lyon", "Porto"])))
+            if rng.random() < 0.1:
+                conn.execute("DELETE FROM customers WHERE id = %s", (rng.randrange(count + start),))
+
+
+def write_products(dsn, rng: random.Random, count: int):
+    words = ["red", "blue", "kettle", "mug", "lamp", "chair", "steel", "oak", "glass"]
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        for _ in range(count):
+            pid = rng.randrange(max(2, count // 3))
+            conn.execute(
+                "INSERT INTO products VALUES (%s, %s, %s, %s) ON CONFLICT (id) DO UPDATE SET "
+                "name = EXCLUDED.name, description = EXCLUDED.description, price = EXCLUDED.price",
+                (pid, " ".join(rng.sample(words, 2)), " ".join(rng.sample(words, 4)),
+                 Decimal(rng.randrange(100, 10_000)) / 100))
+
+
+def customers(dsn):
+    with psycopg.connect(dsn) as conn:
+        rows = conn.execute("SELECT id, name, email, city FROM customers").fetchall()
+    return {r[0]: {"id": str(r[0]), "name": r[1], "email": r[2], "city": r[3]} for r in rows}
+
+
+def products(dsn):
+    with psycopg.connect(dsn) as conn:
+        rows = conn.execute("SELECT id, name, description, price FROM products").fetchall()
+    return {r[0]: (r[1], r[2], r[3]) for r in rows}
+
+
+NOTE_WORDS = ["gift", "urgent", "fragile", "express", "paper", "glass", "box", "wrap"]
+
+
+def orders_expected(dsn):
+    """From the event store itself: the last order per customer, and every order's note."""
+    import json
+
+    with psycopg.connect(dsn) as conn:
+        rows = conn.execute(
+            "SELECT p.position, e.stream_id, e.data FROM lakefold.event_positions p "
+            "JOIN lakefold.events e ON e.xid = p.xid AND e.seq = p.seq "
+            "WHERE p.category = 'order' ORDER BY p.position").fetchall()
+    last, notes = {}, {}
+    for _position, stream, data in rows:
+        data = data if isinstance(data, dict) else json.loads(data)
+        last[data["customer"]] = {"customer": data["customer"], "order": stream,
+                                  "amount": data["amount"]}
+        notes[stream] = data["note"]
+    return last, notes
+
+
+def append_orders(dsn, rng: random.Random, count: int, *, poison_every: int = 0):
+    """OrderPlaced events (customer, amount) in category ``order``; returns the expected
+    revenue per customer (poison events excluded)."""
+    store = EventStore(dsn)
+    store.install()
+    expected: dict[str, Decimal] = {}
+    for i in range(count):
+        customer = f"c{rng.randrange(7)}"
+        amount = Decimal(rng.randrange(100, 5_000)) / 100
+        poison = bool(poison_every) and i % poison_every == poison_every - 1
+        note = " ".join(rng.sample(NOTE_WORDS, 3))
+        store.append(f"order-{i}", [NewEvent(type="OrderPlaced", data={
+            "customer": customer, "amount": str(amount), "poison": poison, "note": note})])
+        if not poison:
+            expected[customer] = expected.get(customer, Decimal(0)) + amount
+    store.close()
+    return expected

@@ -1,0 +1,86 @@
+"""The Delta target: SCD2 history (exactly once per batch) and the Spark sink modes."""
+
+from __future__ import annotations
+
+import datetime as dt
+from decimal import Decimal
+
+import pyarrow as pa
+import pytest
+from deltalake import DeltaTable
+
+from lakefold.projections._delta import DeltaViewWriter, check_columns
+from lakefold.projections._model import delta_table
+from lakefold.projections.exceptions import IncompatibleTargetError, MissingKeyError
+
+pytestmark = pytest.mark.timeout(120)
+
+SCHEMA = pa.schema([("id", pa.int64()), ("price", pa.decimal128(10, 2)),
+                    ("_ts", pa.timestamp("us", tz="UTC")), ("_position", pa.int64()),
+                    ("_deleted", pa.bool_())])
+
+
+def t(day):
+    return dt.datetime(2024, 1, day, tzinfo=dt.UTC)
+
+
+def changes(*items):
+    return pa.Table.from_pylist(
+        [{"id": i, "price": Decimal(p) if p else None, "_ts": t(d), "_position": pos,
+          "_deleted": deleted} for i, p, d, pos, deleted in items], schema=SCHEMA)
+
+
+def history(path):
+    rows = DeltaTable(path).to_pyarrow_table().to_pylist()
+    return sorted((r["id"], str(r["price"]), r["valid_from"].day,
+                   r["valid_to"].day if r["valid_to"] else None, r["current"]) for r in rows)
+
+
+def test_scd2_history_is_exact_and_replays_are_no_ops(tmp_path):
+    path = str(tmp_path / "prices")
+    writer = DeltaViewWriter(delta_table("scd2", keys=["id"]), path, app_id="p@1", name="p")
+    writer.write_scd2(changes((1, "10.00", 1, 1, False), (2, "5.00", 1, 2, False),
+                              (1, "11.00", 2, 3, False)), batch_id=0)
+    # unchanged price: no new version; a delete closes; a re-insert opens a new version
+    writer.write_scd2(changes((1, "11.00", 3, 4, False), (2, None, 4, 5, True),
+                              (3, "1.00", 4, 6, False)), batch_id=1)
+    assert writer.write_scd2(changes((9, "9.99", 9, 9, False)), batch_id=1).skipped
+    writer.write_scd2(changes((2, "6.00", 5, 7, False), (1, "12.00", 6, 8, False)), batch_id=2)
+    assert history(path) == [
+        (1, "10.00", 1, 2, False), (1, "11.00", 2, 6, False), (1, "12.00", 6, None, True),
+        (2, "5.00", 1, 4, False), (2, "6.00", 5, None, True),
+        (3, "1.00", 4, None, True),
+    ]
+    assert DeltaTable(path).transaction_version("p@1") == 2
+
+
+def test_target_column_checks():
+    scd2 = delta_table("scd2", keys=["id"])
+    types = {"id": "bigint", "price": "decimal(10,2)", "_ts": "timestamp", "_position": "bigint"}
+    check_columns(scd2, list(types), types)
+    with pytest.raises(MissingKeyError, match="key column 'id'"):
+        check_columns(scd2, ["price", "_ts", "_position"], types)
+    with pytest.raises(MissingKeyError, match="_position"):
+        check_columns(scd2, ["id", "price", "_ts"], types)
+    with pytest.raises(IncompatibleTargetError, match="not a timestamp"):
+        check_columns(scd2, list(types), {**types, "_ts": "string"})
+    with pytest.raises(IncompatibleTargetError, match="columns named"):
+        check_columns(scd2, [*types, "current"], types)
+    with pytest.raises(IncompatibleTargetError, match="cannot delete"):
+        check_columns(delta_table("append"), ["id", "_deleted"], {})
+    with pytest.raises(IncompatibleTargetError, match="partition column"):
+        check_columns(delta_table("append", partition_by=["day"]), ["id"], {})
+
+
+def test_upsert_through_the_spark_sink(spark, tmp_path):
+    path = str(tmp_path / "rev")
+    writer = DeltaViewWriter(delta_table("upsert", keys=["customer_id"]), path,
+                             app_id="rev@1", name="rev")
+    df = spark.createDataFrame(
+        [(1, 10.0, 1, False), (1, 12.0, 2, False), (2, 3.0, 3, False)],
+        "customer_id long, revenue double, _position long, _deleted boolean")
+    writer.write(df, 0)
+    assert writer.write(df, 0).skipped
+    writer.write(spark.createDataFrame([(2, 0.0, 4, True)], df.schema), 1)
+    rows = DeltaTable(path).to_pyarrow_table().to_pylist()
+    assert [(r["customer_id"], r["revenue"]) for r in rows] == [(1, 12.0)]

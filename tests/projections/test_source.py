@@ -1,0 +1,36 @@
+"""The projection source over the event store: ranges, limits, metadata columns."""
+
+from __future__ import annotations
+
+import pytest
+
+from lakefold.eventstore import EventStore
+from lakefold.projections import _stores
+from lakefold.projections._model import events
+from lakefold.projections._source import source_frame
+from lakefold.schemas.events import NewEvent
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def test_event_source_streams_every_event_once_in_small_batches(pg, spark, tmp_path):
+    store = EventStore(pg.dsn)
+    store.install()
+    for i in range(25):
+        store.append(f"order-{i % 5}", [NewEvent(type="OrderPlaced", data={"n": i})])
+        store.append(f"cart-{i}", [NewEvent(type="CartOpened", data={"n": i})])
+    store.close()
+    assert _stores.events_head(pg.dsn) == 50
+    assert _stores.event_categories(pg.dsn) == ["cart", "order"]
+    assert _stores.event_types(pg.dsn, None) == ["CartOpened", "OrderPlaced"]
+    frame = source_frame(spark, pg.dsn, events("order"), max_records=7)
+    seen = []
+    query = (frame.writeStream.foreachBatch(lambda df, i: seen.append((i, df.collect())))
+             .option("checkpointLocation", str(tmp_path / "ck")).trigger(availableNow=True)
+             .start())
+    query.awaitTermination(60)
+    rows = [r for _, batch in seen for r in batch]
+    assert sorted(r["data"] for r in rows) == sorted(f'{{"n": {i}}}' for i in range(25))
+    assert all(r["_type"] == "OrderPlaced" and r["_stream"].startswith("order-") for r in rows)
+    assert [r["_position"] for r in rows] == sorted(r["_position"] for r in rows)
+    assert not any(r["_deleted"] for r in rows)
