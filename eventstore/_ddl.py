@@ -320,7 +320,8 @@ def install(dsn: str) -> None:
             for statement in STATEMENTS:
                 conn.execute(sql.SQL(statement))
     except psycopg.OperationalError as e:
+        reason = " ".join(str(e).split())
         raise EventStoreUnavailable(
-            f"cannot install the event store at {mask_dsn(dsn)}: {e}; check that the server is "
-            "running and the DSN is right"
+            f"cannot install the event store at {mask_dsn(dsn)}: {reason}; check that the "
+            "server is running and the DSN is right"
         ) from e

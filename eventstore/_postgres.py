@@ -171,7 +171,7 @@ class _ListenWaiter(Waiter):
             for _ in self._conn.notifies(timeout=timeout, stop_after=1):
                 return True
         except psycopg.OperationalError as e:
-            raise EventStoreUnavailable(f"lost the LISTEN connection: {e}; retry") from e
+            raise EventStoreUnavailable(f"lost the LISTEN connection: {one_line(e)}; retry") from e
         return False
 
     def close(self) -> None:
@@ -198,6 +198,9 @@ class PostgresRecorder(EventRecorder):
             self._connect_kwargs["application_name"] = application_name
         if "connect_timeout" not in params:
             self._connect_kwargs["connect_timeout"] = max(1, round(connect_timeout_s))
+        # Probe first: a refused or misconfigured connection fails now, with the server's
+        # own reason, instead of after the pool's retries.
+        self.connect().close()
         self._pool = psycopg_pool.ConnectionPool(
             dsn, min_size=1, max_size=pool_size, kwargs=self._connect_kwargs, open=False,
             timeout=connect_timeout_s, name="lakefold-eventstore",
@@ -221,7 +224,8 @@ class PostgresRecorder(EventRecorder):
             return psycopg.connect(self.dsn, **self._connect_kwargs)
         except psycopg.OperationalError as e:
             raise EventStoreUnavailable(
-                f"cannot connect to the event store at {self._masked}: {e}"
+                f"cannot connect to the event store at {self._masked}: {one_line(e)}; check "
+                "that the server is up and the DSN is right"
             ) from e
 
     @contextmanager
@@ -336,11 +340,16 @@ class PostgresRecorder(EventRecorder):
             return _ListenWaiter(conn)
         except psycopg.Error as e:
             conn.close()
-            raise EventStoreUnavailable(f"cannot LISTEN at {self._masked}: {e}") from e
+            raise EventStoreUnavailable(f"cannot LISTEN at {self._masked}: {one_line(e)}") from e
 
     def status(self, threshold_s: float) -> EventStoreStatus:
         with self.connection() as conn:
             return read_status(conn, threshold_s)
+
+
+def one_line(error: BaseException) -> str:
+    """A driver error's text on one line (libpq adds hints on their own lines)."""
+    return " ".join(str(error).split())
 
 
 @contextmanager
@@ -361,7 +370,7 @@ def translate_errors(masked_dsn: str) -> Iterator[None]:
         ) from e
     except psycopg.OperationalError as e:
         raise EventStoreUnavailable(
-            f"the event store at {masked_dsn} failed: {type(e).__name__}: {e}; retry"
+            f"the event store at {masked_dsn} failed: {type(e).__name__}: {one_line(e)}; retry"
         ) from e
 
 

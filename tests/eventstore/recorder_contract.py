@@ -358,7 +358,8 @@ class RecorderContract:
             with pytest.raises(InvalidEventData, match="version 3"):
                 store_v3.append("order-2", [NewEvent("order.placed", {"order_id": "o",
                                                                       "amount": 1})])
-            bad = Placed.model_construct(order_id="o", amount_cents="lots", currency="EUR")
+            bad = Placed.model_construct(order_id="o", amount_cents="lots",  # type: ignore[arg-type]
+                                         currency="EUR")
             with pytest.raises(InvalidEventData):
                 store_v3.append("order-2", [bad])
             assert snapshot(store_v3) == before

@@ -88,8 +88,11 @@ class _Subscriber:
         try:
             options = SubscriptionOptions(batch_size=self.batch_size, poll_interval_s=0.5)
             with store.subscribe(self.name, options) as subscription:
-                threading.Thread(target=lambda: (stop.wait(), subscription.stop()),
-                                 daemon=True).start()
+                def stopper() -> None:
+                    stop.wait()
+                    subscription.stop()
+
+                threading.Thread(target=stopper, daemon=True).start()
                 for batch in subscription:
                     if self.first_at is None:
                         self.first_at = time.monotonic()

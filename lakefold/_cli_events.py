@@ -1,0 +1,156 @@
+"""``lakefold events install|status|tail``: the event store from the command line.
+
+``tail`` is an ephemeral subscription (no checkpoint): it prints events as they become visible
+to global readers, one line each (``--json``: one JSON object per line), until interrupted or,
+with ``--idle-timeout``, until nothing new arrives for that long. ``status`` shows the head, the
+events waiting for the visibility watermark and, when it is held longer than the threshold, the
+transaction that holds it (exit code 2 in that case, so monitors can alert on it).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from datetime import datetime
+from typing import Annotated, Any
+from uuid import UUID
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+
+from lakefold.exceptions import ConfigurationError
+
+events_app = typer.Typer(
+    no_args_is_help=True,
+    help="The event store: install its schema, show its status, tail its log.",
+)
+
+DsnOption = Annotated[
+    str | None,
+    typer.Option("--dsn", help="Event store DSN (default: LAKEFOLD_STORE_DSN, then "
+                               "LAKEFOLD_DSN).", show_default=False),
+]
+
+
+def _resolve_dsn(dsn: str | None) -> str:
+    if dsn:
+        return dsn
+    from lakefold.settings import load_settings
+
+    resolved = load_settings().resolved_store_dsn()
+    if not resolved:
+        raise ConfigurationError(
+            "no event store DSN: pass --dsn or set LAKEFOLD_STORE_DSN (or LAKEFOLD_DSN)"
+        )
+    return resolved
+
+
+def _json_default(value: Any) -> Any:
+    if isinstance(value, datetime):
+        return value.isoformat()
+    if isinstance(value, UUID):
+        return str(value)
+    raise TypeError(f"cannot serialise {type(value).__name__}")
+
+
+@events_app.command("install")
+def install(dsn: DsnOption = None) -> None:
+    """Create schema ``lakefold``'s event store tables and functions (idempotent)."""
+    from lakefold.eventstore import EventStore
+
+    with EventStore(_resolve_dsn(dsn)) as store:
+        store.install()
+    Console(stderr=True).print("event store installed")
+
+
+@events_app.command("status")
+def status(
+    dsn: DsnOption = None,
+    threshold: Annotated[float, typer.Option(
+        help="Report the watermark as held after this many seconds.")] = 5.0,
+    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
+) -> None:
+    """Head, events waiting for the watermark, and who holds it."""
+    from lakefold.eventstore import EventStore, StoreOptions
+
+    with EventStore(_resolve_dsn(dsn),
+                    options=StoreOptions(watermark_threshold_s=threshold)) as store:
+        current = store.status()
+    if as_json:
+        sys.stdout.write(json.dumps(current.as_dict()) + "\n")
+    else:
+        console = Console()
+        console.print(f"head position      {current.head}")
+        console.print(f"pending events     {current.pending_events}")
+        console.print(f"last sequenced at  {current.sequenced_at or '-'}")
+        if current.held and current.holder is not None:
+            console.print(f"[bold red]watermark held[/] by {escape(current.holder.describe())}")
+        else:
+            console.print("watermark          ok")
+    if current.held:
+        raise typer.Exit(code=2)
+
+
+def _line(event: Any) -> str:
+    data = json.dumps(event.data, separators=(",", ":"), default=_json_default)
+    return f"{event.position:>10}  {event.stream_id}@{event.stream_version}  {event.type}  {data}"
+
+
+def _record(event: Any) -> dict[str, Any]:
+    meta = event.metadata
+    return {
+        "position": event.position, "event_id": event.event_id, "stream_id": event.stream_id,
+        "stream_version": event.stream_version, "type": event.type,
+        "schema_version": event.schema_version, "data": event.data,
+        "metadata": {"correlation_id": meta.correlation_id, "causation_id": meta.causation_id,
+                     **meta.extra},
+        "recorded_at": event.recorded_at,
+    }
+
+
+@events_app.command("tail")
+def tail(
+    dsn: DsnOption = None,
+    category: Annotated[str | None, typer.Option(
+        help="Only streams of this category (e.g. 'order').")] = None,
+    types: Annotated[list[str] | None, typer.Option(
+        "--type", help="Only this event type (repeatable).")] = None,
+    from_position: Annotated[int | None, typer.Option(
+        min=0, help="Start at this position (inclusive) instead of after the head.")] = None,
+    limit: Annotated[int | None, typer.Option(
+        min=1, help="Stop after this many events.")] = None,
+    idle_timeout: Annotated[float | None, typer.Option(
+        min=0, help="Stop when nothing new arrives for this many seconds.")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="One JSON object per line.")] = False,
+) -> None:
+    """Print events as they become visible, without a checkpoint."""
+    from lakefold.eventstore import EventStore, SubscriptionOptions
+
+    options = SubscriptionOptions(category=category, types=tuple(types) if types else None,
+                                  poll_interval_s=1.0)
+    printed = 0
+    with EventStore(_resolve_dsn(dsn), options=_tail_options()) as store, store.tail(
+        options, from_position=from_position
+    ) as subscription:
+        for event in subscription.events(idle_timeout_s=idle_timeout):
+            if as_json:
+                sys.stdout.write(json.dumps(_record(event), default=_json_default) + "\n")
+            else:
+                sys.stdout.write(_line(event) + "\n")
+            sys.stdout.flush()
+            printed += 1
+            if limit is not None and printed >= limit:
+                break
+
+
+def _tail_options() -> Any:
+    from lakefold.eventstore import StoreOptions
+
+    return StoreOptions(pool_size=2, application_name="lakefold-events-tail")
+
+
+# lakefold.cli imports this module once, at its end, after `app` exists.
+from lakefold.cli import app as _app  # noqa: E402
+
+_app.add_typer(events_app, name="events")
