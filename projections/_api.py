@@ -375,7 +375,7 @@ def load_projections(location: str | Path) -> Registry:
             spec.loader.exec_module(module)
             from pyspark import cloudpickle
 
-            cloudpickle.register_pickle_by_value(module)
+            cloudpickle.register_pickle_by_value(module)  # type: ignore[no-untyped-call]
         else:
             try:
                 if text in sys.modules:

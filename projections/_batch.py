@@ -32,7 +32,7 @@ import pyarrow.compute as pc
 from lakefold.projections import _codec
 from lakefold.projections._api import Projection
 from lakefold.projections._catalog import Catalog, Generation
-from lakefold.projections._deadletters import DeadLetters, NewDeadLetter
+from lakefold.projections._deadletters import DeadLetter, DeadLetters, NewDeadLetter
 from lakefold.projections._delta import DeltaViewWriter
 from lakefold.projections._fold import DEAD_LETTER_COLUMN
 from lakefold.projections._model import (
@@ -159,12 +159,12 @@ class GenerationSink:
             self.progress.last_batch_at = time.time()
             self.progress.error = None
 
-    def _pending_target_retries(self) -> list[Any]:
+    def _pending_target_retries(self) -> list[DeadLetter]:
         return [d for d in self.dead_letters.pending_retries(
             self.projection.name, self.generation.generation) if d.stage == "target"]
 
     def _resolve_retries(self, start: Mapping[str, int], end: Mapping[str, int],
-                         retried: list[Any]) -> None:
+                         retried: list[DeadLetter]) -> None:
         ids = [d.id for d in retried]
         if RETRY_SOURCE in end:
             low, high = start.get(RETRY_SOURCE, 0), end[RETRY_SOURCE]
@@ -183,7 +183,7 @@ class GenerationSink:
                 error=data["error"], attempts=int(data["attempts"])))
         return letters
 
-    def _write_delta(self, df: DataFrame, batch_id: int, retried: list[Any]
+    def _write_delta(self, df: DataFrame, batch_id: int, retried: list[DeadLetter]
                      ) -> list[NewDeadLetter]:
         from pyspark.sql import functions as F
 
@@ -204,7 +204,7 @@ class GenerationSink:
             self._delta.write(self._with_retried_rows(df, retried), batch_id)
         return letters
 
-    def _with_retried_rows(self, df: DataFrame, retried: list[Any]) -> DataFrame:
+    def _with_retried_rows(self, df: DataFrame, retried: list[DeadLetter]) -> DataFrame:
         if not retried:
             return df
         rows = [_codec.loads(_codec.dumps(d.record["row"])) for d in retried]
@@ -213,7 +213,7 @@ class GenerationSink:
         return df.unionByName(extra)
 
     def _write_rows(self, df: DataFrame, batch_id: int, batch_position: int,
-                    retried: list[Any]) -> list[NewDeadLetter]:
+                    retried: list[DeadLetter]) -> list[NewDeadLetter]:
         table = df.toArrow()
         letters: list[NewDeadLetter] = []
         if DEAD_LETTER_COLUMN in table.column_names:
@@ -236,8 +236,10 @@ class GenerationSink:
                                                 key=target.key, text=target.text)
                 self._search = SearchIndexWriter(self.generation.index_dir, layout)
             self._search.write(table, batch_id=batch_id, rejected=rejected)
+        key_column = target.key if isinstance(target, RedisCacheTarget | SearchIndexTarget) \
+            else ""
         for row, error in rejected:
-            key = row.get(target.key)
+            key = row.get(key_column)
             position = row.get(POSITION_COLUMN)
             reference = key_text(key) if key is not None else _codec.dumps(row)
             letters.append(NewDeadLetter(

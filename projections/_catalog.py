@@ -185,7 +185,7 @@ class Catalog:
         with self._tx() as conn:
             conn.execute("SELECT pg_advisory_xact_lock(%s)", (_INSTALL_LOCK,))
             for statement in _DDL:
-                conn.execute(statement)  # type: ignore[arg-type]  # constant DDL text
+                conn.execute(statement)
 
     # ------------------------------------------------------------------ projections
 

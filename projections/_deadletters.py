@@ -92,7 +92,7 @@ class DeadLetters:
         with self._catalog._tx() as conn:
             conn.execute("SELECT pg_advisory_xact_lock(%s)", (0x1AFE_0008,))
             for statement in _DDL:
-                conn.execute(statement)  # type: ignore[arg-type]  # constant DDL text
+                conn.execute(statement)
 
     def add(self, name: str, generation: int, letters: list[NewDeadLetter]) -> int:
         """Record failed records; one already recorded (same ref) only gains the new error
@@ -117,7 +117,7 @@ class DeadLetters:
                 new += int(bool(row and row["inserted"]))
         return new
 
-    def list(self, name: str | None = None, *, status: str | None = None,
+    def find(self, name: str | None = None, *, status: str | None = None,
              limit: int = 100) -> list[DeadLetter]:
         """Dead letters, newest first, optionally of one projection and one status."""
         with self._catalog._tx() as conn:
@@ -151,7 +151,7 @@ class DeadLetters:
             rows = conn.execute("SELECT id, status FROM lakefold.projection_dead_letters "
                                 "WHERE id = ANY(%s) FOR UPDATE", (ids,)).fetchall()
             found = {row["id"]: row["status"] for row in rows}
-            missing = sorted(set(ids) - set(found))
+            missing: list[int] = sorted(set(ids) - set(found))
             if missing:
                 raise ProjectionStateError(
                     f"no dead letter with id {', '.join(map(str, missing))}; "

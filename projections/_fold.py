@@ -38,7 +38,6 @@ from lakefold.projections._model import (
 from lakefold.projections.exceptions import RecordFailed
 
 if TYPE_CHECKING:
-    import pandas as pd
     from pyspark.sql import DataFrame
     from pyspark.sql.streaming.state import GroupState
     from pyspark.sql.types import StructType
@@ -184,12 +183,12 @@ def record_json(record: Record) -> dict[str, Any]:
             "timestamp": _codec.plain(record.timestamp)}
 
 
-def make_fold_function(runtime: FoldRuntime) -> Callable[..., Iterator[pd.DataFrame]]:
+def make_fold_function(runtime: FoldRuntime) -> Callable[..., Iterator[Any]]:
     """The function Spark calls per key and micro-batch (see the module docstring)."""
 
-    def fold(key: tuple[Any, ...], frames: Iterator[pd.DataFrame],
-             state: GroupState) -> Iterator[pd.DataFrame]:
-        import pandas as pd
+    def fold(key: tuple[Any, ...], frames: Iterator[Any],
+             state: GroupState) -> Iterator[Any]:
+        import pandas as pd  # type: ignore[import-untyped]
 
         rows: list[dict[str, Any]] = []
         for frame in frames:

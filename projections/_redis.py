@@ -133,7 +133,7 @@ class RedisCacheWriter:
             raw = self._client.hmget(self.prefix + "_ckpt", ["batch", "chunk"])
         except redis.RedisError as e:
             raise TargetUnavailable(f"Redis at {mask_dsn(self._url)}: {e}") from e
-        if raw[0] is None:
+        if raw[0] is None or raw[1] is None:
             return None
         return int(raw[0]), int(raw[1])
 
@@ -268,7 +268,7 @@ class RedisCacheReader:
         if pointer["format"] == "json":
             raw = self._client.get(full)
             return None if raw is None else dict(json.loads(raw))
-        value = self._client.hgetall(full)
+        value: dict[str, Any] = self._client.hgetall(full)  # type: ignore[assignment]
         return dict(value) if value else None
 
     def position(self, view: str, key: object) -> int | None:

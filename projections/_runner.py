@@ -45,7 +45,7 @@ from lakefold.projections.exceptions import (
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
-    from pyspark.sql.streaming import StreamingQuery
+    from pyspark.sql.streaming.query import StreamingQuery
 
 log = logging.getLogger(__name__)
 _LOCK_NAMESPACE = zlib.crc32(b"lakefold.projection") & 0x7FFF_FFFF
@@ -164,7 +164,7 @@ class GenerationQuery:
             return None
         if self.sink is not None and self.sink.progress.error is not None:
             return self.sink.progress.error
-        return self.query.exception()  # type: ignore[return-value]
+        return self.query.exception()
 
     def end(self) -> dict[str, int]:
         if self.sink is None:

@@ -19,7 +19,7 @@ SHOP_DDL = [
 ]
 
 
-def create_shop(dsn):
+def create_shop(dsn: str) -> None:
     """The shop tables, with a capture slot attached (changes from now on are captured)."""
     with psycopg.connect(dsn, autocommit=True) as conn:
         for statement in SHOP_DDL:
@@ -27,20 +27,22 @@ def create_shop(dsn):
     Capture(capture_config(dsn)).setup()
 
 
-def capture_config(dsn):
+def capture_config(dsn: str) -> CaptureConfig:
     return CaptureConfig(source_dsn=dsn, store_dsn=dsn, slot="t_projections",
                          publication="t_projections", tables=("public.customers",
                                                                "public.products"))
 
 
-def capture_now(dsn):
+def capture_now(dsn: str) -> None:
     """Capture everything written to the source so far into the changelog store."""
     with psycopg.connect(dsn, autocommit=True) as conn:
-        (lsn,) = conn.execute("SELECT pg_current_wal_lsn()::text").fetchone()
+        row = conn.execute("SELECT pg_current_wal_lsn()::text").fetchone()
+    assert row is not None
+    lsn = str(row[0])
     Capture(capture_config(dsn)).run(until_lsn=parse_lsn(lsn))
 
 
-def write_customers(dsn, rng: random.Random, count: int, *, start: int = 0):
+def write_customers(dsn: str, rng: random.Random, count: int, *, start: int = 0) -> None:
     """Insert, update and delete customers; returns nothing (read the table for truth)."""
     with psycopg.connect(dsn, autocommit=True) as conn:
         for i in range(start, start + count):
@@ -52,7 +54,7 @@ def write_customers(dsn, rng: random.Random, count: int, *, start: int = 0):
                 conn.execute("DELETE FROM customers WHERE id = %s", (rng.randrange(count + start),))
 
 
-def write_products(dsn, rng: random.Random, count: int):
+def write_products(dsn: str, rng: random.Random, count: int) -> None:
     words = ["red", "blue", "kettle", "mug", "lamp", "chair", "steel", "oak", "glass"]
     with psycopg.connect(dsn, autocommit=True) as conn:
         for _ in range(count):
@@ -64,13 +66,13 @@ def write_products(dsn, rng: random.Random, count: int):
                  Decimal(rng.randrange(100, 10_000)) / 100))
 
 
-def customers(dsn):
+def customers(dsn: str) -> dict[int, dict[str, str]]:
     with psycopg.connect(dsn) as conn:
         rows = conn.execute("SELECT id, name, email, city FROM customers").fetchall()
     return {r[0]: {"id": str(r[0]), "name": r[1], "email": r[2], "city": r[3]} for r in rows}
 
 
-def products(dsn):
+def products(dsn: str) -> dict[int, tuple[str, str, Decimal]]:
     with psycopg.connect(dsn) as conn:
         rows = conn.execute("SELECT id, name, description, price FROM products").fetchall()
     return {r[0]: (r[1], r[2], r[3]) for r in rows}
@@ -79,7 +81,7 @@ def products(dsn):
 NOTE_WORDS = ["gift", "urgent", "fragile", "express", "paper", "glass", "box", "wrap"]
 
 
-def orders_expected(dsn):
+def orders_expected(dsn: str) -> tuple[dict[str, dict[str, str]], dict[str, str]]:
     """From the event store itself: the last order per customer, and every order's note."""
     import json
 
@@ -88,7 +90,8 @@ def orders_expected(dsn):
             "SELECT p.position, e.stream_id, e.data FROM lakefold.event_positions p "
             "JOIN lakefold.events e ON e.xid = p.xid AND e.seq = p.seq "
             "WHERE p.category = 'order' ORDER BY p.position").fetchall()
-    last, notes = {}, {}
+    last: dict[str, dict[str, str]] = {}
+    notes: dict[str, str] = {}
     for _position, stream, data in rows:
         data = data if isinstance(data, dict) else json.loads(data)
         last[data["customer"]] = {"customer": data["customer"], "order": stream,
@@ -97,7 +100,8 @@ def orders_expected(dsn):
     return last, notes
 
 
-def append_orders(dsn, rng: random.Random, count: int, *, poison_every: int = 0):
+def append_orders(dsn: str, rng: random.Random, count: int, *, poison_every: int = 0
+                  ) -> dict[str, Decimal]:
     """OrderPlaced events (customer, amount) in category ``order``; returns the expected
     revenue per customer (poison events excluded)."""
     store = EventStore(dsn)

@@ -142,7 +142,7 @@ def test_dead_letters_lifecycle(catalog):
                            record={"id": 7}, error="ZeroDivisionError", attempts=3)
     assert dlq.add("v", 1, [letter]) == 1
     assert dlq.add("v", 1, [letter]) == 0  # a replayed batch records it once
-    (entry,) = dlq.list("v")
+    (entry,) = dlq.find("v")
     assert (entry.status, entry.attempts, entry.record) == ("open", 3, {"id": 7})
     assert dlq.count_open("v") == 1
     (queued,) = dlq.request_retry([entry.id])
@@ -151,11 +151,11 @@ def test_dead_letters_lifecycle(catalog):
     assert [d.id for d in dlq.pending_retries("v", 1)] == [entry.id]
     # the retry failed again: back to open with more attempts and the new error
     dlq.add("v", 1, [NewDeadLetter(**{**letter.__dict__, "error": "again", "attempts": 3})])
-    (entry,) = dlq.list("v")
+    (entry,) = dlq.find("v")
     assert (entry.status, entry.attempts, entry.error) == ("open", 6, "again")
     dlq.request_retry([entry.id])
     dlq.resolve([entry.id])
-    assert dlq.list("v")[0].status == "resolved"
+    assert dlq.find("v")[0].status == "resolved"
     with pytest.raises(ProjectionStateError, match="resolved, not open"):
         dlq.drop([entry.id])
     with pytest.raises(ProjectionStateError, match="no dead letter with id 999"):

@@ -20,17 +20,17 @@ SCHEMA = pa.schema([("id", pa.int64()), ("price", pa.decimal128(10, 2)),
                     ("_deleted", pa.bool_())])
 
 
-def t(day):
+def t(day: int) -> dt.datetime:
     return dt.datetime(2024, 1, day, tzinfo=dt.UTC)
 
 
-def changes(*items):
+def changes(*items: tuple[int, str | None, int, int, bool]) -> pa.Table:
     return pa.Table.from_pylist(
         [{"id": i, "price": Decimal(p) if p else None, "_ts": t(d), "_position": pos,
           "_deleted": deleted} for i, p, d, pos, deleted in items], schema=SCHEMA)
 
 
-def history(path):
+def history(path: str) -> list[tuple[object, ...]]:
     rows = DeltaTable(path).to_pyarrow_table().to_pylist()
     return sorted((r["id"], str(r["price"]), r["valid_from"].day,
                    r["valid_to"].day if r["valid_to"] else None, r["current"]) for r in rows)

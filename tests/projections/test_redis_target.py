@@ -18,7 +18,7 @@ from lakefold.projections.exceptions import ProjectionNotFound, TargetError
 pytestmark = pytest.mark.timeout(60)
 
 
-def rows(*items):
+def rows(*items: dict[str, object]) -> pa.Table:
     return pa.Table.from_pylist(list(items))
 
 
@@ -87,7 +87,7 @@ def test_big_batches_are_chunked_and_replays_skip_every_chunk(redis_url):
 
 def test_bad_rows_are_rejected_not_written(redis_url):
     writer = RedisCacheWriter(redis_url, "lf:c:g1:", key="id")
-    rejected = []
+    rejected: list[tuple[dict[str, object], str]] = []
     result = writer.write(rows({"id": None, "v": "a"}, {"id": 2, "v": "b"}), batch_id=0,
                           position=1, rejected=rejected)
     assert result.written == 1 and len(rejected) == 1 and "null key" in rejected[0][1]
@@ -101,6 +101,6 @@ def test_drop_prefix_removes_one_generation_only(redis_url):
             rows({"id": 1, "v": "a"}), batch_id=0, position=1)
     assert drop_prefix(redis_url, "lf:c:g1:") == 3  # value, positions, checkpoint
     client = redis.Redis.from_url(redis_url)
-    assert sorted(k.decode() for k in client.keys("*")) == [
+    assert sorted(k.decode() if isinstance(k, bytes) else k for k in client.keys("*")) == [
         "lf:c:g2:_ckpt", "lf:c:g2:_pos", "lf:c:g2:k:1"]
     client.close()

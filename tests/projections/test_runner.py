@@ -39,7 +39,7 @@ def test_event_projections_equal_a_fresh_computation(pg, spark, redis_url, tmp_p
     revenue = DeltaTable(catalog.current("revenue").delta_path).to_pyarrow_table().to_pylist()
     assert {r["customer"]: r["revenue"] for r in revenue} == {
         k: v.quantize(Decimal("0.01")) for k, v in expected_revenue.items()}
-    letters = DeadLetters(catalog).list("revenue")
+    letters = DeadLetters(catalog).find("revenue")
     assert sorted(d.position for d in letters) == [13, 26, 39, 52]
     assert all("poison order" in d.error and d.attempts == 2 for d in letters)
 

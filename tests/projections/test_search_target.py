@@ -24,11 +24,11 @@ SCHEMA = pa.schema([("id", pa.int64()), ("name", pa.string()), ("description", p
                     ("_deleted", pa.bool_())])
 
 
-def table(*items):
+def table(*items: dict[str, object]) -> pa.Table:
     return pa.Table.from_pylist(list(items), schema=SCHEMA)
 
 
-def product(i, name, description, deleted=False):
+def product(i: int, name: str, description: str, deleted: bool = False) -> dict[str, object]:
     return {"id": i, "name": name, "description": description, "price": Decimal("9.99"),
             "sku": f"SKU-{i}", "updated": dt.datetime(2024, 1, 1, tzinfo=dt.UTC),
             "_position": i, "_deleted": deleted}
@@ -54,7 +54,7 @@ def test_upsert_delete_query_and_checkpoint(tmp_path, layout):
     assert hits[0].document["sku"] == "SKU-1"
     assert reader.search("products", "coffee") == []
     assert reader.search("products", "sku:SKU-1")[0].key == "1"
-    assert reader.get("products", 1)["name"] == "Red kettle"
+    assert (reader.get("products", 1) or {})["name"] == "Red kettle"
     assert reader.get("products", 2) is None
     assert reader.count("products") == 1
     assert reader.search("products", "*") and all(h.key == "1" for h in reader.search(
@@ -73,7 +73,7 @@ def test_uncommitted_batch_leaves_nothing(tmp_path, layout):
     path = tmp_path / "idx"
     writer = SearchIndexWriter(path, layout)
     writer.write(table(product(1, "a", "b")), batch_id=0)
-    rejected = []
+    rejected: list[tuple[dict[str, object], str]] = []
     writer.write(table(product(2, "c", "d")), batch_id=1, rejected=rejected)
     import tantivy
 
