@@ -59,7 +59,6 @@ _SIMPLE: Final[dict[str, pa.DataType]] = {
 # Kinds Arrow's cast kernel parses from PostgreSQL's text output.
 _CASTABLE: Final = frozenset({"int2", "int4", "int8", "float4", "float8", "date", "timestamp",
                               "timestamptz", "numeric"})
-_STRING_KINDS: Final = frozenset({"text", "enum", "uuid", "json", "jsonb", "other"})
 
 
 def _scalar_type(kind: str, column: ColumnSchema) -> pa.DataType:
@@ -92,8 +91,6 @@ def _to_arrow_scalar(kind: str) -> Callable[[Any], Any]:
         return lambda value: None if isinstance(value, str) else value
     if kind == "numeric":
         return lambda value: value if value.is_finite() else None
-    if kind in ("json", "jsonb", "uuid"):
-        return lambda value: value  # arrays of these: elements stay text (see _flatten)
     return lambda value: value
 
 
@@ -111,9 +108,9 @@ def _python_path(column: ColumnSchema, texts: pa.Array, target: pa.DataType) -> 
     values = texts.to_pylist()
     if column.kind == "array":
         element_kind = column.element_kind or "other"
-        keep_text = element_kind in _STRING_KINDS
+        keep_text = target.value_type == pa.string()
         convert = (lambda text: text) if keep_text else converter_for(element_kind)
-        scalar = _to_arrow_scalar(element_kind)
+        scalar = (lambda value: value) if keep_text else _to_arrow_scalar(element_kind)
         from lakefold.capture._values import parse_array
 
         out: list[Any] = []

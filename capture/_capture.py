@@ -252,7 +252,7 @@ class Capture:
             registry = ChangelogWriter(meta, cfg.slot)
             state = registry.load_state()
             decoder = Decoder(
-                state, slot_field=registry.slot_field,
+                state,
                 resolver=_source.SourceCatalog(side, database=self._database),
                 registry=registry,
                 options=DecoderOptions(database=self._database, stream_prefix=cfg.stream_prefix,
@@ -367,7 +367,7 @@ class _Loop:
                 if nbytes > 0:
                     kind = data[0]
                     if kind == 0x77:  # 'w' XLogData
-                        feed(data)
+                        feed(bytes(data))
                         if decoder.batch_full:
                             self.submit()
                             if self.stop.is_set():

@@ -1,20 +1,27 @@
 """Online compaction of changelog streams: the latest record per key stays, tombstones go
 after a retention period.
 
-How it works, per stream, in short transactions that never touch records above the head
-(where the capture appends) and take no table locks:
+The capture appends without any index on keys (that keeps appends fast). Compaction keeps its
+own map ``lakefold.changelog_keys`` from key to the latest compacted position, like the offset
+map of Kafka's log cleaner, and works through the new records in chunks of positions
+``(compacted_to, head]``. Per chunk, in ONE short transaction:
 
-1. For each chunk of positions ``(compacted_to, head]``: delete every older record whose key
-   has a newer record in the chunk; records before a truncate record in the chunk are deleted
-   too. ``compacted_to`` advances in the same transaction, so an interrupted compaction
-   resumes where it stopped.
-2. Tombstones (deletes) and truncate records below ``compacted_to`` whose commit is older
-   than the retention are deleted: after step 1 they are the latest record of their key.
+1. the latest record of each key in the chunk is found;
+2. older records of those keys inside the chunk are deleted, and so are the records the key
+   map pointed to (primary-key lookups);
+3. the key map is updated and ``compacted_to`` advanced;
+4. a truncate record in the chunk deletes every record before it, and empties the key map
+   below it.
 
-After a full run, reading the stream from position 1 yields exactly one record per live key
-(its latest insert/update/read), plus tombstones still within retention. A consumer must read
-a tombstone within the retention period to learn of the delete; slower consumers should
-rebuild from the compacted stream (as with Kafka's ``delete.retention.ms``).
+Then tombstones (deletes) and truncate records below ``compacted_to`` whose commit is older
+than the retention are removed with their key map entries.
+
+Compaction never touches records above the head (where the capture appends), takes no table
+locks, and only short row locks; readers keep their MVCC snapshots. After a full run, reading
+the stream from position 1 yields exactly one record per live key (its latest insert, update
+or snapshot read), plus tombstones still within retention. A consumer must read a tombstone
+within the retention period to learn of the delete (as with Kafka's
+``delete.retention.ms``); a slower consumer should rebuild from the compacted stream.
 
 Only one compaction of a stream runs at a time (advisory lock); a second one skips it.
 """
@@ -34,6 +41,44 @@ log = logging.getLogger(__name__)
 
 _LOCK_SPACE: Final = 0x6C66636D  # "lfcm"
 
+_CHUNK: Final = """
+WITH latest AS (
+    SELECT DISTINCT ON (key) key, position FROM lakefold.changelog
+    WHERE stream_id = %(s)s AND position > %(lo)s AND position <= %(hi)s AND key IS NOT NULL
+    ORDER BY key, position DESC
+), older_in_chunk AS (
+    DELETE FROM lakefold.changelog c USING latest l
+    WHERE c.stream_id = %(s)s AND c.position > %(lo)s AND c.position <= %(hi)s
+      AND c.key = l.key AND c.position < l.position
+    RETURNING 1
+), previous AS (
+    DELETE FROM lakefold.changelog c USING lakefold.changelog_keys k, latest l
+    WHERE k.stream_id = %(s)s AND k.key = l.key AND c.stream_id = %(s)s
+      AND c.position = k.position
+    RETURNING 1
+), mapped AS (
+    INSERT INTO lakefold.changelog_keys (stream_id, key, position)
+    SELECT %(s)s, key, position FROM latest
+    ON CONFLICT (stream_id, key) DO UPDATE SET position = EXCLUDED.position
+    RETURNING 1
+)
+SELECT (SELECT count(*) FROM older_in_chunk) + (SELECT count(*) FROM previous),
+       (SELECT count(*) FROM mapped)
+"""
+
+_EXPIRE: Final = """
+WITH gone AS (
+    DELETE FROM lakefold.changelog WHERE stream_id = %(s)s AND op IN ('d', 't')
+      AND position <= %(done)s AND commit_ts < now() - %(retention)s
+    RETURNING key, position
+), unmapped AS (
+    DELETE FROM lakefold.changelog_keys k USING gone g
+    WHERE k.stream_id = %(s)s AND k.key = g.key AND k.position = g.position
+    RETURNING 1
+)
+SELECT (SELECT count(*) FROM gone), (SELECT count(*) FROM unmapped)
+"""
+
 
 def default_retention() -> timedelta:
     return CompactionPolicy().tombstone_retention
@@ -45,6 +90,8 @@ def compact_stream(conn: psycopg.Connection[Any], stream_id: int, *, retention: 
     or 0 when another compaction of the stream holds the lock. ``conn`` is autocommit."""
     if retention < timedelta(0):
         raise ValueError(f"tombstone retention must not be negative, got {retention}")
+    if chunk_positions < 1:
+        raise ValueError(f"chunk_positions must be at least 1, got {chunk_positions}")
     locked = conn.execute("SELECT pg_try_advisory_lock(%s, %s)",
                           (_LOCK_SPACE, stream_id)).fetchone()
     if not locked or not locked[0]:
@@ -72,26 +119,9 @@ def _compact_locked(conn: psycopg.Connection[Any], stream_id: int, retention: ti
     while done < head:
         upper = min(head, done + chunk)
         with conn.transaction():
-            cur = conn.execute(
-                "DELETE FROM lakefold.changelog o USING ("
-                "  SELECT key, max(position) AS latest FROM lakefold.changelog "
-                "  WHERE stream_id = %(s)s AND position > %(lo)s AND position <= %(hi)s "
-                "  AND key IS NOT NULL GROUP BY key) n "
-                "WHERE o.stream_id = %(s)s AND o.key = n.key AND o.position < n.latest",
-                {"s": stream_id, "lo": done, "hi": upper},
-            )
-            chunk_removed = max(cur.rowcount, 0)
-            truncate = conn.execute(
-                "SELECT max(position) FROM lakefold.changelog WHERE stream_id = %s "
-                "AND op = 't' AND position > %s AND position <= %s",
-                (stream_id, done, upper),
-            ).fetchone()
-            if truncate is not None and truncate[0] is not None:
-                cur = conn.execute(
-                    "DELETE FROM lakefold.changelog WHERE stream_id = %s AND position < %s",
-                    (stream_id, truncate[0]),
-                )
-                chunk_removed += max(cur.rowcount, 0)
+            counts = conn.execute(_CHUNK, {"s": stream_id, "lo": done, "hi": upper}).fetchone()
+            chunk_removed = int(counts[0]) if counts else 0
+            chunk_removed += _apply_truncate(conn, stream_id, done, upper)
             conn.execute(
                 "UPDATE lakefold.changelog_compaction SET compacted_to = %s, "
                 "removed = removed + %s, last_run = now() WHERE stream_id = %s",
@@ -100,21 +130,34 @@ def _compact_locked(conn: psycopg.Connection[Any], stream_id: int, retention: ti
         removed += chunk_removed
         done = upper
     with conn.transaction():
-        cur = conn.execute(
-            "DELETE FROM lakefold.changelog WHERE stream_id = %s AND op IN ('d', 't') "
-            "AND position <= %s AND commit_ts < now() - %s",
-            (stream_id, done, retention),
-        )
-        expired = max(cur.rowcount, 0)
+        counts = conn.execute(_EXPIRE, {"s": stream_id, "done": done,
+                                        "retention": retention}).fetchone()
+        expired = int(counts[0]) if counts else 0
         conn.execute(
             "UPDATE lakefold.changelog_compaction SET removed = removed + %s, last_run = now() "
             "WHERE stream_id = %s", (expired, stream_id))
     return removed + expired
 
 
+def _apply_truncate(conn: psycopg.Connection[Any], stream_id: int, lo: int, hi: int) -> int:
+    """A truncate record in ``(lo, hi]`` supersedes every earlier record of the stream."""
+    row = conn.execute(
+        "SELECT max(position) FROM lakefold.changelog WHERE stream_id = %s AND op = 't' "
+        "AND position > %s AND position <= %s", (stream_id, lo, hi),
+    ).fetchone()
+    if row is None or row[0] is None:
+        return 0
+    cur = conn.execute("DELETE FROM lakefold.changelog WHERE stream_id = %s AND position < %s",
+                       (stream_id, row[0]))
+    conn.execute("DELETE FROM lakefold.changelog_keys WHERE stream_id = %s AND position < %s",
+                 (stream_id, row[0]))
+    return max(cur.rowcount, 0)
+
+
 class BackgroundCompactor:
     """Compacts every stream of a slot every ``policy.interval`` in a daemon thread, until
-    ``stop()``. Errors are logged with the stream and retried at the next interval."""
+    ``stop()``. Errors are logged and retried at the next interval; ``last_error`` keeps the
+    latest one."""
 
     def __init__(self, dsn: str, policy: CompactionPolicy, *, slot: str) -> None:
         self._dsn = dsn

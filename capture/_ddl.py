@@ -8,10 +8,11 @@
 ``changelog_schemas``   the columns of each stream, per schema version.
 ``changelog``           the records. ``(stream_id, position)`` is the primary key; positions
                         are assigned densely from 1 by the capture, the only writer.
-``changelog_staging``   rows of large in-progress transactions streamed by the server
-                        (protocol v2), moved into ``changelog`` when they commit. UNLOGGED: its
-                        content is discarded at every capture start anyway.
+``changelog_keys``      the latest compacted position of each key (kept by compaction).
 ``changelog_compaction`` how far each stream has been compacted.
+``capture_staging_<slot>`` per slot: rows of large in-progress transactions streamed by the
+                        server (protocol v2), moved into ``changelog`` when they commit.
+                        UNLOGGED and without indexes: it is emptied at every capture start.
 ``capture_messages``    logical decoding messages (``pg_logical_emit_message``) captured
                         when the capture is configured to keep them.
 
@@ -23,7 +24,7 @@ from __future__ import annotations
 from typing import Any, Final
 
 import psycopg
-from psycopg import errors
+from psycopg import errors, sql
 
 SCHEMA: Final = "lakefold"
 STORE_VERSION: Final = 1
@@ -77,30 +78,22 @@ CREATE TABLE IF NOT EXISTS lakefold.changelog (
     commit_ts timestamptz NOT NULL,
     schema_version integer NOT NULL,
     op "char" NOT NULL,
-    key text[] COLLATE "C",
+    key bytea,
     before text[],
     after text[],
     PRIMARY KEY (stream_id, position)
 );
--- Compaction and lookups by key ("latest record of this key").
-CREATE INDEX IF NOT EXISTS changelog_key_idx ON lakefold.changelog (stream_id, key, position);
--- Tombstone and truncate expiry without scanning the stream.
+-- Tombstone and truncate expiry without scanning the stream (only deletes are indexed).
 CREATE INDEX IF NOT EXISTS changelog_tombstone_idx ON lakefold.changelog (stream_id, position)
     WHERE op IN ('d', 't');
-CREATE UNLOGGED TABLE IF NOT EXISTS lakefold.changelog_staging (
-    slot_name text NOT NULL,
-    xid bigint NOT NULL,
-    subxid bigint NOT NULL,
-    seq bigint NOT NULL,
+-- The latest compacted record of each key, maintained by compaction (not by the capture, whose
+-- appends stay free of a key index; see _compaction).
+CREATE TABLE IF NOT EXISTS lakefold.changelog_keys (
     stream_id integer NOT NULL,
-    schema_version integer NOT NULL,
-    op "char" NOT NULL,
-    key text[] COLLATE "C",
-    before text[],
-    after text[]
+    key bytea NOT NULL,
+    position bigint NOT NULL,
+    PRIMARY KEY (stream_id, key)
 );
-CREATE INDEX IF NOT EXISTS changelog_staging_idx ON lakefold.changelog_staging
-    (slot_name, xid, seq);
 CREATE TABLE IF NOT EXISTS lakefold.changelog_compaction (
     stream_id integer PRIMARY KEY REFERENCES lakefold.changelog_streams ON DELETE CASCADE,
     compacted_to bigint NOT NULL DEFAULT 0,
@@ -121,9 +114,38 @@ CREATE TABLE IF NOT EXISTS lakefold.capture_messages (
 
 #: Tables of the store that must never be published for capture.
 STORE_TABLES: Final = (
-    "capture_slots", "changelog_streams", "changelog_schemas", "changelog",
-    "changelog_staging", "changelog_compaction", "capture_messages",
+    "capture_slots", "changelog_streams", "changelog_schemas", "changelog", "changelog_keys",
+    "changelog_compaction", "capture_messages",
 )
+
+_STAGING_DDL: Final = """
+CREATE UNLOGGED TABLE IF NOT EXISTS lakefold.{} (
+    xid bigint NOT NULL,
+    subxid bigint NOT NULL,
+    seq bigint NOT NULL,
+    stream_seq bigint NOT NULL,
+    stream_id integer NOT NULL,
+    schema_version integer NOT NULL,
+    op "char" NOT NULL,
+    key bytea,
+    before text[],
+    after text[]
+)
+"""
+
+
+def staging_table(slot: str) -> sql.Identifier:
+    """The staging table of ``slot`` (schema-qualified)."""
+    return sql.Identifier("lakefold", f"capture_staging_{slot}")
+
+
+def create_staging(conn: psycopg.Connection[Any], slot: str) -> None:
+    """Create the slot's staging table if missing."""
+    conn.execute(sql.SQL(_STAGING_DDL).format(sql.Identifier(f"capture_staging_{slot}")))
+
+
+def drop_staging(conn: psycopg.Connection[Any], slot: str) -> None:
+    conn.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(staging_table(slot)))
 
 
 def install(conn: psycopg.Connection[Any]) -> None:

@@ -10,8 +10,8 @@ position. The head of a stream moves only at the transaction's commit. Records t
 says are stored (``Checkpoint.covers``) are skipped, which is how a restarted capture
 de-duplicates by ``(commit_lsn, ordinal)``.
 
-Streamed transactions (protocol v2, ``streaming 'on'``) are staged: their rows go to
-``changelog_staging`` as they arrive and get positions and ordinals when the Stream Commit
+Streamed transactions (protocol v2, ``streaming 'on'``) are staged: their rows go to the
+slot's staging table as they arrive and get positions and ordinals when the Stream Commit
 arrives (aborted subtransactions are left out). A key change (an Update whose old key differs
 from the new one) becomes a delete of the old key followed by an insert of the new one, so
 that compaction by key keeps exactly the table's rows.
@@ -43,7 +43,7 @@ _I16 = struct.Struct(">h")
 _I32 = struct.Struct(">i")
 _U32 = struct.Struct(">I")
 _ROW_HEAD = struct.Struct(">hiqiq")  # field count, position, ordinal
-_STAGE_HEAD = struct.Struct(">hiqiqiq")  # field count, xid, subxid, seq
+_STAGE_HEAD = struct.Struct(">hiqiqiqiq")  # field count, xid, subxid, seq, stream_seq
 _TXN = struct.Struct(">iqiqiq")  # commit_lsn, xid, commit_ts
 _REL = struct.Struct(">iiii")  # stream_id, schema_version
 _ARRAY = struct.Struct(">iiiiii")
@@ -119,6 +119,7 @@ class _Rel:
 class _StreamedTxn:
     xid: int
     seq: int = 0
+    stream_counts: dict[int, int] = field(default_factory=dict)
     streams: array[int] = field(default_factory=lambda: array("i"))
     subxids: array[int] = field(default_factory=lambda: array("q"))
     aborted: set[int] = field(default_factory=set)
@@ -127,12 +128,11 @@ class _StreamedTxn:
 class Decoder:
     """Feed it XLogData payloads in order with ``feed``; take batches with ``take_batch``."""
 
-    def __init__(self, state: SlotState, *, slot_field: bytes, resolver: SchemaResolver,
+    def __init__(self, state: SlotState, *, resolver: SchemaResolver,
                  registry: StreamRegistry, options: DecoderOptions) -> None:
         self._resolver = resolver
         self._registry = registry
         self._options = options
-        self._slot_field = slot_field
         self._checkpoint = state.checkpoint
         self._streams: dict[str, _Stream] = {
             s.name: _Stream(s.stream_id, s.name, s.head, s.next_position, s.schema)
@@ -174,7 +174,7 @@ class Decoder:
     def batch_full(self) -> bool:
         batch = self._batch
         return batch.size >= self._options.batch_bytes or \
-            batch.records >= self._options.batch_rows
+            len(batch.rows) + len(batch.staging) >= self._options.batch_rows
 
     @property
     def has_pending(self) -> bool:
@@ -190,17 +190,25 @@ class Decoder:
             batch.checkpoint = Checkpoint(ck.commit_lsn, ck.ordinal, ck.complete,
                                           self._flush_lsn)
         self._checkpoint = batch.checkpoint
+        if not self._streamed and (batch.commits or batch.unstage):
+            batch.truncate_staging = True  # no streamed transaction is open any more
         self._batch = Batch()
         self._dirty = False
         return batch
 
     # -- dispatch --------------------------------------------------------------------------
 
-    def feed(self, data: memoryview | bytes) -> None:
+    def feed(self, data: bytes) -> None:
         """Decode one XLogData message (``'w'`` + 24 header bytes + pgoutput message)."""
         kind = data[25]
         try:
-            if kind == 0x49:  # 'I'
+            if kind == 0x49 and self._stream_xid is None:  # 'I' outside a stream block
+                rel = self._relations.get(_U32.unpack_from(data, 26)[0])
+                if rel is None:
+                    rel = self._rel(_U32.unpack_from(data, 26)[0])
+                after, key, _ = self._tuple(data, 31, rel)
+                self._emit(rel, _OP_INSERT, key, NULL_FIELD, after, 0)
+            elif kind == 0x49:
                 self._insert(data)
             elif kind == 0x55:  # 'U'
                 self._update(data)
@@ -307,15 +315,19 @@ class Decoder:
         else:
             resumed = message.commit_lsn == ck.commit_lsn
             skip = ck.ordinal if resumed else 0
-            counts: dict[int, int] = {}
-            ordinal = 0
             aborted = txn.aborted
-            for stream_id, subxid in zip(txn.streams, txn.subxids, strict=True):
-                if aborted and subxid in aborted:
-                    continue
-                ordinal += 1
-                if ordinal > skip:
-                    counts[stream_id] = counts.get(stream_id, 0) + 1
+            if not aborted and not skip:
+                counts = dict(txn.stream_counts)
+                ordinal = txn.seq
+            else:
+                counts = {}
+                ordinal = 0
+                for stream_id, subxid in zip(txn.streams, txn.subxids, strict=True):
+                    if aborted and subxid in aborted:
+                        continue
+                    ordinal += 1
+                    if ordinal > skip:
+                        counts[stream_id] = counts.get(stream_id, 0) + 1
             by_id = {s.stream_id: s for s in self._streams.values()}
             bases = []
             moved = {by_id[i] for i in counts}
@@ -388,39 +400,40 @@ class Decoder:
 
     # -- rows (hot path) -------------------------------------------------------------------
 
-    def _tuple(self, data: memoryview | bytes, off: int, rel: _Rel) -> tuple[bytes, bytes, int]:
-        """Read a TupleData at ``off``: returns (text[] field, key text[] field, next offset)."""
+    def _tuple(self, data: bytes, off: int, rel: _Rel) -> tuple[bytes, bytes, int]:
+        """Read a TupleData at ``off``: returns (text[] field, key field, next offset)."""
         unpack = _I32.unpack_from
-        (count,) = _I16.unpack_from(data, off)
+        count = (data[off] << 8) | data[off + 1]
         off += 2
         parts: list[bytes] = []
         append = parts.append
         for _ in range(count):
             kind = data[off]
-            if kind == _T or kind == _B:
+            if kind == _T:
                 end = off + 5 + unpack(data, off + 1)[0]
-                append(bytes(data[off + 1:end]))
+                append(data[off + 1:end])
                 off = end
             elif kind == _N or kind == _U:
                 # An unchanged TOASTed value is stored as NULL here; filling it from the
                 # previous record of the key belongs to the snapshot/TOAST layer.
                 append(NULL_FIELD)
                 off += 1
+            elif kind == _B:
+                end = off + 5 + unpack(data, off + 1)[0]
+                append(data[off + 1:end])
+                off = end
             else:
                 raise DecodingError(f"unknown tuple column kind {kind!r}")
         body = b"".join(parts)
-        after = _ARRAY.pack(20 + len(body), 1, 0, 25, count, 1) + body
         idx = rel.key_idx
-        if len(idx) == 1:
-            kb = parts[idx[0]]
-        else:
-            kb = b"".join([parts[i] for i in idx])
-        key = _ARRAY.pack(20 + len(kb), 1, 0, 25, len(idx), 1) + kb
-        return after, key, off
+        kb = parts[idx[0]] if len(idx) == 1 else b"".join([parts[i] for i in idx])
+        return (_ARRAY.pack(20 + len(body), 1, 0, 25, count, 1) + body,
+                _I32.pack(len(kb)) + kb, off)
 
     def _emit(self, rel: _Rel, op: bytes, key: bytes, before: bytes, after: bytes,
               subxid: int) -> None:
         streamed = self._stream_xid
+        batch = self._batch
         if streamed is None:
             self._ordinal += 1
             if self._skip_upto < 0 or self._ordinal <= self._skip_upto:
@@ -431,34 +444,39 @@ class Decoder:
             self._touched.add(stream)
             row = b"".join((_ROW_HEAD.pack(11, 8, position, 8, self._ordinal), self._txn_field,
                             rel.rel_field, op, key, before, after))
-            batch = self._batch
             batch.rows.append(row)
         else:
             txn = self._streamed[streamed]
             txn.seq += 1
-            txn.streams.append(rel.stream.stream_id)
+            stream_id = rel.stream.stream_id
+            stream_seq = txn.stream_counts.get(stream_id, 0) + 1
+            txn.stream_counts[stream_id] = stream_seq
+            txn.streams.append(stream_id)
             txn.subxids.append(subxid)
-            row = b"".join((_STAGE_HEAD.pack(10, 8, streamed, 8, subxid, 8, txn.seq),
-                            rel.rel_field, op, key, before, after, self._slot_field))
-            batch = self._batch
+            row = b"".join((_STAGE_HEAD.pack(10, 8, streamed, 8, subxid, 8, txn.seq, 8,
+                                             stream_seq),
+                            rel.rel_field, op, key, before, after))
             batch.staging.append(row)
+            batch.size += len(row)
+            self._dirty = True
+            return
         batch.size += len(row)
         batch.records += 1
         self._dirty = True
 
-    def _header(self, data: memoryview | bytes) -> tuple[int, int]:
+    def _header(self, data: bytes) -> tuple[int, int]:
         """(subxid, offset of the relid) of an Insert/Update/Delete message."""
         if self._stream_xid is None:
             return self._xid, 26
         return _U32.unpack_from(data, 26)[0], 30
 
-    def _insert(self, data: memoryview | bytes) -> None:
+    def _insert(self, data: bytes) -> None:
         subxid, off = self._header(data)
         rel = self._rel(_U32.unpack_from(data, off)[0])
         after, key, _ = self._tuple(data, off + 5, rel)
         self._emit(rel, _OP_INSERT, key, NULL_FIELD, after, subxid)
 
-    def _update(self, data: memoryview | bytes) -> None:
+    def _update(self, data: bytes) -> None:
         subxid, off = self._header(data)
         rel = self._rel(_U32.unpack_from(data, off)[0])
         off += 4
@@ -475,7 +493,7 @@ class Decoder:
         else:
             self._emit(rel, _OP_UPDATE, key, before, after, subxid)
 
-    def _delete(self, data: memoryview | bytes) -> None:
+    def _delete(self, data: bytes) -> None:
         subxid, off = self._header(data)
         rel = self._rel(_U32.unpack_from(data, off)[0])
         before, key, _ = self._tuple(data, off + 5, rel)

@@ -42,7 +42,7 @@ from lakefold.capture import _ddl
 from lakefold.capture._arrow import arrow_type, typed_array
 from lakefold.capture._types import StreamSchema
 from lakefold.capture._values import convert_row
-from lakefold.capture._writer import NOTIFY_CHANNEL
+from lakefold.capture._writer import NOTIFY_CHANNEL, split_key
 from lakefold.capture.exceptions import StoreError, StoreUnavailableError, UnknownStreamError
 from lakefold.dsn import mask_dsn
 from lakefold.schemas.change import ChangeEvent, ChangeSource, Operation
@@ -239,6 +239,12 @@ def read_changelog_range(store_dsn: str, stream: str, start: int, end: int, *,
             position = upper
 
 
+def _key_texts(key: bytes | None) -> list[str | None] | None:
+    if key is None:
+        return None
+    return [None if v is None else v.decode() for v in split_key(key)]
+
+
 class ChangelogStore:
     """The changelog streams in a store database (schema ``lakefold``).
 
@@ -332,7 +338,8 @@ class ChangelogStore:
                 source=ChangeSource(database=schema.database, schema_name=schema.schema,
                                     table=schema.table),
                 operation=Operation.from_code(op),
-                key=convert_row(key_columns, key), before=convert_row(schema.columns, before),
+                key=convert_row(key_columns, _key_texts(key)),
+                before=convert_row(schema.columns, before),
                 after=convert_row(schema.columns, after), commit_lsn=lsn, ordinal=ordinal,
                 xid=xid, commit_ts=ts, schema_version=version, position=position,
             ))

@@ -28,7 +28,9 @@ from dataclasses import dataclass, field
 from typing import Any, Final
 
 import psycopg
+from psycopg import sql
 
+from lakefold.capture import _ddl
 from lakefold.capture._types import StreamSchema
 from lakefold.capture.exceptions import OwnershipError, StoreError
 
@@ -43,9 +45,9 @@ CHANGELOG_COPY: Final = (
     "COPY lakefold.changelog (position, ordinal, commit_lsn, xid, commit_ts, stream_id, "
     "schema_version, op, key, before, after) FROM STDIN (FORMAT BINARY)"
 )
-STAGING_COPY: Final = (
-    "COPY lakefold.changelog_staging (xid, subxid, seq, stream_id, schema_version, op, key, "
-    "before, after, slot_name) FROM STDIN (FORMAT BINARY)"
+_STAGING_COPY: Final = (
+    "COPY {} (xid, subxid, seq, stream_seq, stream_id, schema_version, op, key, before, after) "
+    "FROM STDIN (FORMAT BINARY)"
 )
 
 _ARRAY_HEADER = struct.Struct(">iiiiii")  # field length, ndim, flags, element oid, dim, lbound
@@ -64,15 +66,30 @@ def decode_text_array_field(field_bytes: bytes) -> list[bytes | None]:
     if ndim == 0:
         return []
     (count,) = struct.unpack_from(">i", field_bytes, 12)
-    offset = 20
+    return split_key(field_bytes[20:], count)
+
+
+def encode_key(values: list[str] | tuple[str, ...]) -> bytes:
+    """The ``key`` column of a record: each key column's text value, in column order, as a
+    4-byte big-endian byte length followed by its UTF-8 bytes."""
+    out = bytearray()
+    for value in values:
+        raw = value.encode()
+        out += struct.pack(">i", len(raw)) + raw
+    return bytes(out)
+
+
+def split_key(key: bytes, count: int | None = None) -> list[bytes | None]:
+    """The inverse of ``encode_key`` (values as bytes; None for a NULL element)."""
     out: list[bytes | None] = []
-    for _ in range(count):
-        (length,) = struct.unpack_from(">i", field_bytes, offset)
+    offset = 0
+    while offset < len(key) and (count is None or len(out) < count):
+        (length,) = struct.unpack_from(">i", key, offset)
         offset += 4
         if length < 0:
             out.append(None)
         else:
-            out.append(field_bytes[offset:offset + length])
+            out.append(key[offset:offset + length])
             offset += length
     return out
 
@@ -109,6 +126,11 @@ class StreamedCommit:
     skip_ordinal: int
     bases: tuple[tuple[int, int], ...]
 
+    @property
+    def exact(self) -> bool:
+        """Staged sequence numbers are the final ordinals (nothing aborted or skipped)."""
+        return not self.aborted_subxids and self.skip_ordinal == 0
+
 
 @dataclass(frozen=True, slots=True)
 class CapturedMessage:
@@ -134,6 +156,7 @@ class Batch:
     head_ts: dict[int, int] = field(default_factory=dict)
     messages: list[CapturedMessage] = field(default_factory=list)
     drop_invisible: list[int] = field(default_factory=list)
+    truncate_staging: bool = False
     checkpoint: Checkpoint | None = None
     records: int = 0
     size: int = 0
@@ -141,7 +164,8 @@ class Batch:
     @property
     def empty(self) -> bool:
         return not (self.rows or self.staging or self.commits or self.unstage or self.heads
-                    or self.messages or self.drop_invisible or self.checkpoint)
+                    or self.messages or self.drop_invisible or self.truncate_staging
+                    or self.checkpoint)
 
 
 @dataclass(frozen=True, slots=True)
@@ -172,7 +196,8 @@ class ChangelogWriter:
     def __init__(self, conn: psycopg.Connection[Any], slot: str) -> None:
         self._conn = conn
         self._slot = slot
-        self._slot_field = struct.pack(">i", len(slot.encode())) + slot.encode()
+        self._staging = _ddl.staging_table(slot)
+        self._staging_copy = sql.SQL(_STAGING_COPY).format(self._staging)
 
     @property
     def connection(self) -> psycopg.Connection[Any]:
@@ -203,21 +228,21 @@ class ChangelogWriter:
                 "source_database, flush_lsn) VALUES (%s, %s, %s, %s, %s)",
                 (self._slot, publication, system_id, database, consistent_point),
             )
+            _ddl.create_staging(self._conn, self._slot)
 
     def forget_slot(self) -> None:
         """Remove the slot's row (after the slot itself was dropped). Streams stay."""
         with self._conn.transaction():
             self._conn.execute("DELETE FROM lakefold.capture_slots WHERE slot_name = %s",
                                (self._slot,))
-            self._conn.execute(
-                "DELETE FROM lakefold.changelog_staging WHERE slot_name = %s", (self._slot,))
+            _ddl.drop_staging(self._conn, self._slot)
 
     def load_state(self) -> SlotState:
         """The checkpoint and the slot's streams, and discard staged rows of in-progress
         transactions (the server sends those again from their start)."""
         with self._conn.transaction():
-            self._conn.execute(
-                "DELETE FROM lakefold.changelog_staging WHERE slot_name = %s", (self._slot,))
+            _ddl.create_staging(self._conn, self._slot)
+            self._conn.execute(sql.SQL("TRUNCATE {}").format(self._staging))
             row = self._conn.execute(
                 "SELECT commit_lsn, ordinal, complete, flush_lsn FROM lakefold.capture_slots "
                 "WHERE slot_name = %s", (self._slot,),
@@ -324,18 +349,21 @@ class ChangelogWriter:
                     "AND c.position > s.head", (batch.drop_invisible,),
                 )
             if batch.staging:
-                self._copy(cur, STAGING_COPY, batch.staging)
+                self._copy(cur, self._staging_copy, batch.staging)
             if batch.rows:
                 self._copy(cur, CHANGELOG_COPY, batch.rows)
             for commit in batch.commits:
                 self._move_streamed(cur, commit)
-            for xid, subxid in batch.unstage:
-                if subxid is None:
-                    cur.execute("DELETE FROM lakefold.changelog_staging "
-                                "WHERE slot_name = %s AND xid = %s", (self._slot, xid))
-                else:
-                    cur.execute("DELETE FROM lakefold.changelog_staging WHERE slot_name = %s "
-                                "AND xid = %s AND subxid = %s", (self._slot, xid, subxid))
+            if batch.truncate_staging:
+                cur.execute(sql.SQL("TRUNCATE {}").format(self._staging))
+            else:
+                for xid, subxid in batch.unstage:
+                    if subxid is None:
+                        cur.execute(sql.SQL("DELETE FROM {} WHERE xid = %s").format(
+                            self._staging), (xid,))
+                    else:
+                        cur.execute(sql.SQL("DELETE FROM {} WHERE xid = %s AND subxid = %s")
+                                    .format(self._staging), (xid, subxid))
             if batch.messages:
                 cur.executemany(
                     "INSERT INTO lakefold.capture_messages (slot_name, lsn, commit_lsn, ordinal, "
@@ -372,7 +400,8 @@ class ChangelogWriter:
                     )
 
     @staticmethod
-    def _copy(cur: psycopg.Cursor[Any], statement: str, rows: list[bytes]) -> None:
+    def _copy(cur: psycopg.Cursor[Any], statement: str | sql.Composed,
+              rows: list[bytes]) -> None:
         with cur.copy(statement) as copy:
             copy.write(COPY_HEADER)
             # Write in slices of a few MB: one huge join would double peak memory.
@@ -390,28 +419,31 @@ class ChangelogWriter:
             copy.write(COPY_TRAILER)
 
     def _move_streamed(self, cur: psycopg.Cursor[Any], commit: StreamedCommit) -> None:
-        stream_ids = [s for s, _ in commit.bases]
-        bases = [b for _, b in commit.bases]
-        cur.execute(
-            "INSERT INTO lakefold.changelog (stream_id, position, ordinal, commit_lsn, xid, "
-            "commit_ts, schema_version, op, key, before, after) "
-            "SELECT s.stream_id, b.base + row_number() OVER (PARTITION BY s.stream_id "
-            "ORDER BY s.ordinal) - 1, s.ordinal, %(commit_lsn)s, %(xid)s, "
-            "timestamptz '2000-01-01 00:00:00+00' + %(ts)s * interval '1 microsecond', "
-            "s.schema_version, s.op, s.key, s.before, s.after "
-            "FROM (SELECT st.*, row_number() OVER (ORDER BY st.seq) AS ordinal "
-            "      FROM lakefold.changelog_staging st WHERE st.slot_name = %(slot)s "
-            "      AND st.xid = %(xid)s AND st.subxid <> ALL(%(aborted)s::bigint[])) s "
-            "JOIN unnest(%(ids)s::int[], %(bases)s::bigint[]) b(stream_id, base) "
-            "USING (stream_id) WHERE s.ordinal > %(skip)s",
-            {"commit_lsn": commit.commit_lsn, "xid": commit.xid, "ts": commit.commit_ts,
-             "slot": self._slot, "aborted": list(commit.aborted_subxids), "ids": stream_ids,
-             "bases": bases, "skip": commit.skip_ordinal},
-        )
-        cur.execute("DELETE FROM lakefold.changelog_staging WHERE slot_name = %s AND xid = %s",
-                    (self._slot, commit.xid))
-
-    @property
-    def slot_field(self) -> bytes:
-        """The slot name as a binary-COPY field (the last column of staging rows)."""
-        return self._slot_field
+        params = {
+            "commit_lsn": commit.commit_lsn, "xid": commit.xid, "ts": commit.commit_ts,
+            "aborted": list(commit.aborted_subxids), "skip": commit.skip_ordinal,
+            "ids": [s for s, _ in commit.bases], "bases": [b for _, b in commit.bases],
+        }
+        if commit.exact:
+            # Staged sequence numbers are final: no sort, no window function.
+            query = sql.SQL(
+                "INSERT INTO lakefold.changelog (stream_id, position, ordinal, commit_lsn, xid, "
+                "commit_ts, schema_version, op, key, before, after) "
+                "SELECT st.stream_id, b.base + st.stream_seq - 1, st.seq, %(commit_lsn)s, "
+                "%(xid)s, timestamptz '2000-01-01 00:00:00+00' + %(ts)s * interval '1 "
+                "microsecond', st.schema_version, st.op, st.key, st.before, st.after "
+                "FROM {} st JOIN unnest(%(ids)s::int[], %(bases)s::bigint[]) b(stream_id, base) "
+                "USING (stream_id) WHERE st.xid = %(xid)s").format(self._staging)
+        else:
+            query = sql.SQL(
+                "INSERT INTO lakefold.changelog (stream_id, position, ordinal, commit_lsn, xid, "
+                "commit_ts, schema_version, op, key, before, after) "
+                "SELECT s.stream_id, b.base + row_number() OVER (PARTITION BY s.stream_id "
+                "ORDER BY s.ordinal) - 1, s.ordinal, %(commit_lsn)s, %(xid)s, "
+                "timestamptz '2000-01-01 00:00:00+00' + %(ts)s * interval '1 microsecond', "
+                "s.schema_version, s.op, s.key, s.before, s.after "
+                "FROM (SELECT st.*, row_number() OVER (ORDER BY st.seq) AS ordinal FROM {} st "
+                "      WHERE st.xid = %(xid)s AND st.subxid <> ALL(%(aborted)s::bigint[])) s "
+                "JOIN unnest(%(ids)s::int[], %(bases)s::bigint[]) b(stream_id, base) "
+                "USING (stream_id) WHERE s.ordinal > %(skip)s").format(self._staging)
+        cur.execute(query, params)

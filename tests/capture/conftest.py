@@ -1,0 +1,84 @@
+"""Helpers for the capture tests: run a capture until the source's current WAL position, read a
+stream back as {key: row}, read the source table the same way."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import psycopg
+import pytest
+from psycopg import sql
+
+from lakefold.capture import Capture, CaptureConfig, CaptureStats, ChangelogStore, parse_lsn
+from tests.fixtures.postgres import TestDatabase
+
+
+def wal_insert_lsn(dsn: str) -> int:
+    """The source's WAL insert position: every change committed so far is before it."""
+    with psycopg.connect(dsn) as conn:
+        row = conn.execute("SELECT pg_current_wal_insert_lsn()::text").fetchone()
+    assert row is not None
+    return parse_lsn(row[0])
+
+
+def capture_now(config: CaptureConfig) -> CaptureStats:
+    """Run the capture until everything committed so far is in the store."""
+    return Capture(config).run(until_lsn=wal_insert_lsn(config.source_dsn))
+
+
+def execute(dsn: str, *statements: str | sql.Composed, params: Any = None) -> None:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        for statement in statements:
+            conn.execute(statement, params)
+
+
+def source_rows(dsn: str, table: str, key: str = "id") -> dict[Any, dict[str, Any]]:
+    """The table's rows as {key: {column: value}} (values as psycopg loads them)."""
+    schema, _, name = table.rpartition(".")
+    with psycopg.connect(dsn) as conn, conn.cursor(row_factory=psycopg.rows.dict_row) as cur:
+        cur.execute(sql.SQL("SELECT * FROM {}").format(sql.Identifier(schema or "public", name)))
+        return {row[key]: dict(row) for row in cur.fetchall()}
+
+
+def replayed_rows(store: ChangelogStore, stream: str, key: str = "id") -> dict[Any, dict]:
+    """Apply every record of the stream in position order: the table as the stream says."""
+    rows: dict[Any, dict] = {}
+    position = 1
+    while True:
+        events = store.read_events(stream, position, 5_000)
+        if not events:
+            return rows
+        for event in events:
+            if event.operation == "truncate":
+                rows.clear()
+            elif event.operation == "delete":
+                assert event.key is not None
+                rows.pop(event.key[key], None)
+            else:
+                assert event.after is not None
+                rows[event.after[key]] = event.after
+        position = (events[-1].position or 0) + 1
+
+
+def stream_records(dsn: str, stream: str) -> list[tuple[int, int, int, str]]:
+    """(position, commit_lsn, ordinal, op) of every record of ``stream``, by position."""
+    with psycopg.connect(dsn) as conn:
+        return [tuple(r) for r in conn.execute(  # type: ignore[misc]
+            "SELECT c.position, c.commit_lsn, c.ordinal, c.op FROM lakefold.changelog c "
+            "JOIN lakefold.changelog_streams s USING (stream_id) WHERE s.name = %s "
+            "AND c.position <= s.head ORDER BY c.position", (stream,)).fetchall()]
+
+
+@pytest.fixture
+def store_db(postgres_server, pg: TestDatabase):  # type: ignore[no-untyped-def]
+    """A second fresh database on the same server, used as a separate store."""
+    import uuid
+
+    from tests.fixtures.postgres import drop_database
+
+    name = f"s_{uuid.uuid4().hex[:12]}"
+    execute(postgres_server.admin_dsn, sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+    try:
+        yield TestDatabase(name=name, dsn=postgres_server.dsn_for(name), server=postgres_server)
+    finally:
+        drop_database(postgres_server, name)
