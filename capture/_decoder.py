@@ -514,9 +514,10 @@ class Decoder:
             if self._skip_upto < 0:
                 return
             commit_lsn: int | None = self._final_lsn
+            ordinal = self._ordinal  # how many changes of the transaction came before it
         else:
-            commit_lsn = None
-        self._batch.messages.append(pgo_message(message, commit_lsn, self._ordinal))
+            commit_lsn, ordinal = None, 0
+        self._batch.messages.append(pgo_message(message, commit_lsn, ordinal))
         self._dirty = True
 
 
