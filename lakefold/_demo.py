@@ -79,24 +79,25 @@ def _fresh_database(admin_dsn: str) -> str:
 def project_revenue(spark: SparkSession, store_dsn: str, table_path: Path) -> None:
     """Revenue per customer from the orders and customers changelog streams into Delta.
 
-    Reads both streams up to their heads, keeps the latest record per key (dropping deleted
-    keys), aggregates, and overwrites the table in one Delta transaction whose app transaction
-    version is the orders stream's head: re-running it for the same head is a no-op.
+    Reads both streams through the ``lakefold_changelog`` Spark source, keeps the latest record
+    per key (dropping deleted keys), aggregates, and overwrites the table in one Delta
+    transaction whose app transaction version is the orders stream's head: re-running it for
+    the same head is a no-op. (``lakefold run`` keeps such views up to date continuously.)
     """
     from pyspark.sql import functions as F
 
     from lakefold.capture import ChangelogStore
-    from lakefold.spark import DeltaTarget, WriteMode, write_batch
+    from lakefold.spark import DeltaTarget, WriteMode, register_sources, write_batch
 
+    register_sources(spark)
     with ChangelogStore(store_dsn) as store:
         orders_head = store.head("shop.orders")
-        frames = {name: _current_rows(spark, store, f"shop.{name}", key="id")
-                  for name in ("orders", "customers")}
+    orders, customers = (_current_rows(spark, store_dsn, f"shop.{name}", key="id")
+                         for name in ("orders", "customers"))
     revenue = (
-        frames["orders"].groupBy("customer_id")
+        orders.groupBy("customer_id")
         .agg(F.count("id").cast("int").alias("orders"), F.sum("amount").alias("revenue"))
-        .join(frames["customers"].select(F.col("id").alias("customer_id"), "name"),
-              "customer_id")
+        .join(customers.select(F.col("id").alias("customer_id"), "name"), "customer_id")
         .select("customer_id", "name", "orders", "revenue")
     )
     target = DeltaTarget(path=str(table_path), mode=WriteMode.OVERWRITE,
@@ -104,13 +105,15 @@ def project_revenue(spark: SparkSession, store_dsn: str, table_path: Path) -> No
     write_batch(revenue, target, batch_id=orders_head)
 
 
-def _current_rows(spark: SparkSession, store: Any, stream: str, *, key: str) -> DataFrame:
+def _current_rows(spark: SparkSession, store_dsn: str, stream: str, *, key: str) -> DataFrame:
     """The stream's latest record per key, without deleted keys, as a DataFrame."""
     from pyspark.sql import Window
     from pyspark.sql import functions as F
 
-    records = store.read(stream, 1, limit=store.head(stream) + 1)
-    frame = spark.createDataFrame(records)
+    from lakefold.spark import CHANGELOG_SOURCE
+
+    frame = (spark.read.format(CHANGELOG_SOURCE).option("stream", stream)
+             .option("dsn", store_dsn).load())
     latest = Window.partitionBy(key).orderBy(F.col("_position").desc())
     return (frame.withColumn("_rank", F.row_number().over(latest))
             .where((F.col("_rank") == 1) & (F.col("_op") != "delete"))
@@ -121,7 +124,7 @@ def run_demo(settings: Settings, *, orders: int = 2_000, console: Console | None
              ) -> DemoResult:
     """Run the whole demo and print the Delta table; see the module docstring."""
     from lakefold.capture import Capture, CaptureConfig
-    from lakefold.spark import read_delta, spark_session
+    from lakefold.spark import read_delta, session_from_settings
 
     console = console or Console()
     started = time.monotonic()
@@ -158,7 +161,7 @@ def run_demo(settings: Settings, *, orders: int = 2_000, console: Console | None
         if table_path.exists():
             shutil.rmtree(table_path)
         with console.status("starting Spark and projecting revenue per customer into Delta"):
-            spark = spark_session(settings.spark_master, conf=settings.spark_conf)
+            spark = session_from_settings(settings)
             stack.callback(spark.stop)
             project_revenue(spark, demo_dsn, table_path)
             frame = read_delta(spark, str(table_path)).orderBy("customer_id")
