@@ -86,6 +86,25 @@ def _connect(dsn: str, *, what: str, setup: bool) -> psycopg.Connection[Any]:
                                   f"{reason}") from e
 
 
+def drop_capture(source_dsn: str, store_dsn: str, *, slot: str, publication: str) -> None:
+    """Drop a capture's slot (ending a walsender of this capture that still holds it) and its
+    publication if lakefold created it, and forget the slot in the store. Streams stay.
+    Raises SlotError when another program holds the slot."""
+    with _connect(store_dsn, what="store", setup=True) as store, \
+            _connect(source_dsn, what="source database", setup=True) as source:
+        info = _source.slot_info(source, slot)
+        if info is not None:
+            if _source.terminate_stale_walsender(source, info, f"lakefold-capture:{slot}"):
+                time.sleep(0.2)
+            _source.drop_slot(source, slot)
+        exists, comment = _source.publication_comment(source, publication)
+        if exists and comment == _source.PUBLICATION_MARKER:
+            source.execute(psycopg.sql.SQL("DROP PUBLICATION {}").format(
+                psycopg.sql.Identifier(publication)))
+        if _ddl.is_installed(store):
+            ChangelogWriter(store, slot).forget_slot()
+
+
 class Capture:
     """Captures the configured tables of one source database into changelog streams.
 
@@ -174,20 +193,8 @@ class Capture:
         """Drop the slot and the publication (if lakefold owns them) and forget the slot in
         the store. Streams and their records stay."""
         cfg = self.config
-        with _connect(cfg.resolved_store_dsn, what="store", setup=True) as store, \
-                _connect(cfg.source_dsn, what="source database", setup=True) as source:
-            slot = _source.slot_info(source, cfg.slot)
-            if slot is not None:
-                if slot.active_pid is not None:
-                    _source.terminate_stale_walsender(source, slot, cfg.application_name)
-                    time.sleep(0.2)
-                _source.drop_slot(source, cfg.slot)
-            exists, comment = _source.publication_comment(source, cfg.publication)
-            if exists and comment == _source.PUBLICATION_MARKER:
-                source.execute(psycopg.sql.SQL("DROP PUBLICATION {}").format(
-                    psycopg.sql.Identifier(cfg.publication)))
-            if _ddl.is_installed(store):
-                ChangelogWriter(store, cfg.slot).forget_slot()
+        drop_capture(cfg.source_dsn, cfg.resolved_store_dsn, slot=cfg.slot,
+                     publication=cfg.publication)
 
     # -- running ---------------------------------------------------------------------------
 
