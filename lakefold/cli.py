@@ -47,6 +47,7 @@ def main() -> None:
 
 # Command groups live in their own modules and register themselves on `app` when imported.
 from lakefold import (  # noqa: E402
+    _cli_capture,  # noqa: F401  (capture run, streams, read, tail, compact, drop)
     _cli_events,  # noqa: F401  (events install, status, tail)
     _cli_spark,  # noqa: F401  (query, optimize, vacuum)
 )
