@@ -133,8 +133,13 @@ class Capture:
             writer = ChangelogWriter(store, cfg.slot)
             record = writer.slot_record() if _ddl.is_installed(store) else None
             self._check_ownership(existing, record)
+            had_publication, comment = _source.publication_comment(source, cfg.publication)
+            if had_publication and comment != _source.PUBLICATION_MARKER:
+                raise OwnershipError(
+                    f"publication {cfg.publication!r} already exists and was not created by "
+                    "lakefold; lakefold only captures through a publication it owns. Choose "
+                    "another publication name, or drop that publication if it is unused")
             _ddl.install(store)
-            had_publication, _ = _source.publication_comment(source, cfg.publication)
             _source.ensure_publication(source, cfg.publication, schema=cfg.schema,
                                        tables=cfg.table_refs)
             if existing is None:
