@@ -81,3 +81,28 @@ def test_redis_answers_and_stops() -> None:
     server.stop()
     with pytest.raises(redis.ConnectionError):
         redis.Redis.from_url(server.url, socket_connect_timeout=1).ping()
+
+
+@pytest.mark.timeout(60)
+def test_ctrl_c_stops_servers_and_removes_temporary_data() -> None:
+    owner = subprocess.Popen(
+        [sys.executable, "-c",
+         "import time\n"
+         "from lakefold.local import LocalPostgres, LocalRedis\n"
+         "with LocalPostgres(durable=False) as pg, LocalRedis() as r:\n"
+         "    pg.start(); r.start()\n"
+         "    print(pg.data_dir, r.port, flush=True)\n"
+         "    time.sleep(600)\n"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
+    assert owner.stdout is not None
+    data_dir, redis_port = owner.stdout.readline().split()
+    owner.stdout.close()
+    assert _servers_under(data_dir)
+    owner.send_signal(signal.SIGINT)
+    assert owner.wait(30) != 0
+    assert not [p for p in _servers_under(data_dir) + _servers_under(f"127.0.0.1:{redis_port}")
+                if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+    assert not Path(data_dir).exists()
