@@ -18,7 +18,8 @@ Tables
     scan over what is read. Never updated; an assigned position is never reassigned.
 ``lakefold.event_sequencer``
     The single-row cursor of the sequencer: the last position handed out and the ``(xid, seq)``
-    of the event that got it. Its row lock is the sequencers' mutex; writers never touch it.
+    of the event that got it. An advisory lock keyed on this table's oid is the sequencers'
+    mutex; writers never take it.
 ``lakefold.subscription_checkpoints``
     The durable checkpoint (last processed position) of each named subscription.
 
@@ -224,6 +225,9 @@ BEGIN
                                        'actual', v_version)::text;
     END IF;
     IF p_hard THEN
+        -- Keep sequencers out until we commit, or one could hand positions to the events we
+        -- are erasing (harmless, but it would leave position rows pointing nowhere).
+        PERFORM pg_advisory_xact_lock('lakefold.event_sequencer'::regclass::oid::bigint);
         DELETE FROM lakefold.event_positions p
         USING lakefold.events e
         WHERE e.stream_id = p_stream_id AND p.xid = e.xid AND p.seq = e.seq;
@@ -258,6 +262,8 @@ DECLARE
     v_seq        bigint;
     v_n          bigint;
 BEGIN
+    -- Own transaction only: inside a longer one the mutex would be held, and the watermark
+    -- pinned, until that transaction ends (this catches the transactions that wrote).
     IF pg_current_xact_id_if_assigned() IS NOT NULL
        OR current_setting('transaction_isolation') <> 'read committed' THEN
         RAISE EXCEPTION USING
@@ -266,8 +272,13 @@ BEGIN
                       'transaction',
             HINT = 'call it on an autocommit connection';
     END IF;
-    -- 1. The watermark, from a snapshot taken before this transaction has an xid of its own:
-    --    every transaction with an xid below it has finished, committed or not.
+    -- 1. The sequencers' mutex: a transaction-level advisory lock, which gives this
+    --    transaction no xid. Writers never take it. Once we hold it, no other sequencer is
+    --    running, so none holds the watermark back (a running sequencer has an xid).
+    PERFORM pg_advisory_xact_lock('lakefold.event_sequencer'::regclass::oid::bigint);
+    -- 2. The watermark, from a snapshot taken now, before we have an xid of our own: every
+    --    transaction with an xid below it has finished, committed or not. The cursor, read
+    --    after the lock, includes the previous sequencer's work.
     v_watermark := pg_snapshot_xmin(pg_current_snapshot());
     SELECT q.last_position, q.last_xid, q.last_seq INTO v_last, v_xid, v_seq
     FROM lakefold.event_sequencer q;
@@ -276,11 +287,8 @@ BEGIN
         RETURN QUERY SELECT v_last,
             EXISTS (SELECT 1 FROM lakefold.events e WHERE (e.xid, e.seq) > (v_xid, v_seq)),
             0::bigint;
-        RETURN;
+        RETURN;  -- nothing to do: no xid, nothing written
     END IF;
-    -- 2. The sequencers' mutex. Re-read the cursor: another sequencer may have moved it.
-    SELECT q.last_position, q.last_xid, q.last_seq INTO v_last, v_xid, v_seq
-    FROM lakefold.event_sequencer q FOR UPDATE;
     -- 3. Hand out the next positions, in (xid, seq) order, to final events only.
     INSERT INTO lakefold.event_positions (position, xid, seq, category, type)
     SELECT v_last + row_number() OVER (ORDER BY b.xid, b.seq), b.xid, b.seq,

@@ -162,7 +162,7 @@ class InMemoryRecorder(EventRecorder):
         return self._store_envelope(EventEnvelope(
             event_id=event.event_id, stream_id=stream_id, stream_version=version,
             position=None, type=event.type, schema_version=event.schema_version,
-            data=json.loads(encoded.data_json),
+            data_json=encoded.data_json,
             metadata=EMPTY_METADATA if metadata == EMPTY_METADATA else metadata,
             recorded_at=now,
         ))
@@ -259,7 +259,8 @@ class InMemoryRecorder(EventRecorder):
             envelope = self._store_envelope(EventEnvelope(
                 event_id=event_id, stream_id=stream_id, stream_version=stream.version,
                 position=None, type=STREAM_DELETED_TYPE, schema_version=1,
-                data={"stream_id": stream_id, "mode": stream.deleted, "last_version": version},
+                data_json=json.dumps({"stream_id": stream_id, "mode": stream.deleted,
+                                      "last_version": version}),
                 metadata=EMPTY_METADATA, recorded_at=datetime.now(UTC),
             ))
             self._changed.notify_all()

@@ -19,9 +19,11 @@ commits later can have an ``xid < W``, because xids are handed out in increasing
 running ones are all ``>= W``. So the committed events with ``xid < W`` are *final*: that set
 will never grow again. Sequencing (``lakefold.sequence_events()``) then:
 
-1. reads ``W`` from a snapshot taken before its own transaction has an xid;
-2. locks the single row of ``lakefold.event_sequencer`` (``FOR UPDATE``: the sequencers'
-   mutex; only sequencers take it, writers never wait for it) and reads the cursor: the last
+1. takes the sequencers' mutex, a transaction-level advisory lock keyed on the oid of
+   ``lakefold.event_sequencer`` (only sequencers take it, so writers never wait for it; it
+   gives the transaction no xid);
+2. reads ``W`` from a snapshot taken after the lock and before its own transaction has an
+   xid (so no other sequencer is running and holding ``W`` back), and the cursor: the last
    position handed out and the ``(xid, seq)`` of its event;
 3. gives the next positions, densely and in ``(xid, seq)`` order, to the events after the
    cursor with ``xid < W``, inserting rows into ``lakefold.event_positions``, and moves the
@@ -47,8 +49,10 @@ positions), and the global position of a fresh event is known once it is sequenc
 
 Who sequences. Any reader that asks for the head (``head()``, ``read_all``, subscriptions)
 runs a round; so does a background thread of each ``EventStore`` shortly after its appends,
-so positions appear within milliseconds. A round that finds nothing to do takes no lock and
-writes nothing. Sequencing must run in its own READ COMMITTED transaction (the function
+so positions appear within milliseconds. A round that finds nothing to do gets no xid and
+writes nothing. Because every round computes ``W`` while it holds the mutex, ``head()``
+always covers every event committed before it was called (unless an older transaction still
+holds the watermark). Sequencing must run in its own READ COMMITTED transaction (the function
 refuses otherwise): inside a longer transaction it would read a stale cursor and hold the
 mutex for too long.
 """

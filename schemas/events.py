@@ -15,6 +15,7 @@ Positions and versions:
 
 from __future__ import annotations
 
+import json
 import os
 import time
 import uuid
@@ -28,6 +29,7 @@ STREAM_DELETED_TYPE: Final = "$stream.deleted"
 #: Prefix reserved for lakefold's own event types and streams.
 SYSTEM_PREFIX: Final = "$"
 
+_DECODER: Final = json.JSONDecoder()
 _VERSION_7: Final = 0x7 << 76
 _VARIANT_RFC4122: Final = 0x2 << 62
 _RANDOM_80: Final = (1 << 80) - 1
@@ -85,9 +87,13 @@ class NewEvent:
 
 @dataclass(frozen=True, slots=True)
 class EventEnvelope:
-    """A stored event as read back. ``data`` is the payload as stored (at ``schema_version``);
-    ``event`` is the decoded domain event at its current version when the store has a
-    registry (upcast if it was stored at an older version), else ``None``."""
+    """A stored event as read back.
+
+    ``data_json`` is the payload as stored (at ``schema_version``), as JSON text; ``data`` is
+    that payload decoded, on first access (bulk readers that route or filter events by type or
+    stream never pay for decoding). Treat the returned dict as read-only. ``event`` is the
+    decoded domain event at its current version when the store has a registry (upcast if it
+    was stored at an older version), else ``None``."""
 
     event_id: uuid.UUID
     stream_id: str
@@ -95,10 +101,20 @@ class EventEnvelope:
     position: int | None
     type: str
     schema_version: int
-    data: Mapping[str, Any]
+    data_json: str
     metadata: EventMetadata
     recorded_at: datetime
     event: Any = None
+    _data: Any = field(default=None, init=False, repr=False, compare=False)
+
+    @property
+    def data(self) -> dict[str, Any]:
+        """The payload as stored, decoded from ``data_json`` (once)."""
+        data = self._data
+        if data is None:
+            data = _DECODER.decode(self.data_json)
+            object.__setattr__(self, "_data", data)  # a cache, not a change of value
+        return data  # type: ignore[no-any-return]
 
     @property
     def category(self) -> str:

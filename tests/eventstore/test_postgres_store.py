@@ -239,8 +239,11 @@ def test_category_and_type_reads_use_their_indexes(store: EventStore, pg: TestDa
         conn.execute("ANALYZE lakefold.events")
         params = {"from": 1, "to": 2**62, "limit": 100, "category": "rare",
                   "types": ["rare.seen", "$stream.deleted"]}
-        category_plan = _plan(conn, _READ_LOG.format(positions=_POSITIONS_CATEGORY), params)
-        types_plan = _plan(conn, _READ_LOG.format(positions=_POSITIONS_TYPES), params)
+        hide = sql.SQL("AND NOT e.deleted")
+        category_plan = _plan(conn, _READ_LOG.format(positions=_POSITIONS_CATEGORY,
+                                                     deleted=hide), params)
+        types_plan = _plan(conn, _READ_LOG.format(positions=_POSITIONS_TYPES, deleted=hide),
+                           params)
     for plan, index in ((category_plan, "event_positions_category_idx"),
                         (types_plan, "event_positions_type_idx")):
         assert index in plan, plan
@@ -266,11 +269,13 @@ def test_subscription_falls_back_to_polling_without_notify(store: EventStore,
 
 def test_sequencing_refuses_to_run_inside_a_transaction(store: EventStore,
                                                         pg: TestDatabase) -> None:
-    with psycopg.connect(pg.dsn) as conn:
-        conn.execute("SELECT pg_current_xact_id()")
-        with pytest.raises(psycopg.Error) as info:
-            conn.execute("SELECT * FROM lakefold.sequence_events(10)")
-        assert info.value.sqlstate == "LF010"
+    for first in ("SELECT pg_current_xact_id()",
+                  "SET TRANSACTION ISOLATION LEVEL REPEATABLE READ"):
+        with psycopg.connect(pg.dsn) as conn:
+            conn.execute(first)
+            with pytest.raises(psycopg.Error) as info:
+                conn.execute("SELECT * FROM lakefold.sequence_events(10)")
+            assert info.value.sqlstate == "LF010"
 
 
 def test_hard_delete_removes_the_rows(store: EventStore, pg: TestDatabase) -> None:
@@ -299,3 +304,20 @@ def test_missing_schema_and_unreachable_server_are_clear_errors(pg: TestDatabase
     with pytest.raises(EventStoreUnavailable) as info:
         EventStore(dsn, options=StoreOptions(connect_timeout_s=1))
     assert "hunter2" not in str(info.value) and "***" in str(info.value)
+
+
+@pytest.mark.timeout(60)
+def test_head_is_never_stale_while_another_sequencer_runs(store: EventStore,
+                                                          pg: TestDatabase) -> None:
+    store.append("order-1", [ev(n=1)])
+    with psycopg.connect(pg.dsn) as other:  # a sequencer caught mid-round, holding its xid
+        other.execute("SELECT pg_advisory_xact_lock("
+                      "'lakefold.event_sequencer'::regclass::oid::bigint), pg_current_xact_id()")
+        store.append("order-1", [ev(n=2)])  # committed after that sequencer took its xid
+        heads: list[int] = []
+        reader = threading.Thread(target=lambda: heads.append(store.head()))
+        reader.start()
+        time.sleep(0.3)
+        assert heads == []  # waits for the running round instead of answering stale
+    reader.join(10)
+    assert heads == [2]

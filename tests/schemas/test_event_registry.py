@@ -159,12 +159,12 @@ def test_event_ids_are_time_ordered_uuid7_and_categories() -> None:
 
 def test_metadata_causation_chain() -> None:
     cause = EventEnvelope(event_id=uuid.uuid4(), stream_id="order-1", stream_version=1,
-                          position=1, type="order.placed", schema_version=1, data={},
+                          position=1, type="order.placed", schema_version=1, data_json="{}",
                           metadata=EventMetadata(), recorded_at=None)  # type: ignore[arg-type]
     effect = EventMetadata(extra={"by": "saga"}).caused_by(cause)
     assert effect.correlation_id == cause.event_id and effect.causation_id == cause.event_id
     next_effect = EventMetadata().caused_by(EventEnvelope(
         event_id=uuid.uuid4(), stream_id="x-1", stream_version=1, position=2, type="t",
-        schema_version=1, data={}, metadata=effect, recorded_at=None))  # type: ignore[arg-type]
+        schema_version=1, data_json="{}", metadata=effect, recorded_at=None))  # type: ignore[arg-type]
     assert next_effect.correlation_id == cause.event_id and effect.extra == {"by": "saga"}
     assert cause.category == "order" and not cause.is_deletion
