@@ -14,3 +14,4 @@ bench_app = typer.Typer(
 )
 
 __all__ = ["bench_app"]
+from lakefold._bench import append as _append  # noqa: E402,F401
