@@ -11,7 +11,10 @@ Tables
     The append-only log. Each row records the top-level transaction id of its writer
     (``xid``, ``pg_current_xact_id()``) and an insertion number (``seq``); ``(xid, seq)`` is the
     primary key and the order in which the sequencer hands out global positions (see
-    ``_sequencer.py``). ``deleted`` marks the events of a soft-deleted stream.
+    ``_sequencer.py``). ``deleted`` marks the events of a soft-deleted stream. ``data`` is
+    ``json``, not ``jsonb``: the payload is stored as the text it arrived as, which spares
+    every append building a jsonb tree and every read serialising it back (about 1 µs per
+    event each way); cast to ``jsonb`` to query it in SQL. ``metadata`` is ``jsonb``.
 ``lakefold.event_positions``
     Dense, 1-based global positions, assigned after visibility by the sequencer, with the
     category and type of the event so that reading one category or one type is an index range
@@ -74,7 +77,7 @@ CREATE TABLE IF NOT EXISTS lakefold.events (
     stream_version  bigint NOT NULL CHECK (stream_version >= 1),
     type            text NOT NULL,
     schema_version  integer NOT NULL CHECK (schema_version >= 1),
-    data            jsonb NOT NULL,
+    data            json NOT NULL,
     metadata        jsonb NOT NULL DEFAULT '{}',
     correlation_id  uuid,
     causation_id    uuid,
@@ -121,7 +124,7 @@ CREATE TABLE IF NOT EXISTS lakefold.subscription_checkpoints (
 _APPEND_FUNCTION = """
 CREATE OR REPLACE FUNCTION lakefold.append_events(
     p_stream_ids text[], p_categories text[], p_expected bigint[], p_counts integer[],
-    p_events jsonb)
+    p_events json)
 RETURNS bigint[]
 LANGUAGE plpgsql
 AS $fn$
@@ -183,12 +186,12 @@ BEGIN
 
     INSERT INTO lakefold.events (event_id, stream_id, stream_version, type, schema_version,
                                  data, metadata, correlation_id, causation_id)
-    SELECT (x.d->>'i')::uuid, p_stream_ids[x.k],
+    SELECT x.i, p_stream_ids[x.k],
            v_prev[x.k] + row_number() OVER (PARTITION BY x.k ORDER BY x.o),
-           x.d->>'t', (x.d->>'v')::integer, x.d->'d', x.d->'m',
-           (x.d->>'c')::uuid, (x.d->>'z')::uuid
-    FROM (SELECT a.d, (a.d->>'k')::integer AS k, a.o
-          FROM jsonb_array_elements(p_events) WITH ORDINALITY AS a(d, o)) AS x
+           x.t, x.v, x.d, x.m, x.c, x.z
+    FROM ROWS FROM (json_to_recordset(p_events) AS (
+             i uuid, k integer, t text, v integer, d json, m jsonb, c uuid, z uuid))
+         WITH ORDINALITY AS x(i, k, t, v, d, m, c, z, o)
     ORDER BY x.o;
     RETURN v_prev;
 END
@@ -242,7 +245,7 @@ BEGIN
     WHERE stream_id = p_stream_id;
     INSERT INTO lakefold.events (event_id, stream_id, stream_version, type, schema_version, data)
     VALUES (p_event_id, p_stream_id, v_version + 1, '$stream.deleted', 1,
-            jsonb_build_object('stream_id', p_stream_id,
+            json_build_object('stream_id', p_stream_id,
                                'mode', CASE WHEN p_hard THEN 'hard' ELSE 'soft' END,
                                'last_version', v_version));
     RETURN v_version + 1;

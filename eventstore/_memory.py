@@ -8,7 +8,7 @@ import json
 import threading
 import uuid
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from datetime import UTC, datetime
 
 from lakefold.eventstore._model import (
@@ -169,7 +169,7 @@ class InMemoryRecorder(EventRecorder):
 
     def _store_envelope(self, envelope: EventEnvelope) -> EventEnvelope:
         self._head += 1
-        envelope = replace(envelope, position=self._head)
+        envelope = envelope.replace(position=self._head)
         self._log.append(_Stored(envelope))
         self._by_stream.setdefault(envelope.stream_id, []).append(self._head)
         self._by_id[envelope.event_id] = self._head

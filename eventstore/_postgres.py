@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any, Final
 
@@ -64,14 +64,14 @@ Conn = psycopg.Connection[TupleRow]
 
 _APPEND: Final = (
     "SELECT lakefold.append_events(%s::text[], %s::text[], %s::bigint[], %s::integer[], "
-    "%s::jsonb)"
+    "%s::json)"
 )
 _DUPLICATES: Final = """
 SELECT e.event_id, e.stream_id, e.stream_version, p.position,
-       (e.stream_id = c.s AND e.type = c.t AND e.schema_version = c.v AND e.data = c.d)
-FROM (SELECT (a.d->>'i')::uuid AS i, (%s::text[])[(a.d->>'k')::integer] AS s, a.d->>'t' AS t,
-             (a.d->>'v')::integer AS v, a.d->'d' AS d, a.o
-      FROM jsonb_array_elements(%s::jsonb) WITH ORDINALITY AS a(d, o)) AS c
+       (e.stream_id = (%s::text[])[c.k] AND e.type = c.t AND e.schema_version = c.v
+        AND e.data::jsonb = c.d::jsonb)
+FROM ROWS FROM (json_to_recordset(%s::json) AS (i uuid, k integer, t text, v integer, d json))
+     WITH ORDINALITY AS c(i, k, t, v, d, o)
 JOIN lakefold.events e ON e.event_id = c.i
 LEFT JOIN lakefold.event_positions p ON p.xid = e.xid AND p.seq = e.seq
 ORDER BY c.o
@@ -173,13 +173,41 @@ def append_params(appends: Sequence[StreamAppend]) -> tuple[Any, ...]:
     return (stream_ids, categories, expected, counts, "[" + ",".join(parts) + "]")
 
 
-def _envelope(row: TupleRow) -> EventEnvelope:
-    (position, event_id, stream_id, version, type_, schema_version, data, extra, correlation,
-     causation, recorded_at) = row
-    metadata = EMPTY_METADATA if correlation is None and causation is None and extra is None \
-        else EventMetadata(correlation, causation, extra or {})
-    return EventEnvelope(event_id, stream_id, version, position, type_, schema_version, data,
-                         metadata, recorded_at)
+# Row factories build envelopes straight from the driver's values: reads make one object per
+# event, not three.
+
+def _envelope_rows(cursor: Any) -> Callable[[Sequence[Any]], EventEnvelope | int]:
+    """Rows ``(position, event_id, stream_id, stream_version, type, schema_version, data,
+    metadata or NULL, correlation_id, causation_id, recorded_at)``; a NULL event id (an erased
+    or hidden event) becomes its bare position."""
+
+    def make(v: Sequence[Any]) -> EventEnvelope | int:
+        if v[1] is None:
+            return int(v[0])
+        metadata = EMPTY_METADATA if v[7] is None and v[8] is None and v[9] is None \
+            else EventMetadata(v[8], v[9], v[7] or {})
+        return EventEnvelope(v[1], v[2], v[3], v[0], v[4], v[5], v[6], metadata, v[10])
+
+    return make
+
+
+def _range_rows(positions: list[int], include_deleted: bool
+                ) -> Callable[[Any], Callable[[Sequence[Any]], EventEnvelope | int]]:
+    """Rows of ``_RANGE_EVENTS`` paired, in order, with ``positions``."""
+    next_position = iter(positions).__next__
+
+    def factory(cursor: Any) -> Callable[[Sequence[Any]], EventEnvelope | int]:
+        def make(v: Sequence[Any]) -> EventEnvelope | int:
+            position = next_position()
+            if v[10] and not include_deleted:
+                return position
+            metadata = EMPTY_METADATA if v[6] is None and v[7] is None and v[8] is None \
+                else EventMetadata(v[7], v[8], v[6] or {})
+            return EventEnvelope(v[0], v[1], v[2], position, v[3], v[4], v[5], metadata, v[9])
+
+        return make
+
+    return factory
 
 
 class _ListenWaiter(Waiter):
@@ -297,9 +325,9 @@ class PostgresRecorder(EventRecorder):
         )
         params = {"stream": stream_id, "version": start,
                   "limit": _NO_END if query.limit is None else query.limit}
-        with self.connection() as conn:
-            rows = conn.execute(statement, params, prepare=True).fetchall()
-        return [_envelope(row) for row in rows]
+        with self.connection() as conn, conn.cursor(row_factory=_envelope_rows) as cursor:
+            rows = cursor.execute(statement, params, prepare=True, binary=True).fetchall()
+        return [row for row in rows if isinstance(row, EventEnvelope)]
 
     def read_log(self, query: LogQuery) -> list[EventEnvelope]:
         with self.connection() as conn:
@@ -496,6 +524,48 @@ def _find_duplicate(conn: Conn, appends: Sequence[StreamAppend], params: tuple[A
     )
 
 
+_RANGE_POSITIONS: Final = (
+    "SELECT position FROM lakefold.event_positions "
+    "WHERE position >= %s AND position < %s ORDER BY position LIMIT %s"
+)
+# Positions follow (xid, seq) order, so the events of a run of positions are one range of the
+# events' primary key: a single index range scan, no per-event lookup.
+_RANGE_EVENTS: Final = (
+    "SELECT e.event_id, e.stream_id, e.stream_version, e.type, e.schema_version, "
+    "e.data::text, NULLIF(e.metadata, '{}'::jsonb), e.correlation_id, e.causation_id, "
+    "e.recorded_at, e.deleted "
+    "FROM lakefold.events e "
+    "WHERE (e.xid, e.seq) >= (SELECT p.xid, p.seq FROM lakefold.event_positions p "
+    "                         WHERE p.position = %s) "
+    "  AND (e.xid, e.seq) <= (SELECT p.xid, p.seq FROM lakefold.event_positions p "
+    "                         WHERE p.position = %s) "
+    "ORDER BY e.xid, e.seq"
+)
+
+
+def _read_range(conn: Conn, start: int, end: int, want: int, include_deleted: bool,
+                statement: sql.Composed) -> list[EventEnvelope | int]:
+    """Envelopes (or the bare positions of hidden and erased events) for up to ``want``
+    positions from ``start``."""
+    positions = [row[0] for row in conn.execute(
+        _RANGE_POSITIONS, (start, end, want), prepare=True, binary=True).fetchall()]
+    if not positions:
+        return []
+    with conn.cursor(row_factory=_range_rows(positions, include_deleted)) as cursor:
+        try:
+            rows = cursor.execute(_RANGE_EVENTS, (positions[0], positions[-1]),
+                                  prepare=True, binary=True).fetchall()
+        except StopIteration:  # more events than positions: see below
+            rows = []
+    if len(rows) == len(positions):
+        return rows
+    # A position whose event is gone (cannot happen while hard deletes keep sequencers out,
+    # but cheap to survive): fall back to one lookup per position.
+    with conn.cursor(row_factory=_envelope_rows) as cursor:
+        return cursor.execute(statement, {"from": start, "to": end, "limit": want},
+                              prepare=True, binary=True).fetchall()
+
+
 def read_log_on(conn: Conn, query: LogQuery) -> list[EventEnvelope]:
     """Read the global log on ``conn`` (see ``LogQuery``): fetch pages of positions until
     ``limit`` visible events are collected or the head (after one sequencing round) or
@@ -508,21 +578,27 @@ def read_log_on(conn: Conn, query: LogQuery) -> list[EventEnvelope]:
     statement = _READ_LOG.format(
         positions=positions,
         deleted=sql.SQL("") if query.include_deleted else sql.SQL("AND NOT e.deleted"))
+    unfiltered = types is None and query.category is None
     end = _NO_END if query.to_position is None else query.to_position
     cursor = max(query.from_position, 1)
     found: list[EventEnvelope] = []
     sequenced = False
     while cursor < end:
         want = query.limit - len(found)
-        rows = conn.execute(
-            statement,
-            {"from": cursor, "to": end, "limit": want, "category": query.category,
-             "types": types},
-            prepare=True,
-        ).fetchall()
-        found.extend(_envelope(row) for row in rows if row[1] is not None)
+        if unfiltered:
+            rows = _read_range(conn, cursor, end, want, query.include_deleted, statement)
+        else:
+            with conn.cursor(row_factory=_envelope_rows) as reader:
+                rows = reader.execute(
+                    statement,
+                    {"from": cursor, "to": end, "limit": want, "category": query.category,
+                     "types": types},
+                    prepare=True, binary=True,
+                ).fetchall()
+        found.extend(row for row in rows if isinstance(row, EventEnvelope))
         if rows:
-            cursor = rows[-1][0] + 1
+            last = rows[-1]
+            cursor = (last if isinstance(last, int) else last.position or cursor) + 1
         if len(found) >= query.limit:
             break
         if len(rows) < want:  # reached the head as last sequenced

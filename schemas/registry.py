@@ -24,7 +24,7 @@ Guarantees:
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, ValidationError
@@ -291,5 +291,5 @@ class EventRegistry:
 
     def decode_envelope(self, envelope: EventEnvelope) -> EventEnvelope:
         """``envelope`` with ``event`` set to its decoded domain event."""
-        return replace(envelope, event=self.decode(envelope.type, envelope.schema_version,
-                                                   envelope.data))
+        return envelope.replace(event=self.decode(envelope.type, envelope.schema_version,
+                                                  envelope.data))

@@ -204,7 +204,7 @@ def test_idempotent_retry_after_a_lost_acknowledgement(store: EventStore,
     # never learns whether it worked, as after a network failure.
     lost.pgconn.send_query_params(
         b"SELECT lakefold.append_events($1::text[], $2::text[], $3::bigint[], $4::integer[], "
-        b"$5::jsonb)",
+        b"$5::json)",
         [_text_array(params[0]), _text_array(params[1]), _text_array(params[2]),
          _text_array(params[3]), params[4].encode()],
     )
@@ -260,7 +260,7 @@ def test_subscription_falls_back_to_polling_without_notify(store: EventStore,
     with store.tail(SubscriptionOptions(poll_interval_s=0.2)) as tail:
         with psycopg.connect(pg.dsn, autocommit=True) as conn:  # a writer with no sequencer
             conn.execute("SELECT lakefold.append_events(%s::text[], %s::text[], %s::bigint[], "
-                         "%s::integer[], %s::jsonb)", params)
+                         "%s::integer[], %s::json)", params)
         started = time.monotonic()
         got = next(tail.events(idle_timeout_s=5.0))
         assert got.data == {"n": 7} and got.position == 1
