@@ -346,17 +346,25 @@ class ChangelogStore:
         return events
 
     def follow(self, stream: str, from_position: int = 1, *, batch_size: int = 10_000,
-               stop: Any = None, poll_interval: float = 1.0) -> Iterator[pa.Table]:
+               stop: Any = None, poll_interval: float = 1.0,
+               wait_for_stream: bool = False) -> Iterator[pa.Table]:
         """Tail ``stream``: yield tables of new records as they become visible, woken by
         LISTEN/NOTIFY, re-checking every ``poll_interval`` seconds even without a
         notification (a missed NOTIFY delays, never loses). Ends when ``stop`` (a
-        ``threading.Event``) is set. No checkpoint is kept."""
+        ``threading.Event``) is set. No checkpoint is kept. ``wait_for_stream`` waits for a
+        stream that does not exist yet (its table has no captured change yet) instead of
+        raising UnknownStreamError."""
         listener = connect_store(self.dsn)
         try:
             listener.execute(sql.SQL("LISTEN {}").format(sql.Identifier(NOTIFY_CHANNEL)))
             position = max(from_position, 1)
             while stop is None or not stop.is_set():
-                table = self.read(stream, position, batch_size)
+                try:
+                    table = self.read(stream, position, batch_size)
+                except (UnknownStreamError, StoreError):
+                    if not wait_for_stream:
+                        raise
+                    table = pa.table({})
                 if table.num_rows:
                     position = int(table.column("_position")[-1].as_py()) + 1
                     yield table

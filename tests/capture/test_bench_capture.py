@@ -1,0 +1,29 @@
+"""``lakefold bench capture`` at a tiny size: the JSON has the documented keys, all positive."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+
+@pytest.mark.timeout(240)
+def test_bench_capture_json_shape() -> None:
+    cli = Path(sys.executable).parent / "lakefold"
+    done = subprocess.run(
+        [cli, "bench", "capture", "--json", "--changes", "1000", "--latency-seconds", "1",
+         "--backlog-factor", "2"], capture_output=True, text=True, timeout=220, check=False)
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout.strip().splitlines()[-1])
+    assert report["benchmark"] == "capture"
+    assert report["params"]["changes"] == 1000
+    for key in ("changes_per_s_small_txn", "changes_per_s_large_txn", "latency_p50_ms",
+                "latency_p99_ms", "peak_rss_mb"):
+        assert report["results"][key] > 0, key
+    for key in ("pg_recvlogical_changes_per_s_small_txn",
+                "pg_recvlogical_changes_per_s_large_txn"):
+        assert report["baseline"][key] > 0, key
+    assert report["machine"]["cores"] >= 1
