@@ -1,17 +1,20 @@
 """``lakefold bench append``: the event store's write and read paths against raw COPY and the
 ``eventsourcing`` library's PostgreSQL recorder, on one throwaway server (fsync on).
 
-Workloads, each run for lakefold and for the peer on its own database of the same server:
+Workloads, for lakefold and for the peer, each on its own database of the same server:
 
 - batched: ``--events`` events in calls of 1,000 (one new stream per call);
 - single, 1 writer and 16 writers: ``--single-events`` one-event appends in total, each to the
   writer's own streams with an exact expected version (the aggregate pattern), latency per call;
 - read: every event of the batched workload, in pages of 10,000, in global order.
 
-The baseline is raw binary COPY of ``--events`` rows into a table with the same columns and
-unique keys. Payloads, ids and stream layouts are built inside the timed loops for everyone.
-lakefold's background sequencer runs during its write workloads (its cost is included); the
-read workload starts after ``head()`` so all positions are assigned.
+The two sides are *interleaved* (a slice of lakefold's workload, then the same slice of the
+peer's, alternating who goes first) so that load from other processes on the machine hits
+both alike; each figure is the total work over the total time of its side. Reads are repeated
+``READ_ROUNDS`` times per side and the best round counts. The baseline is raw binary COPY of
+``--events`` rows into a table with the same columns and unique keys. Payloads, ids and stream
+layouts are built inside the timed code for everyone. lakefold's background sequencer runs
+during its write workloads (its cost is included); reads start after ``head()``.
 """
 
 from __future__ import annotations
@@ -21,8 +24,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Annotated, Any
+from typing import Annotated, Any, Protocol
 
 import psycopg
 import typer
@@ -35,8 +37,10 @@ from lakefold.exceptions import LakefoldError
 
 BATCH = 1000
 READ_PAGE = 10_000
+READ_ROUNDS = 3
 WRITERS = 16
 STREAMS_PER_WRITER = 20
+SLICES = 8  # how many alternating slices each write workload is cut into
 
 
 def _payload(i: int) -> dict[str, Any]:
@@ -44,36 +48,141 @@ def _payload(i: int) -> dict[str, Any]:
             "items": [{"sku": f"s-{i % 50}", "qty": 1 + i % 3}]}
 
 
-@dataclass(frozen=True)
-class Timings:
-    """Events per second and per-call latency percentiles of one workload."""
+class Side(Protocol):
+    """One event store under test."""
 
-    events_per_s: float
-    p50_ms: float
-    p99_ms: float
+    def batch(self, b: int) -> None: ...
+    def single(self, key: str, writer: int, n: int) -> None: ...
+    def read_all(self) -> int: ...
 
 
-def _percentile(sorted_values: list[float], q: float) -> float:
+class Lakefold:
+    """``lakefold.eventstore.EventStore``: NewEvent values, exact expected versions."""
+
+    def __init__(self, dsn: str) -> None:
+        from lakefold.eventstore import EventStore, StoreOptions
+
+        self.store = EventStore(dsn, options=StoreOptions(pool_size=WRITERS + 4))
+        self.store.install()
+        self.versions: dict[str, int] = {}
+
+    def batch(self, b: int) -> None:
+        from lakefold.eventstore import NO_STREAM
+        from lakefold.schemas.events import NewEvent
+
+        self.store.append(f"order-{b}", [NewEvent("order.placed", _payload(b * BATCH + i))
+                                         for i in range(BATCH)], expected_version=NO_STREAM)
+
+    def single(self, key: str, writer: int, n: int) -> None:
+        from lakefold.schemas.events import NewEvent
+
+        stream = f"{key}-{writer}-{n % STREAMS_PER_WRITER}"
+        version = self.versions.get(stream, 0)
+        self.store.append(stream, [NewEvent("order.placed", _payload(n))],
+                          expected_version=version)
+        self.versions[stream] = version + 1
+
+    def read_all(self) -> int:
+        head = self.store.head()
+        position, read = 1, 0
+        while True:
+            page = self.store.read_all(position, READ_PAGE)
+            read += len(page)
+            if len(page) < READ_PAGE:
+                break
+            position = (page[-1].position or position) + 1
+        if read != head:
+            raise LakefoldError(f"read {read} events, but the head is {head}")
+        return read
+
+    def close(self) -> None:
+        self.store.close()
+
+
+class EventsourcingPeer:
+    """``eventsourcing``'s ``PostgresApplicationRecorder`` (9.5.x): StoredEvents, one stream
+    per batch, versions tracked by the caller as its aggregates do."""
+
+    topic = "bench:OrderPlaced"
+
+    def __init__(self, port: int, dbname: str) -> None:
+        from eventsourcing.persistence import InfrastructureFactory
+        from eventsourcing.postgres import PostgresApplicationRecorder
+        from eventsourcing.utils import Environment
+
+        env = Environment(name="bench", env={
+            "PERSISTENCE_MODULE": "eventsourcing.postgres",
+            "POSTGRES_DBNAME": dbname, "POSTGRES_HOST": "127.0.0.1",
+            "POSTGRES_PORT": str(port), "POSTGRES_USER": "postgres", "POSTGRES_PASSWORD": "",
+            "POSTGRES_POOL_SIZE": str(WRITERS + 4), "POSTGRES_MAX_OVERFLOW": "10",
+            "CREATE_TABLE": "yes",
+        })
+        # Without an explicit environment the factory silently uses its in-memory store.
+        self.factory = InfrastructureFactory.construct(env)
+        self.recorder = self.factory.application_recorder()
+        if not isinstance(self.recorder, PostgresApplicationRecorder):
+            raise LakefoldError(f"the eventsourcing peer is {type(self.recorder).__name__}, "
+                                "not its PostgreSQL recorder")
+        self.streams: dict[str, uuid.UUID] = {}
+        self.versions: dict[str, int] = {}
+
+    def batch(self, b: int) -> None:
+        from eventsourcing.persistence import StoredEvent
+
+        stream = uuid.uuid4()
+        self.recorder.insert_events([
+            StoredEvent(stream, i + 1, self.topic, json.dumps(_payload(b * BATCH + i)).encode())
+            for i in range(BATCH)
+        ])
+
+    def single(self, key: str, writer: int, n: int) -> None:
+        from eventsourcing.persistence import StoredEvent
+
+        name = f"{key}-{writer}-{n % STREAMS_PER_WRITER}"
+        stream = self.streams.setdefault(name, uuid.uuid4())
+        version = self.versions.get(name, 0) + 1
+        self.recorder.insert_events([StoredEvent(stream, version, self.topic,
+                                                 json.dumps(_payload(n)).encode())])
+        self.versions[name] = version
+
+    def read_all(self) -> int:
+        total = self.recorder.max_notification_id() or 0
+        start, read = 1, 0
+        while True:
+            page = self.recorder.select_notifications(start, READ_PAGE)
+            read += len(page)
+            if len(page) < READ_PAGE:
+                break
+            start = page[-1].id + 1
+        if read != total:
+            raise LakefoldError(f"the peer read {read} events, but stored {total}")
+        return read
+
+    def close(self) -> None:
+        self.factory.close()
+
+
+def _percentile_ms(sorted_values: list[float], q: float) -> float:
     if not sorted_values:
         return 0.0
-    index = min(len(sorted_values) - 1, round(q * (len(sorted_values) - 1)))
-    return sorted_values[index] * 1000
+    return sorted_values[min(len(sorted_values) - 1, round(q * (len(sorted_values) - 1)))] * 1e3
 
 
-def _run_writers(writers: int, per_writer: int, step: Callable[[int, int], None]) -> Timings:
-    """Run ``step(writer, n)`` ``per_writer`` times in each of ``writers`` threads."""
-    latencies: list[list[float]] = [[] for _ in range(writers)]
+def _threads(writers: int, per_writer: int, first: int, step: Callable[[int, int], None],
+             latencies: list[float]) -> float:
+    """``writers`` threads each run ``step(writer, n)`` for ``n`` in ``[first, first +
+    per_writer)``; returns the elapsed seconds and adds per-call latencies."""
     errors: list[BaseException] = []
     barrier = threading.Barrier(writers + 1)
+    mine: list[list[float]] = [[] for _ in range(writers)]
 
     def work(w: int) -> None:
         barrier.wait()
         try:
-            mine = latencies[w]
-            for n in range(per_writer):
+            for n in range(first, first + per_writer):
                 started = time.perf_counter()
                 step(w, n)
-                mine.append(time.perf_counter() - started)
+                mine[w].append(time.perf_counter() - started)
         except BaseException as e:
             errors.append(e)
 
@@ -87,11 +196,21 @@ def _run_writers(writers: int, per_writer: int, step: Callable[[int, int], None]
     elapsed = time.perf_counter() - started
     if errors:
         raise errors[0]
-    merged = sorted(x for per in latencies for x in per)
-    return Timings(len(merged) / elapsed, _percentile(merged, 0.5), _percentile(merged, 0.99))
+    for per in mine:
+        latencies.extend(per)
+    return elapsed
 
 
-# -- baseline: raw COPY ---------------------------------------------------------------------
+def _interleaved(sides: list[Side], slices: list[Callable[[Side], float]]) -> list[float]:
+    """Run every slice on every side, alternating which side goes first; total seconds per
+    side."""
+    totals = [0.0] * len(sides)
+    for i, run_slice in enumerate(slices):
+        order = list(range(len(sides))) if i % 2 == 0 else list(reversed(range(len(sides))))
+        for s in order:
+            totals[s] += run_slice(sides[s])
+    return totals
+
 
 def copy_baseline(dsn: str, events: int) -> float:
     """Rows per second of one binary COPY into a table equivalent to ``lakefold.events``."""
@@ -116,124 +235,71 @@ def copy_baseline(dsn: str, events: int) -> float:
         return events / (time.perf_counter() - started)
 
 
-# -- lakefold -------------------------------------------------------------------------------
+def _batched(sides: list[Side], events: int) -> list[float]:
+    batches = events // BATCH
+    per_slice = max(1, batches // SLICES)
 
-def bench_lakefold(dsn: str, events: int, single: int) -> dict[str, float]:
-    """The four workloads through ``lakefold.eventstore.EventStore``."""
-    from lakefold.eventstore import NO_STREAM, EventStore, StoreOptions
-    from lakefold.schemas.events import NewEvent
+    def slice_runner(first: int) -> Callable[[Side], float]:
+        def run(side: Side) -> float:
+            started = time.perf_counter()
+            for b in range(first, min(batches, first + per_slice)):
+                side.batch(b)
+            return time.perf_counter() - started
+        return run
 
-    results: dict[str, float] = {}
-    with EventStore(dsn, options=StoreOptions(pool_size=WRITERS + 4)) as store:
-        store.install()
-        started = time.perf_counter()
-        for b in range(events // BATCH):
-            store.append(f"order-{b}", [NewEvent("order.placed", _payload(b * BATCH + i))
-                                        for i in range(BATCH)], expected_version=NO_STREAM)
-        results["batched_events_per_s"] = (events // BATCH * BATCH) / (
-            time.perf_counter() - started)
-
-        for writers, key in ((1, "single_1w"), (WRITERS, "single_16w")):
-            versions = [[0] * STREAMS_PER_WRITER for _ in range(writers)]
-
-            def step(w: int, n: int, versions: list[list[int]] = versions,
-                     key: str = key) -> None:
-                s = n % STREAMS_PER_WRITER
-                store.append(f"{key}-{w}-{s}", [NewEvent("order.placed", _payload(n))],
-                             expected_version=versions[w][s])
-                versions[w][s] += 1
-
-            timings = _run_writers(writers, max(1, single // writers), step)
-            results[f"{key}_events_per_s"] = timings.events_per_s
-            results[f"{key}_p50_ms"] = timings.p50_ms
-            results[f"{key}_p99_ms"] = timings.p99_ms
-
-        head = store.head()
-        started = time.perf_counter()
-        position, read = 1, 0
-        while True:
-            page = store.read_all(position, READ_PAGE)
-            read += len(page)
-            if len(page) < READ_PAGE:
-                break
-            position = page[-1].position + 1 if page[-1].position else position + READ_PAGE
-        results["read_events_per_s"] = read / (time.perf_counter() - started)
-        if read != head:
-            raise LakefoldError(f"read {read} events, but the head is {head}")
-    return results
+    totals = _interleaved(sides, [slice_runner(s) for s in range(0, batches, per_slice)])
+    return [batches * BATCH / total for total in totals]
 
 
-# -- the peer: eventsourcing's PostgreSQL recorder ------------------------------------------
+def _singles(sides: list[Side], single: int, writers: int, key: str
+             ) -> list[tuple[float, float, float]]:
+    """(events/s, p50 ms, p99 ms) per side for one-event appends by ``writers`` threads."""
+    per_writer = max(SLICES, single // writers) // SLICES
+    latencies: list[list[float]] = [[] for _ in sides]
 
-def _peer_recorder(port: int, dbname: str) -> tuple[Any, Any]:
-    from eventsourcing.persistence import InfrastructureFactory
-    from eventsourcing.postgres import PostgresApplicationRecorder
-    from eventsourcing.utils import Environment
+    def slice_runner(k: int) -> Callable[[Side], float]:
+        def run(side: Side) -> float:
+            return _threads(writers, per_writer, k * per_writer,
+                            lambda w, n: side.single(key, w, n),
+                            latencies[sides.index(side)])
+        return run
 
-    env = Environment(name="bench", env={
-        "PERSISTENCE_MODULE": "eventsourcing.postgres",
-        "POSTGRES_DBNAME": dbname, "POSTGRES_HOST": "127.0.0.1", "POSTGRES_PORT": str(port),
-        "POSTGRES_USER": "postgres", "POSTGRES_PASSWORD": "",
-        "POSTGRES_POOL_SIZE": str(WRITERS + 4), "POSTGRES_MAX_OVERFLOW": "10",
-        "CREATE_TABLE": "yes",
-    })
-    # Without an explicit environment the factory silently falls back to its in-memory store.
-    factory = InfrastructureFactory.construct(env)
-    recorder = factory.application_recorder()
-    if not isinstance(recorder, PostgresApplicationRecorder):
-        raise LakefoldError(f"the eventsourcing peer is {type(recorder).__name__}, not its "
-                            "PostgreSQL recorder")
-    return factory, recorder
+    totals = _interleaved(sides, [slice_runner(k) for k in range(SLICES)])
+    out = []
+    for total, lat in zip(totals, latencies, strict=True):
+        lat.sort()
+        out.append((len(lat) / total, _percentile_ms(lat, 0.5), _percentile_ms(lat, 0.99)))
+    return out
 
 
-def bench_eventsourcing(port: int, dbname: str, events: int, single: int) -> dict[str, float]:
-    """The same workloads through ``eventsourcing``'s ``PostgresApplicationRecorder``."""
-    from eventsourcing.persistence import StoredEvent
+def _reads(sides: list[Side]) -> list[float]:
+    best = [0.0] * len(sides)
+    for _ in range(READ_ROUNDS):
+        counts = [0] * len(sides)
 
-    topic = "bench:OrderPlaced"
-    factory, recorder = _peer_recorder(port, dbname)
-    results: dict[str, float] = {}
-    try:
-        started = time.perf_counter()
-        for b in range(events // BATCH):
-            stream = uuid.uuid4()
-            recorder.insert_events([
-                StoredEvent(stream, i + 1, topic, json.dumps(_payload(b * BATCH + i)).encode())
-                for i in range(BATCH)
-            ])
-        results["batched_events_per_s"] = (events // BATCH * BATCH) / (
-            time.perf_counter() - started)
+        def read(side: Side, counts: list[int] = counts) -> float:
+            started = time.perf_counter()
+            counts[sides.index(side)] = side.read_all()
+            return time.perf_counter() - started
 
-        for writers, key in ((1, "single_1w"), (WRITERS, "single_16w")):
-            streams = [[uuid.uuid4() for _ in range(STREAMS_PER_WRITER)] for _ in range(writers)]
-            versions = [[0] * STREAMS_PER_WRITER for _ in range(writers)]
+        for s, total in enumerate(_interleaved(sides, [read])):
+            best[s] = max(best[s], counts[s] / total)
+    return best
 
-            def step(w: int, n: int, streams: list[list[uuid.UUID]] = streams,
-                     versions: list[list[int]] = versions) -> None:
-                s = n % STREAMS_PER_WRITER
-                versions[w][s] += 1
-                recorder.insert_events([StoredEvent(
-                    streams[w][s], versions[w][s], topic, json.dumps(_payload(n)).encode())])
 
-            timings = _run_writers(writers, max(1, single // writers), step)
-            results[f"{key}_events_per_s"] = timings.events_per_s
-            results[f"{key}_p50_ms"] = timings.p50_ms
-            results[f"{key}_p99_ms"] = timings.p99_ms
-
-        total = recorder.max_notification_id() or 0
-        started = time.perf_counter()
-        start, read = 1, 0
-        while True:
-            page = recorder.select_notifications(start, READ_PAGE)
-            read += len(page)
-            if len(page) < READ_PAGE:
-                break
-            start = page[-1].id + 1
-        results["read_events_per_s"] = read / (time.perf_counter() - started)
-        if read != total:
-            raise LakefoldError(f"the peer read {read} events, but stored {total}")
-    finally:
-        factory.close()
+def measure(sides: list[Side], events: int, single: int) -> list[dict[str, float]]:
+    """Every workload on every side, interleaved; one result dict per side."""
+    results: list[dict[str, float]] = [{} for _ in sides]
+    for result, rate in zip(results, _batched(sides, events), strict=True):
+        result["batched_events_per_s"] = rate
+    for writers, key in ((1, "single_1w"), (WRITERS, "single_16w")):
+        for result, (rate, p50, p99) in zip(results, _singles(sides, single, writers, key),
+                                            strict=True):
+            result[f"{key}_events_per_s"] = rate
+            result[f"{key}_p50_ms"] = p50
+            result[f"{key}_p99_ms"] = p99
+    for result, rate in zip(results, _reads(sides), strict=True):
+        result["read_events_per_s"] = rate
     return results
 
 
@@ -245,25 +311,31 @@ def run(events: int, single: int) -> Report:
     """Start a durable throwaway PostgreSQL and run every workload on it."""
     from lakefold.local import LocalPostgres
 
-    if events < BATCH or single < WRITERS:
-        raise LakefoldError(f"use --events >= {BATCH} and --single-events >= {WRITERS}")
+    if events < BATCH or single < WRITERS * SLICES:
+        raise LakefoldError(f"use --events >= {BATCH} and --single-events >= "
+                            f"{WRITERS * SLICES}")
     report = Report(benchmark="append", params={
         "events": events, "single_events": single, "batch": BATCH, "writers": WRITERS,
-        "read_page": READ_PAGE, "fsync": True})
+        "read_page": READ_PAGE, "fsync": True, "interleaved_slices": SLICES})
     with LocalPostgres(durable=True) as server:
         server.start()
         with psycopg.connect(server.dsn(), autocommit=True) as admin:
             for name in ("copy_bench", "lakefold_bench", "es_bench"):
                 admin.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
         report.baseline["copy_rows_per_s"] = copy_baseline(server.dsn("copy_bench"), events)
-        ours = bench_lakefold(server.dsn("lakefold_bench"), events, single)
-        peer = bench_eventsourcing(server.port, "es_bench", events, single)
-    report.results.update({key: ours[key] for key in _RESULT_KEYS})
-    report.peers.update({f"eventsourcing_{key}": peer[key] for key in _RESULT_KEYS})
-    report.params["lakefold_p50_ms"] = {k: ours[k] for k in ("single_1w_p50_ms",
-                                                             "single_16w_p50_ms")}
-    report.params["eventsourcing_p50_ms"] = {k: peer[k] for k in ("single_1w_p50_ms",
-                                                                  "single_16w_p50_ms")}
+        ours = Lakefold(server.dsn("lakefold_bench"))
+        peer = EventsourcingPeer(server.port, "es_bench")
+        try:
+            mine, theirs = measure([ours, peer], events, single)
+        finally:
+            ours.close()
+            peer.close()
+    report.results.update({key: mine[key] for key in _RESULT_KEYS})
+    report.peers.update({f"eventsourcing_{key}": theirs[key] for key in _RESULT_KEYS})
+    report.params["p50_ms"] = {
+        "lakefold": {k: mine[k] for k in ("single_1w_p50_ms", "single_16w_p50_ms")},
+        "eventsourcing": {k: theirs[k] for k in ("single_1w_p50_ms", "single_16w_p50_ms")},
+    }
     return report
 
 
