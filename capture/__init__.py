@@ -11,6 +11,7 @@ Positions start at 1; ``read``'s ``from_position`` is inclusive; ranges are ``[s
 
 from lakefold.capture._capture import Capture, CaptureStats
 from lakefold.capture._config import CaptureConfig, CompactionPolicy
+from lakefold.capture._options import HealthThresholds, HeartbeatPolicy, SnapshotPolicy
 from lakefold.capture._pgoutput import format_lsn, parse_lsn
 from lakefold.capture._store import (
     META_SCHEMA,
@@ -42,12 +43,15 @@ __all__: list[str] = [
     "ChangelogStore",
     "ColumnSchema",
     "CompactionPolicy",
+    "HealthThresholds",
+    "HeartbeatPolicy",
     "ConnectionLostError",
     "DecodingError",
     "Interval",
     "InvalidConfigError",
     "OwnershipError",
     "SlotError",
+    "SnapshotPolicy",
     "SourceConfigurationError",
     "StoreError",
     "StoreUnavailableError",

@@ -24,12 +24,14 @@ from typing import Any
 
 import psycopg
 
-from lakefold.capture import _ddl, _source
+from lakefold.capture import _ddl, _resnapshot, _snapshot, _snapshot_store, _source
 from lakefold.capture._config import CaptureConfig
+from lakefold.capture._control import CaptureControl
 from lakefold.capture._decoder import Decoder, DecoderOptions
 from lakefold.capture._pgoutput import format_lsn
 from lakefold.capture._pipeline import StorePipeline, translate_store_error
 from lakefold.capture._replication import ReplicationConnection, SlotInUseError, parse_keepalive
+from lakefold.capture._snapshot import SnapshotListener
 from lakefold.capture._writer import ChangelogWriter
 from lakefold.capture.exceptions import (
     CaptureError,
@@ -39,7 +41,7 @@ from lakefold.capture.exceptions import (
     StoreError,
 )
 from lakefold.dsn import mask_dsn
-from lakefold.exceptions import TransientError
+from lakefold.exceptions import LakefoldError, TransientError
 
 log = logging.getLogger(__name__)
 
@@ -112,10 +114,11 @@ class Capture:
     ``run()`` streams changes; ``drop()`` removes the slot and publication (streams stay).
     """
 
-    def __init__(self, config: CaptureConfig) -> None:
+    def __init__(self, config: CaptureConfig, *, listener: SnapshotListener | None = None) -> None:
         self.config = config
         self._database = ""
         self._system_id = ""
+        self._listener = listener  # progress of snapshots (the CLI's progress bar)
 
     # -- set-up ----------------------------------------------------------------------------
 
@@ -140,6 +143,7 @@ class Capture:
                     "lakefold; lakefold only captures through a publication it owns. Choose "
                     "another publication name, or drop that publication if it is unused")
             _ddl.install(store)
+            _snapshot_store.install(store)
             _source.ensure_publication(source, cfg.publication, schema=cfg.schema,
                                        tables=cfg.table_refs)
             if existing is None:
@@ -177,10 +181,18 @@ class Capture:
         cfg = self.config
         repl = ReplicationConnection(cfg.source_dsn, application_name=cfg.application_name)
         created = None
+        snapshot_id = None
         try:
             repl.open()
-            created = repl.create_slot(cfg.slot)
-            repl.close()
+            # With an initial snapshot the connection stays open (and idle) until the rows are
+            # copied: that keeps the exported snapshot alive (see _snapshot).
+            created = repl.create_slot(cfg.slot,
+                                       snapshot="export" if cfg.snapshot.initial else "nothing")
+            if created.snapshot_name:
+                snapshot_id = _snapshot.plan_initial(writer.connection, source, cfg,
+                                                     consistent_lsn=created.consistent_point)
+            else:
+                repl.close()
             writer.register_slot(publication=cfg.publication, system_id=self._system_id,
                                  database=self._database,
                                  consistent_point=created.consistent_point)
@@ -193,6 +205,12 @@ class Capture:
                 source.execute(psycopg.sql.SQL("DROP PUBLICATION IF EXISTS {}").format(
                     psycopg.sql.Identifier(cfg.publication)))
             raise
+        if snapshot_id is not None and created is not None and created.snapshot_name:
+            try:  # a failure here leaves the run unfinished: Capture.run resumes it
+                _snapshot.copy_exported(cfg, snapshot_id, created.snapshot_name,
+                                        database=self._database, listener=self._listener)
+            finally:
+                repl.close()
 
     def drop(self) -> None:
         """Drop the slot and the publication (if lakefold owns them) and forget the slot in
@@ -215,16 +233,28 @@ class Capture:
         self.setup()
         stop = stop or threading.Event()
         counters = _Counters()
+        control = CaptureControl(self.config, stop, listener=self._listener).start()
         compactor = self._start_compactor(stop)
         backoff = 0.1
         failures = 0
+        initial_pending = True
         try:
             while True:
                 before = counters.records
                 try:
-                    self._session(stop, until_lsn, counters)
+                    if control.wait_while_paused():
+                        break
+                    if initial_pending:  # an initial snapshot interrupted by a crash
+                        _resnapshot.resume(self.config, listener=self._listener,
+                                           kinds=("initial",))
+                        initial_pending = False
+                    self._session(control.session_stop(), until_lsn, counters)
+                    if control.paused and not stop.is_set() and not (
+                            until_lsn is not None and counters.flushed >= until_lsn):
+                        continue  # paused: the slot keeps its place until resumed
                     break
                 except TransientError as e:
+                    control.record_error(e)
                     if stop.is_set():
                         break
                     failures = 0 if counters.records > before else failures + 1
@@ -237,7 +267,11 @@ class Capture:
                                 backoff)
                     stop.wait(backoff)
                     backoff = min(backoff * 2, self.config.max_backoff.total_seconds())
+        except LakefoldError as e:
+            control.record_error(e)
+            raise
         finally:
+            control.close()
             if compactor is not None:
                 compactor.stop()
         return CaptureStats(counters.records, counters.batches, counters.flushed,
@@ -269,7 +303,8 @@ class Capture:
                 registry=registry,
                 options=DecoderOptions(database=self._database, stream_prefix=cfg.stream_prefix,
                                        keep_messages=cfg.keep_messages,
-                                       batch_rows=cfg.batch_rows, batch_bytes=cfg.batch_bytes),
+                                       batch_rows=cfg.batch_rows, batch_bytes=cfg.batch_bytes,
+                                       slot=cfg.slot),
             )
             self._claim_slot(side)
             repl.open()
@@ -311,8 +346,8 @@ class Capture:
         }
         if cfg.streaming:
             options["streaming"] = "on"
-        if cfg.keep_messages:
-            options["messages"] = "true"
+        # Always: snapshot chunks and heartbeats arrive as logical decoding messages (_inband).
+        options["messages"] = "true"
         return options
 
 

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Final
 
+from lakefold.capture._options import HeartbeatPolicy, SnapshotPolicy
 from lakefold.capture._source import TableRef
 from lakefold.capture.exceptions import InvalidConfigError
 
@@ -39,6 +40,9 @@ class CaptureConfig:
     ``keep_messages``: store logical decoding messages in ``lakefold.capture_messages``.
     ``compaction``: compact the streams in the background while capturing.
     ``max_retries``: give up after this many consecutive failed reconnects (None: never).
+    ``snapshot``: the initial snapshot when the slot is created, and chunking of snapshots
+    (``SnapshotPolicy(initial=False)`` captures only changes made after the slot exists).
+    ``heartbeat``: heartbeats that keep the slot advancing while captured tables are idle.
     """
 
     source_dsn: str
@@ -56,6 +60,8 @@ class CaptureConfig:
     max_backoff: timedelta = timedelta(seconds=10)
     max_retries: int | None = None
     compaction: CompactionPolicy | None = None
+    snapshot: SnapshotPolicy = field(default_factory=SnapshotPolicy)
+    heartbeat: HeartbeatPolicy | None = field(default_factory=HeartbeatPolicy)
     table_refs: tuple[TableRef, ...] = field(init=False, default=())
 
     def __post_init__(self) -> None:

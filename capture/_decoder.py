@@ -25,6 +25,7 @@ from array import array
 from dataclasses import dataclass, field
 from typing import Final, Protocol
 
+from lakefold.capture import _inband
 from lakefold.capture import _pgoutput as pgo
 from lakefold.capture._types import StreamSchema
 from lakefold.capture._writer import (
@@ -86,6 +87,7 @@ class DecoderOptions:
     keep_messages: bool = False
     batch_rows: int = 20_000
     batch_bytes: int = 8 << 20
+    slot: str = ""  # the capture's slot: in-band snapshot chunks addressed to it are applied
 
 
 class _Stream:
@@ -143,6 +145,9 @@ class Decoder:
         self._relations: dict[int, _Rel] = {}
         self._batch = Batch()
         self._dirty = False
+        # snapshot chunks, heartbeats, unchanged TOAST (``_inband``); indexes of 'u' values
+        self._ext = _inband.DecoderExtension(options.slot)
+        self._unchanged: list[int] = []
         # the open (non-streamed) transaction
         self._in_txn = False
         self._final_lsn = 0
@@ -312,6 +317,7 @@ class Decoder:
         if message.commit_lsn < ck.commit_lsn or (message.commit_lsn == ck.commit_lsn
                                                   and ck.complete):
             batch.unstage.append((txn.xid, None))  # stored by an earlier run
+            self._ext.stream_dropped(txn.xid)
         else:
             resumed = message.commit_lsn == ck.commit_lsn
             skip = ck.ordinal if resumed else 0
@@ -344,6 +350,7 @@ class Decoder:
             batch.commits.append(StreamedCommit(
                 txn.xid, message.commit_lsn, message.commit_ts, tuple(sorted(aborted)),
                 skip, tuple(bases)))
+            self._ext.stream_committed(self, txn, aborted=aborted, skip=skip, bases=dict(bases))
             batch.records += sum(counts.values())
             self._checkpoint = Checkpoint(message.commit_lsn, ordinal, True, self._flush_lsn)
         self.last_commit_lsn = message.commit_lsn
@@ -355,6 +362,7 @@ class Decoder:
         if message.subxid == message.xid:
             self._streamed.pop(message.xid, None)
             self._batch.unstage.append((message.xid, None))
+            self._ext.stream_dropped(message.xid)
         elif txn is not None:
             txn.aborted.add(message.subxid)
             self._batch.unstage.append((message.xid, message.subxid))
@@ -413,9 +421,11 @@ class Decoder:
                 end = off + 5 + unpack(data, off + 1)[0]
                 append(data[off + 1:end])
                 off = end
-            elif kind == _N or kind == _U:
-                # An unchanged TOASTed value is stored as NULL here; filling it from the
-                # previous record of the key belongs to the snapshot/TOAST layer.
+            elif kind == _N:
+                append(NULL_FIELD)
+                off += 1
+            elif kind == _U:  # unchanged TOASTed value: filled by _inband.unchanged_update
+                self._unchanged.append(len(parts))
                 append(NULL_FIELD)
                 off += 1
             elif kind == _B:
@@ -483,11 +493,17 @@ class Decoder:
         marker = data[off]
         if marker == 0x4E:  # 'N': no old image
             after, key, _ = self._tuple(data, off + 1, rel)
+            if self._unchanged:
+                self._ext.unchanged_update(self, rel, subxid, None, key, None, after)
+                return
             self._emit(rel, _OP_UPDATE, key, NULL_FIELD, after, subxid)
             return
         before, old_key, off = self._tuple(data, off + 1, rel)
+        self._unchanged.clear()
         after, key, _ = self._tuple(data, off + 1, rel)
-        if old_key != key:
+        if self._unchanged:
+            self._ext.unchanged_update(self, rel, subxid, old_key, key, before, after)
+        elif old_key != key:
             self._emit(rel, _OP_DELETE, old_key, before, NULL_FIELD, subxid)
             self._emit(rel, _OP_INSERT, key, NULL_FIELD, after, subxid)
         else:
@@ -506,6 +522,8 @@ class Decoder:
             self._emit(rel, _OP_TRUNCATE, NULL_FIELD, NULL_FIELD, NULL_FIELD, subxid)
 
     def _message(self, message: pgo.Message) -> None:
+        if self._ext.handle_message(self, message):
+            return  # a snapshot chunk or heartbeat (see _inband)
         if not self._options.keep_messages:
             return
         if message.transactional:

@@ -157,6 +157,8 @@ class Batch:
     messages: list[CapturedMessage] = field(default_factory=list)
     drop_invisible: list[int] = field(default_factory=list)
     truncate_staging: bool = False
+    # callables run with the cursor after the records are written (TOAST fills, heartbeats)
+    actions: list[Any] = field(default_factory=list)
     checkpoint: Checkpoint | None = None
     records: int = 0
     size: int = 0
@@ -165,7 +167,7 @@ class Batch:
     def empty(self) -> bool:
         return not (self.rows or self.staging or self.commits or self.unstage or self.heads
                     or self.messages or self.drop_invisible or self.truncate_staging
-                    or self.checkpoint)
+                    or self.actions or self.checkpoint)
 
 
 @dataclass(frozen=True, slots=True)
@@ -372,6 +374,8 @@ class ChangelogWriter:
                     [(self._slot, m.lsn, m.commit_lsn, m.ordinal, m.transactional, m.prefix,
                       m.content) for m in batch.messages],
                 )
+            for action in batch.actions:
+                action(cur)
             if batch.heads:
                 ids = list(batch.heads)
                 cur.execute(
