@@ -39,9 +39,10 @@ from pyspark.sql.streaming.datasource import (
     SupportsTriggerAvailableNow,
 )
 
-from lakefold.eventstore import EVENTS_ARROW_SCHEMA, head_position, read_events_range
+from lakefold.eventstore import EVENTS_ARROW_SCHEMA, head_position
 from lakefold.schemas.arrow import conform_batch, spark_schema
 from lakefold.spark._event_payloads import PayloadDecoder, load_registry
+from lakefold.spark._events_copy import copy_events_range
 from lakefold.spark._positions import (
     PositionRange,
     ReadOptions,
@@ -64,7 +65,6 @@ class EventsQuery:
     category: str | None
     types: tuple[str, ...] | None
     registry: str | None
-    batch_rows: int = 50_000
 
     @classmethod
     def parse(cls, options: dict[str, str]) -> EventsQuery:
@@ -107,9 +107,11 @@ def read_range(query: EventsQuery, positions: PositionRange, schema: pa.Schema
                ) -> Iterator[pa.RecordBatch]:
     """The events at ``positions`` as record batches of the source's schema (in a task)."""
     decoder = query.decoder()
-    for batch in read_events_range(
+    # The store's own reader (read_events_range) converts row by row in Python; this COPY
+    # reader returns the same rows several times faster (tests compare the two).
+    for batch in copy_events_range(
         query.dsn, positions.start, positions.end,
-        category=query.category, types=query.types, batch_size=query.batch_rows,
+        category=query.category, types=query.types,
     ):
         if decoder is not None:
             data = decoder.decode(batch.column("type"), batch.column("schema_version"),

@@ -28,3 +28,7 @@ class UnknownTableError(SparkLayerError):
 class QueryError(SparkLayerError):
     """A query could not be parsed or analysed; the message is the engine's, without a JVM
     stack trace."""
+
+
+class SourceUnavailable(TransientError):
+    """A store a source reads from cannot be reached right now; Spark retries the task."""
