@@ -31,7 +31,7 @@ BIG_COPY_ROWS = 200_000
 
 
 def mixed_workload(dsn: str, stop: threading.Event, big_copy_after: threading.Event,
-                   seed: int) -> None:
+                   copied: threading.Event, seed: int) -> None:
     rng = random.Random(seed)
     next_id = 1
     with psycopg.connect(dsn, autocommit=True) as conn:
@@ -42,6 +42,7 @@ def mixed_workload(dsn: str, stop: threading.Event, big_copy_after: threading.Ev
                         "COPY a (id, v, pad) FROM STDIN") as copy:
                     for i in range(BIG_COPY_ROWS):
                         copy.write_row((10_000_000 + i, i, "copy"))
+                copied.set()
                 continue
             with conn.transaction():
                 for _ in range(rng.randint(1, 20)):
@@ -63,6 +64,21 @@ def mixed_workload(dsn: str, stop: threading.Event, big_copy_after: threading.Ev
                             ident), (next_id, rng.randrange(1, next_id)))
                         next_id += 1
             time.sleep(rng.random() * 0.005)
+
+
+def mid_transaction_state(dsn: str) -> bool:
+    """True when the store holds part of a transaction (a partial or a staged one)."""
+    with psycopg.connect(dsn) as conn:
+        row = conn.execute(
+            "SELECT NOT complete OR EXISTS (SELECT 1 FROM lakefold.capture_staging_crash) "
+            "FROM lakefold.capture_slots").fetchone()
+    return bool(row and row[0])
+
+
+def wait_until_mid_transaction(dsn: str, *, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and not mid_transaction_state(dsn):
+        time.sleep(0.02)
 
 
 def reference_counts(dsn: str) -> Counter[int]:
@@ -89,7 +105,8 @@ def test_sigkill_loop_loses_nothing_and_duplicates_nothing(pg: TestDatabase) -> 
     execute(pg.dsn, "SELECT pg_create_logical_replication_slot('ref', 'test_decoding')")
     stop = threading.Event()
     big_copy = threading.Event()
-    writer = threading.Thread(target=mixed_workload, args=(pg.dsn, stop, big_copy, 3))
+    copied = threading.Event()
+    writer = threading.Thread(target=mixed_workload, args=(pg.dsn, stop, big_copy, copied, 3))
     writer.start()
     rng = random.Random(11)
     kills = 0
@@ -102,7 +119,12 @@ def test_sigkill_loop_loses_nothing_and_duplicates_nothing(pg: TestDatabase) -> 
                 [sys.executable, "-m", "tests.capture.capture_victim", pg.dsn,
                  rng.choice("01")], cwd=ROOT, stdout=subprocess.DEVNULL,
                 stderr=subprocess.PIPE)
-            time.sleep(rng.uniform(0.4, 2.2))
+            if 3 <= round_ < 9 and copied.wait(30):
+                # Aim some kills at the 200k-row transaction while it is half stored.
+                wait_until_mid_transaction(pg.dsn, timeout=4.0)
+                time.sleep(rng.uniform(0, 0.05))
+            else:
+                time.sleep(rng.uniform(0.4, 2.2))
             if victim.poll() is not None:  # it must not have died on its own
                 raise AssertionError(victim.stderr.read().decode() if victim.stderr else "")
             os.kill(victim.pid, signal.SIGKILL)
@@ -110,11 +132,7 @@ def test_sigkill_loop_loses_nothing_and_duplicates_nothing(pg: TestDatabase) -> 
             if victim.stderr:
                 victim.stderr.close()
             kills += 1
-            with psycopg.connect(pg.dsn) as conn:
-                row = conn.execute(
-                    "SELECT NOT complete OR EXISTS (SELECT 1 FROM lakefold.capture_staging_crash)"
-                    " FROM lakefold.capture_slots").fetchone()
-            mid_transaction += bool(row and row[0])
+            mid_transaction += mid_transaction_state(pg.dsn)
     finally:
         stop.set()
         writer.join(60)
