@@ -24,6 +24,9 @@ DEFAULT_CONF: dict[str, str] = {
     "spark.sql.session.timeZone": "UTC",
     "spark.sql.shuffle.partitions": "8",
     "spark.sql.execution.arrow.pyspark.enabled": "true",
+    # Arrow batches between Python workers and the JVM (the lakefold sources yield Arrow):
+    # 100k rows per batch doubled a Python source's ingest rate against the 10k default.
+    "spark.sql.execution.arrow.maxRecordsPerBatch": "100000",
     "spark.sql.streaming.forceDeleteTempCheckpointLocation": "true",
     # Errors reach Python with Spark's message only; lakefold reports them in one line.
     "spark.sql.pyspark.jvmStacktrace.enabled": "false",
