@@ -18,6 +18,7 @@ stream, payload ``{"amount": n}``), then measures, in one Spark session (``local
 
 from __future__ import annotations
 
+import importlib.util
 import shutil
 import tempfile
 import time
@@ -53,14 +54,11 @@ def find_jdbc_jar(explicit: Path | None) -> Path:
         if not explicit.is_file():
             raise LakefoldError(f"--jdbc-jar {explicit} does not exist")
         return explicit
-    try:
-        import wbjdbc
-
-        bundled = sorted(Path(wbjdbc.__file__).parent.glob("resources/maven/postgresql/*.jar"))
+    spec = importlib.util.find_spec("wbjdbc")  # located, not imported (it starts JPype)
+    for location in (spec.submodule_search_locations or []) if spec else []:
+        bundled = sorted(Path(location).glob("resources/maven/postgresql/*.jar"))
         if bundled:
             return bundled[-1]
-    except ImportError:
-        pass
     if _DEBIAN_JAR.is_file():
         return _DEBIAN_JAR
     raise LakefoldError(
@@ -178,7 +176,7 @@ def run(events: int, per_stream: int, batch_events: int, jdbc_jar: Path | None) 
                 )
                 report.baseline["jdbc_read_events_per_s"] = events / timed_noop(jdbc)
 
-                target = DeltaTarget(scratch / "totals", mode=WriteMode.UPSERT,
+                target = DeltaTarget(str(scratch / "totals"), mode=WriteMode.UPSERT,
                                      app_id="bench-totals@1", keys=("stream_id",))
 
                 def fold(batch: DataFrame, batch_id: int) -> None:

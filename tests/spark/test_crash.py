@@ -108,7 +108,7 @@ def test_sigkill_mid_batch_loop_gives_exact_result(pg, tmp_path):
     assert positions == list(range(1, EVENTS + 1)), "lost or duplicated events"
     assert events.num_rows == EVENTS
     streams = pl.read_delta(str(lake / "streams")).sort("stream_id")
-    expected = {}
+    expected: dict[str, tuple[int, int]] = {}
     for position in range(1, EVENTS + 1):
         stream = f"acct-{(position - 1) % STREAMS}"
         version = expected.get(stream, (0, 0))[1] + 1
