@@ -18,8 +18,9 @@ Heartbeats (prefix ``lakefold.heartbeat``)
     (the WAL written elsewhere is released); the capture's own heartbeats are stored with the
     batch, mapping LSNs to times for the lag in seconds.
 
-Records of a chunk use ``commit_lsn`` = the message's LSN and ordinals 1..n, so a restarted
-capture de-duplicates them like any transaction (``Checkpoint.covers``).
+Records of a chunk use ``commit_lsn`` = the message's LSN minus one (pgoutput reports the end
+of the message's WAL record, which can equal the next commit's LSN) and ordinals 1..n, so a
+restarted capture de-duplicates them like any transaction (``Checkpoint.covers``).
 
 This module works on the decoder's internals on purpose: it is the decoder's extension, kept
 apart so that the hot path stays small. ``Decoder`` calls it at four hook points.
@@ -183,7 +184,10 @@ class DecoderExtension:
         if d._stream_xid is not None or d._in_txn:
             raise DecodingError("a snapshot chunk arrived inside a transaction; the stream is "
                                 "out of order (restart the capture)")
-        lsn = message.lsn
+        # pgoutput gives a message the END of its WAL record, which may be exactly the start of
+        # the next transaction's commit record (that transaction's commit LSN). One less is
+        # still after every earlier commit and before every later one, and unique.
+        lsn = message.lsn - 1
         d._check_orphans(lsn)
         if d._checkpoint.covers(lsn, 1):
             return  # stored by an earlier run
