@@ -94,6 +94,10 @@ def _to_arrow_scalar(kind: str) -> Callable[[Any], Any]:
     return lambda value: value
 
 
+def _identity(value: Any) -> Any:
+    return value
+
+
 def _flatten(items: list[Any]) -> list[Any]:
     flat: list[Any] = []
     for item in items:
@@ -109,8 +113,8 @@ def _python_path(column: ColumnSchema, texts: pa.Array, target: pa.DataType) -> 
     if column.kind == "array":
         element_kind = column.element_kind or "other"
         keep_text = target.value_type == pa.string()
-        convert = (lambda text: text) if keep_text else converter_for(element_kind)
-        scalar = (lambda value: value) if keep_text else _to_arrow_scalar(element_kind)
+        convert: Callable[[str], Any] = _identity if keep_text else converter_for(element_kind)
+        scalar: Callable[[Any], Any] = _identity if keep_text else _to_arrow_scalar(element_kind)
         from lakefold.capture._values import parse_array
 
         out: list[Any] = []

@@ -23,7 +23,7 @@ import subprocess
 import sys
 import threading
 import time
-from typing import Annotated
+from typing import Annotated, Any
 
 import psycopg
 import typer
@@ -42,7 +42,7 @@ _INSERT = ("INSERT INTO {} SELECT g, g %% 1000, 'some text value ' || g, now(), 
 _PLUGIN_OPTIONS = ("-o", "proto_version=2", "-o", "streaming=on")
 
 
-def _lsn(conn: psycopg.Connection[object]) -> int:
+def _lsn(conn: psycopg.Connection[Any]) -> int:
     row = conn.execute("SELECT pg_current_wal_insert_lsn()::text").fetchone()
     return parse_lsn(str(row[0]) if row else "0/0")
 

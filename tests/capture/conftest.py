@@ -40,9 +40,9 @@ def source_rows(dsn: str, table: str, key: str = "id") -> dict[Any, dict[str, An
         return {row[key]: dict(row) for row in cur.fetchall()}
 
 
-def replayed_rows(store: ChangelogStore, stream: str, key: str = "id") -> dict[Any, dict]:
+def replayed_rows(store: ChangelogStore, stream: str, key: str = "id") -> dict[Any, dict[str, Any]]:
     """Apply every record of the stream in position order: the table as the stream says."""
-    rows: dict[Any, dict] = {}
+    rows: dict[Any, dict[str, Any]] = {}
     position = 1
     while True:
         events = store.read_events(stream, position, 5_000)
@@ -63,14 +63,14 @@ def replayed_rows(store: ChangelogStore, stream: str, key: str = "id") -> dict[A
 def stream_records(dsn: str, stream: str) -> list[tuple[int, int, int, str]]:
     """(position, commit_lsn, ordinal, op) of every record of ``stream``, by position."""
     with psycopg.connect(dsn) as conn:
-        return [tuple(r) for r in conn.execute(  # type: ignore[misc]
+        return [tuple(r) for r in conn.execute(
             "SELECT c.position, c.commit_lsn, c.ordinal, c.op FROM lakefold.changelog c "
             "JOIN lakefold.changelog_streams s USING (stream_id) WHERE s.name = %s "
             "AND c.position <= s.head ORDER BY c.position", (stream,)).fetchall()]
 
 
 @pytest.fixture
-def store_db(postgres_server, pg: TestDatabase):  # type: ignore[no-untyped-def]
+def store_db(postgres_server, pg: TestDatabase):
     """A second fresh database on the same server, used as a separate store."""
     import uuid
 

@@ -8,6 +8,7 @@ import sys
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import psycopg
 import pytest
@@ -163,7 +164,7 @@ def test_unreachable_store_and_masked_password(pg: TestDatabase) -> None:
     ({"tables": ("t", "public.t")}, "lists a table twice"),
     ({"tables": ("",)}, "is empty"),
 ])
-def test_invalid_configuration(kwargs: dict, message: str) -> None:
+def test_invalid_configuration(kwargs: dict[str, Any], message: str) -> None:
     with pytest.raises((InvalidConfigError, SourceConfigurationError), match=message):
         CaptureConfig(source_dsn="dbname=x", **kwargs)
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections import Counter
+from typing import Any
 
 import psycopg
 import pytest
@@ -72,8 +73,8 @@ def test_changes_become_dense_keyed_records_per_table(pg: TestDatabase) -> None:
         assert sorted(found) == list(range(1, by_commit[lsn] + 1))
 
 
-def replayed_rows_composite(store: ChangelogStore) -> dict:
-    rows: dict = {}
+def replayed_rows_composite(store: ChangelogStore) -> dict[tuple[Any, Any], dict[str, Any]]:
+    rows: dict[tuple[Any, Any], dict[str, Any]] = {}
     for event in store.read_events("public.lines", 1, 10_000):
         key = (event.key or {}).get("order_id"), (event.key or {}).get("n")
         if event.operation == "delete":

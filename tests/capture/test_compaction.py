@@ -7,6 +7,7 @@ import random
 import threading
 import time
 from datetime import timedelta
+from typing import Any
 
 import psycopg
 import pytest
@@ -24,10 +25,10 @@ from tests.fixtures.postgres import TestDatabase
 pytestmark = pytest.mark.timeout(180)
 
 
-def live_rows(store: ChangelogStore, stream: str) -> tuple[dict[int, dict], set[int]]:
+def live_rows(store: ChangelogStore, stream: str) -> tuple[dict[int, dict[str, Any]], set[int]]:
     """(rows of inserts/updates by id, ids of tombstones) read from position 0."""
     table = store.read(stream, 0, 1_000_000)
-    rows: dict[int, dict] = {}
+    rows: dict[int, dict[str, Any]] = {}
     tombstones: set[int] = set()
     for record in table.to_pylist():
         if record["_op"] == "delete":
@@ -109,8 +110,8 @@ def _group_workload(dsn: str, transactions: int, seed: int) -> None:
             time.sleep(rng.random() * 0.01)
 
 
-def _check_consistent(records: list[dict]) -> None:
-    state: dict[int, dict] = {}
+def _check_consistent(records: list[dict[str, Any]]) -> None:
+    state: dict[int, dict[str, Any]] = {}
     for record in records:
         if record["_op"] == "delete":
             state.pop(record["id"], None)

@@ -144,7 +144,7 @@ def test_sigkill_loop_loses_nothing_and_duplicates_nothing(pg: TestDatabase) -> 
         records = conn.execute(
             "SELECT stream_id, position, commit_lsn, ordinal, xid FROM lakefold.changelog "
             "ORDER BY stream_id, position").fetchall()
-        heads = dict(conn.execute(
+        heads: dict[int, int] = dict(conn.execute(
             "SELECT stream_id, head FROM lakefold.changelog_streams").fetchall())
     dedupe = Counter((r[2], r[3]) for r in records)
     assert max(dedupe.values()) == 1, "a (commit_lsn, ordinal) was stored twice"
