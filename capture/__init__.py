@@ -4,6 +4,11 @@ Write side: ``Capture(CaptureConfig(...)).run()`` reads the source's WAL through
 slot and a publication that lakefold owns, and appends every change to one changelog stream
 per table, confirming the slot only after the store has the records.
 
+Snapshots and operations (``_snapshot``, ``_resnapshot``, ``_health``, ``_control``): the
+initial snapshot runs when the slot is created (``CaptureConfig.snapshot``);
+``resnapshot(config, tables)`` re-reads tables while streaming; ``slot_health(config)``,
+``pause_capture`` / ``resume_capture`` and ``recover(config)`` after an invalidated slot.
+
 Read side: ``ChangelogStore(store_dsn)`` (``streams``, ``head``, ``read``, ``read_events``,
 ``follow``, ``stream_schema``, ``compact``) and ``read_changelog_range`` for Spark workers.
 Positions start at 1; ``read``'s ``from_position`` is inclusive; ranges are ``[start, end)``.
@@ -11,8 +16,18 @@ Positions start at 1; ``read``'s ``from_position`` is inclusive; ranges are ``[s
 
 from lakefold.capture._capture import Capture, CaptureStats
 from lakefold.capture._config import CaptureConfig, CompactionPolicy
+from lakefold.capture._control import pause as pause_capture
+from lakefold.capture._control import resume as resume_capture
+from lakefold.capture._health import (
+    SlotHealth,
+    SlotInvalidatedError,
+    recover,
+    slot_health,
+)
 from lakefold.capture._options import HealthThresholds, HeartbeatPolicy, SnapshotPolicy
 from lakefold.capture._pgoutput import format_lsn, parse_lsn
+from lakefold.capture._resnapshot import resnapshot
+from lakefold.capture._snapshot import SnapshotListener, SnapshotStats
 from lakefold.capture._store import (
     META_SCHEMA,
     ChangelogStore,
@@ -43,15 +58,19 @@ __all__: list[str] = [
     "ChangelogStore",
     "ColumnSchema",
     "CompactionPolicy",
-    "HealthThresholds",
-    "HeartbeatPolicy",
     "ConnectionLostError",
     "DecodingError",
+    "HealthThresholds",
+    "HeartbeatPolicy",
     "Interval",
     "InvalidConfigError",
     "OwnershipError",
     "SlotError",
+    "SlotHealth",
+    "SlotInvalidatedError",
+    "SnapshotListener",
     "SnapshotPolicy",
+    "SnapshotStats",
     "SourceConfigurationError",
     "StoreError",
     "StoreUnavailableError",
@@ -60,5 +79,10 @@ __all__: list[str] = [
     "UnknownStreamError",
     "format_lsn",
     "parse_lsn",
+    "pause_capture",
     "read_changelog_range",
+    "recover",
+    "resnapshot",
+    "resume_capture",
+    "slot_health",
 ]

@@ -24,7 +24,7 @@ from typing import Any
 
 import psycopg
 
-from lakefold.capture import _ddl, _resnapshot, _snapshot, _snapshot_store, _source
+from lakefold.capture import _ddl, _health, _resnapshot, _snapshot, _snapshot_store, _source
 from lakefold.capture._config import CaptureConfig
 from lakefold.capture._control import CaptureControl
 from lakefold.capture._decoder import Decoder, DecoderOptions
@@ -230,7 +230,13 @@ class Capture:
         ``config.max_backoff``); terminal errors raise.
         """
         started = time.monotonic()
-        self.setup()
+        try:
+            self.setup()
+        except SlotError as e:  # an invalidated slot: say so, and how to recover
+            explained = _health.explain_failure(self.config, e)
+            if explained is e:
+                raise
+            raise explained from e
         stop = stop or threading.Event()
         counters = _Counters()
         control = CaptureControl(self.config, stop, listener=self._listener).start()
@@ -268,8 +274,11 @@ class Capture:
                     stop.wait(backoff)
                     backoff = min(backoff * 2, self.config.max_backoff.total_seconds())
         except LakefoldError as e:
-            control.record_error(e)
-            raise
+            explained = _health.explain_failure(self.config, e)
+            control.record_error(explained)
+            if explained is e:
+                raise
+            raise explained from e
         finally:
             control.close()
             if compactor is not None:

@@ -253,6 +253,8 @@ def _copy_table(src: psycopg.Connection[Any], store: psycopg.Connection[Any],
                     "last_commit_ts = greatest(last_commit_ts, %s) WHERE stream_id = %s "
                     "RETURNING name) SELECT pg_notify(%s, name) FROM moved",
                     (base + n, at, stream_id, NOTIFY_CHANNEL))
+                cur.execute("UPDATE lakefold.capture_slots SET records = records + %s "
+                            "WHERE slot_name = %s", (n, config.slot))
             state.record_chunk(cur, table.snapshot_id, table.relid, last_key=hi, rows=n,
                                done=hi is None)
         copied += n

@@ -1,0 +1,326 @@
+"""Slot health: where a capture's slot stands, how far behind it is, how close the server is
+to invalidating it, and what to do when it was invalidated.
+
+``slot_health(config)`` reads ``pg_replication_slots`` and the WAL position on the source and
+the capture's records in the store: confirmed LSN, lag in bytes (WAL written after the
+confirmed LSN) and in seconds, retained WAL (from the slot's restart LSN), ``wal_status``,
+``safe_wal_size``, active or not, paused or not, the capture's last error and unfinished
+snapshots. Thresholds (``HealthThresholds``) turn these into ``ok`` / ``warning`` /
+``critical``; an invalidated slot is ``lost``, a slot that disappeared is ``missing``.
+
+Lag in seconds: while a capture streams, the server's own ``flush_lag`` for its walsender
+(``pg_stat_replication``); otherwise the age of the newest stored heartbeat at or before the
+confirmed LSN (the source was at that LSN at that time, and nothing after it is captured).
+
+An invalidated slot (the server removed WAL it still needed, because it retained more than
+``max_slot_wal_keep_size``) means changes were lost. ``SlotInvalidatedError`` names the slot,
+the cause and the one command that recovers: ``lakefold capture recover`` (``recover``), which
+drops the slot, writes a truncate record into each of the capture's streams (so readers forget
+rows whose deletes were lost) and captures again from a fresh initial snapshot.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any
+
+import psycopg
+
+from lakefold.capture import _snapshot_store as state
+from lakefold.capture._options import HealthThresholds
+from lakefold.capture._pgoutput import format_lsn, parse_lsn
+from lakefold.capture._writer import NOTIFY_CHANNEL
+from lakefold.capture.exceptions import SlotError, StoreUnavailableError
+from lakefold.dsn import mask_dsn
+from lakefold.exceptions import LakefoldError
+
+if TYPE_CHECKING:
+    from lakefold.capture._config import CaptureConfig
+
+
+class SlotInvalidatedError(SlotError):
+    """The replication slot was invalidated by the server; changes were lost."""
+
+
+@dataclass(frozen=True, slots=True)
+class SlotHealth:
+    """The health of one capture's slot (see the module docstring). LSNs are ints; the
+    ``*_text`` forms are in ``as_dict``."""
+
+    slot: str
+    status: str
+    problems: tuple[str, ...]
+    exists: bool
+    active: bool
+    active_pid: int | None
+    paused: bool
+    wal_status: str | None
+    invalidation_reason: str | None
+    confirmed_lsn: int | None
+    restart_lsn: int | None
+    current_lsn: int
+    lag_bytes: int | None
+    retained_bytes: int | None
+    safe_wal_size: int | None
+    lag_seconds: float | None
+    inactive_since: datetime | None
+    store_flush_lsn: int | None
+    records: int
+    last_heartbeat_at: datetime | None
+    last_error: str | None
+    last_error_at: datetime | None
+    snapshots: tuple[dict[str, Any], ...] = field(default_factory=tuple)
+
+    def as_dict(self) -> dict[str, Any]:
+        """JSON-ready: datetimes in ISO form, LSNs also as ``X/Y`` text."""
+        out = asdict(self)
+        for name in ("confirmed_lsn", "restart_lsn", "current_lsn", "store_flush_lsn"):
+            value = out[name]
+            out[f"{name}_text"] = None if value is None else format_lsn(value)
+        for name, value in list(out.items()):
+            if isinstance(value, datetime):
+                out[name] = value.isoformat()
+        out["problems"] = list(self.problems)
+        out["snapshots"] = [dict(s) for s in self.snapshots]
+        return out
+
+
+_SLOT_QUERY = """
+SELECT s.active, s.active_pid, s.wal_status, s.invalidation_reason::text,
+       s.confirmed_flush_lsn::text, s.restart_lsn::text, s.safe_wal_size, s.inactive_since,
+       pg_current_wal_lsn()::text,
+       (SELECT extract(epoch FROM r.flush_lag) FROM pg_stat_replication r
+        WHERE r.pid = s.active_pid)
+FROM pg_replication_slots s WHERE s.slot_name = %s
+"""
+
+
+def slot_health(config: CaptureConfig, *,
+                thresholds: HealthThresholds | None = None) -> SlotHealth:
+    """The health of ``config``'s slot; raises StoreUnavailableError when the source or the
+    store cannot be reached."""
+    thresholds = thresholds or HealthThresholds()
+    try:
+        with psycopg.connect(config.source_dsn, autocommit=True, connect_timeout=10) as src:
+            row = src.execute(_SLOT_QUERY, (config.slot,)).fetchone()
+            if row is None:
+                current = src.execute("SELECT pg_current_wal_lsn()::text").fetchone()
+                current_lsn = parse_lsn(current[0]) if current else 0
+    except psycopg.OperationalError as e:
+        raise StoreUnavailableError(
+            f"cannot reach the source at {mask_dsn(config.source_dsn)}: {str(e).strip()}") from e
+    store = _store_side(config)
+    problems: list[str] = []
+    if row is None:
+        return _judge(SlotHealth(
+            slot=config.slot, status="missing", problems=(), exists=False, active=False,
+            active_pid=None, paused=store["paused"], wal_status=None, invalidation_reason=None,
+            confirmed_lsn=None, restart_lsn=None, current_lsn=current_lsn, lag_bytes=None,
+            retained_bytes=None, safe_wal_size=None, lag_seconds=None, inactive_since=None,
+            store_flush_lsn=store["flush_lsn"], records=store["records"],
+            last_heartbeat_at=store["heartbeat_at"], last_error=store["last_error"],
+            last_error_at=store["last_error_at"], snapshots=store["snapshots"]),
+            thresholds, problems, known=store["known"])
+    (active, pid, wal_status, reason, confirmed, restart, safe, inactive_since, current,
+     flush_lag) = row
+    current_lsn = parse_lsn(current)
+    confirmed_lsn = parse_lsn(confirmed) if confirmed else None
+    restart_lsn = parse_lsn(restart) if restart else None
+    lag_bytes = None if confirmed_lsn is None else max(current_lsn - confirmed_lsn, 0)
+    lag_seconds: float | None
+    if active and flush_lag is not None:
+        lag_seconds = float(flush_lag)
+    elif active and lag_bytes is not None and lag_bytes < 1 << 20:
+        lag_seconds = 0.0  # streaming and caught up (the server reports no lag)
+    else:
+        beat = None
+        if confirmed_lsn is not None:
+            with psycopg.connect(config.resolved_store_dsn, autocommit=True,
+                                 connect_timeout=10) as conn:
+                beat = state.latest_heartbeat(conn, config.slot, at_or_before=confirmed_lsn)
+        lag_seconds = None if beat is None else max(
+            (datetime.now(UTC) - beat[1]).total_seconds(), 0.0)
+    health = SlotHealth(
+        slot=config.slot, status="ok", problems=(), exists=True, active=bool(active),
+        active_pid=pid, paused=store["paused"], wal_status=wal_status,
+        invalidation_reason=reason, confirmed_lsn=confirmed_lsn, restart_lsn=restart_lsn,
+        current_lsn=current_lsn, lag_bytes=lag_bytes,
+        retained_bytes=None if restart_lsn is None else max(current_lsn - restart_lsn, 0),
+        safe_wal_size=None if safe is None else int(safe), lag_seconds=lag_seconds,
+        inactive_since=inactive_since, store_flush_lsn=store["flush_lsn"],
+        records=store["records"], last_heartbeat_at=store["heartbeat_at"],
+        last_error=store["last_error"], last_error_at=store["last_error_at"],
+        snapshots=store["snapshots"])
+    return _judge(health, thresholds, problems, known=store["known"])
+
+
+def _store_side(config: CaptureConfig) -> dict[str, Any]:
+    out: dict[str, Any] = {"paused": False, "flush_lsn": None, "records": 0,
+                           "heartbeat_at": None, "last_error": None, "last_error_at": None,
+                           "snapshots": (), "known": False}
+    try:
+        with psycopg.connect(config.resolved_store_dsn, autocommit=True,
+                             connect_timeout=10) as conn:
+            if conn.execute("SELECT to_regclass('lakefold.capture_slots')").fetchone() == (None,):
+                return out
+            row = conn.execute("SELECT flush_lsn, records FROM lakefold.capture_slots "
+                               "WHERE slot_name = %s", (config.slot,)).fetchone()
+            if row is not None:
+                out.update(flush_lsn=int(row[0]), records=int(row[1]), known=True)
+            if not state.is_installed(conn):
+                return out
+            control = state.control(conn, config.slot)
+            out.update(paused=control["paused"], last_error=control["last_error"],
+                       last_error_at=control["last_error_at"])
+            beat = state.latest_heartbeat(conn, config.slot)
+            out["heartbeat_at"] = beat[1] if beat else None
+            snapshots = []
+            for run in state.runs(conn, config.slot, status="running"):
+                tables = state.run_tables(conn, run.snapshot_id)
+                snapshots.append({
+                    "snapshot_id": run.snapshot_id, "kind": run.kind,
+                    "tables_done": sum(t.status == "done" for t in tables),
+                    "tables": len(tables), "rows": sum(t.rows for t in tables),
+                    "last_error": run.last_error})
+            out["snapshots"] = tuple(snapshots)
+    except psycopg.OperationalError as e:
+        raise StoreUnavailableError(
+            f"cannot reach the store at {mask_dsn(config.resolved_store_dsn)}: "
+            f"{str(e).strip()}") from e
+    return out
+
+
+def _judge(health: SlotHealth, thresholds: HealthThresholds, problems: list[str], *,
+           known: bool) -> SlotHealth:
+    levels = {"ok": 0, "warning": 1, "critical": 2}
+    level = 0
+
+    def flag(severity: str, text: str) -> None:
+        nonlocal level
+        level = max(level, levels[severity])
+        problems.append(text)
+
+    if not health.exists:
+        if known:
+            problems.append(f"slot {health.slot!r} is recorded in the store but missing on the "
+                            f"source; recover with `lakefold capture recover --slot "
+                            f"{health.slot}`")
+        else:
+            problems.append(f"no slot {health.slot!r}: the capture has not been set up")
+        return _replace(health, "missing", problems)
+    if health.wal_status == "lost" or health.invalidation_reason:
+        problems.append(invalidated_message(health.slot, health.invalidation_reason))
+        return _replace(health, "lost", problems)
+    if health.wal_status == "unreserved":
+        flag("critical", "the slot retains more WAL than max_slot_wal_keep_size; the next "
+                         "checkpoint invalidates it unless the capture catches up")
+    elif health.wal_status == "extended":
+        flag("warning", "the slot retains more WAL than max_wal_size")
+    for value, (warn, crit), what in (
+            (health.lag_bytes, thresholds.lag_bytes, "bytes"),
+            (health.lag_seconds, thresholds.lag_seconds, "seconds")):
+        if value is not None and value >= crit:
+            flag("critical", f"lag of {value:,.0f} {what} is above {crit:,}")
+        elif value is not None and value >= warn:
+            flag("warning", f"lag of {value:,.0f} {what} is above {warn:,}")
+    if health.safe_wal_size is not None:
+        warn, crit = thresholds.safe_wal_bytes
+        if health.safe_wal_size <= crit:
+            flag("critical", f"only {health.safe_wal_size:,} bytes of WAL before the server "
+                             "invalidates the slot (safe_wal_size)")
+        elif health.safe_wal_size <= warn:
+            flag("warning", f"{health.safe_wal_size:,} bytes of WAL before the server "
+                            "invalidates the slot (safe_wal_size)")
+    if health.paused:
+        flag("warning", "the capture is paused; the slot keeps its place and retains WAL")
+    elif not health.active:
+        flag("warning", "no capture is streaming from the slot")
+    if health.last_error:
+        problems.append(f"last error: {health.last_error}")
+    for run in health.snapshots:
+        problems.append(f"{run['kind']} snapshot {run['snapshot_id']} unfinished: "
+                        f"{run['tables_done']}/{run['tables']} tables")
+    return _replace(health, ("ok", "warning", "critical")[level], problems)
+
+
+def _replace(health: SlotHealth, status: str, problems: list[str]) -> SlotHealth:
+    values = {f: getattr(health, f) for f in health.__dataclass_fields__}
+    values.update(status=status, problems=tuple(problems))
+    return SlotHealth(**values)
+
+
+def invalidated_message(slot: str, reason: str | None) -> str:
+    """What happened to an invalidated slot, and the one command that recovers."""
+    cause = {
+        "wal_removed": "the server removed WAL the slot still needed, because the slot "
+                       "retained more than max_slot_wal_keep_size",
+        "rows_removed": "the server removed catalog rows the slot still needed",
+        "wal_level_insufficient": "wal_level was lowered below logical",
+        "idle_timeout": "the slot was inactive longer than idle_replication_slot_timeout",
+    }.get(reason or "wal_removed", f"the server invalidated it ({reason})")
+    return (f"replication slot {slot!r} was invalidated: {cause}; the changes made since its "
+            f"last confirmed position are lost. Recover with `lakefold capture recover --slot "
+            f"{slot}`: it re-creates the slot and re-snapshots every table (each stream gets a "
+            "truncate record first)")
+
+
+def explain_failure(config: CaptureConfig, error: LakefoldError) -> LakefoldError:
+    """``error`` as SlotInvalidatedError when the capture failed because its slot was
+    invalidated; otherwise ``error`` itself."""
+    if isinstance(error, SlotInvalidatedError):
+        return error
+    try:
+        with psycopg.connect(config.source_dsn, autocommit=True, connect_timeout=5) as src:
+            row = src.execute("SELECT wal_status, invalidation_reason::text FROM "
+                              "pg_replication_slots WHERE slot_name = %s",
+                              (config.slot,)).fetchone()
+    except psycopg.Error:
+        return error
+    if row is not None and (row[0] == "lost" or row[1]):
+        return SlotInvalidatedError(invalidated_message(config.slot, row[1]))
+    return error
+
+
+def recover(config: CaptureConfig) -> None:
+    """Recover a capture whose slot was invalidated or lost (see the module docstring): drop
+    the slot, write a truncate record into each of its streams, and set the capture up again
+    with a fresh initial snapshot (``Capture.setup``). Safe to run again after a failure."""
+    from dataclasses import replace
+
+    from lakefold.capture._capture import Capture, drop_capture
+    from lakefold.capture._options import SnapshotPolicy
+
+    store_dsn = config.resolved_store_dsn
+    drop_capture(config.source_dsn, store_dsn, slot=config.slot,
+                 publication=config.publication)
+    with psycopg.connect(store_dsn, autocommit=True, connect_timeout=10) as store:
+        truncate_streams(store, config.slot)
+    policy = config.snapshot if config.snapshot.initial else SnapshotPolicy(
+        initial=True, chunk_rows=config.snapshot.chunk_rows)
+    Capture(replace(config, snapshot=policy)).setup()
+
+
+def truncate_streams(store: psycopg.Connection[Any], slot: str) -> list[str]:
+    """Append a truncate record to every stream of ``slot`` (one store transaction); returns
+    the stream names."""
+    if store.execute("SELECT to_regclass('lakefold.changelog_streams')").fetchone() == (None,):
+        return []
+    with store.transaction():
+        rows = store.execute(
+            "SELECT stream_id, name, greatest(head, (SELECT coalesce(max(position), 0) FROM "
+            "lakefold.changelog c WHERE c.stream_id = s.stream_id)), schema_version "
+            "FROM lakefold.changelog_streams s WHERE slot_name = %s ORDER BY stream_id "
+            "FOR UPDATE", (slot,)).fetchall()
+        for stream_id, _name, top, version in rows:
+            if not version:
+                continue  # never had a change or snapshot: nothing to forget
+            store.execute(
+                "INSERT INTO lakefold.changelog (stream_id, position, ordinal, commit_lsn, xid, "
+                "commit_ts, schema_version, op) VALUES (%s, %s, 1, 0, 0, now(), %s, 't')",
+                (stream_id, int(top) + 1, max(int(version), 1)))
+            store.execute(
+                "UPDATE lakefold.changelog_streams SET head = %s, last_commit_ts = now() "
+                "WHERE stream_id = %s", (int(top) + 1, stream_id))
+            store.execute("SELECT pg_notify(%s, %s)", (NOTIFY_CHANNEL, _name))
+    return [r[1] for r in rows if r[3]]
