@@ -186,12 +186,18 @@ def ensure_publication(conn: psycopg.Connection[Any], name: str, *, schema: str 
             sql.Identifier(t.schema, t.table) for t in tables))
     try:
         with conn.transaction():
+            # Partitioned tables are published as their root table: one stream per table,
+            # whatever partition a row lives in.
             if exists:
                 conn.execute(sql.SQL("ALTER PUBLICATION {} SET {}").format(
                     sql.Identifier(name), target))
+                conn.execute(sql.SQL(
+                    "ALTER PUBLICATION {} SET (publish_via_partition_root = true)").format(
+                    sql.Identifier(name)))
             else:
-                conn.execute(sql.SQL("CREATE PUBLICATION {} FOR {}").format(
-                    sql.Identifier(name), target))
+                conn.execute(sql.SQL(
+                    "CREATE PUBLICATION {} FOR {} WITH (publish_via_partition_root = true)"
+                ).format(sql.Identifier(name), target))
                 conn.execute(sql.SQL("COMMENT ON PUBLICATION {} IS {}").format(
                     sql.Identifier(name), sql.Literal(PUBLICATION_MARKER)))
     except errors.InsufficientPrivilege as e:

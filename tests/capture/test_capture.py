@@ -215,3 +215,22 @@ def test_logical_decoding_messages_are_kept_when_asked(pg: TestDatabase) -> None
             "SELECT prefix, content, transactional, ordinal FROM lakefold.capture_messages "
             "WHERE prefix = 'app' ORDER BY lsn").fetchall()
     assert rows == [("app", b"in tx", True, 1), ("app", b"outside", False, 0)]
+
+
+def test_partitioned_table_is_one_stream(pg: TestDatabase) -> None:
+    execute(pg.dsn,
+            "CREATE TABLE m (id int, region text, v int, PRIMARY KEY (id, region)) "
+            "PARTITION BY LIST (region)",
+            "CREATE TABLE m_eu PARTITION OF m FOR VALUES IN ('eu')",
+            "CREATE TABLE m_us PARTITION OF m FOR VALUES IN ('us')")
+    config = CaptureConfig(source_dsn=pg.dsn, schema="public", slot="parts")
+    Capture(config).setup()
+    execute(pg.dsn, "INSERT INTO m VALUES (1, 'eu', 1), (2, 'us', 2)",
+            "UPDATE m SET v = 3 WHERE id = 2", "UPDATE m SET region = 'us' WHERE id = 1")
+    capture_now(config)
+    with ChangelogStore(pg.dsn) as store:
+        assert [s.name for s in store.streams() if s.head] == ["public.m"]
+        ops = store.read("public.m").column("_op").to_pylist()
+        assert ops == ["insert", "insert", "update", "delete", "insert"]  # row moved partition
+        rows = {(e.key or {})["id"]: e for e in store.read_events("public.m")}
+        assert rows[1].after == {"id": 1, "region": "us", "v": 1}
