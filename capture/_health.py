@@ -37,6 +37,7 @@ from lakefold.exceptions import LakefoldError
 
 if TYPE_CHECKING:
     from lakefold.capture._config import CaptureConfig
+    from lakefold.capture._snapshot import SnapshotListener
 
 
 class SlotInvalidatedError(SlotError):
@@ -282,7 +283,7 @@ def explain_failure(config: CaptureConfig, error: LakefoldError) -> LakefoldErro
     return error
 
 
-def recover(config: CaptureConfig) -> None:
+def recover(config: CaptureConfig, *, listener: SnapshotListener | None = None) -> None:
     """Recover a capture whose slot was invalidated or lost (see the module docstring): drop
     the slot, write a truncate record into each of its streams, and set the capture up again
     with a fresh initial snapshot (``Capture.setup``). Safe to run again after a failure."""
@@ -298,7 +299,7 @@ def recover(config: CaptureConfig) -> None:
         truncate_streams(store, config.slot)
     policy = config.snapshot if config.snapshot.initial else SnapshotPolicy(
         initial=True, chunk_rows=config.snapshot.chunk_rows)
-    Capture(replace(config, snapshot=policy)).setup()
+    Capture(replace(config, snapshot=policy), listener=listener).setup()
 
 
 def truncate_streams(store: psycopg.Connection[Any], slot: str) -> list[str]:

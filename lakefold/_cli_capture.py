@@ -145,7 +145,10 @@ def run(
     if not as_json:
         _out.print(f"capturing through slot [bold]{escape(slot)}[/] "
                    f"(publication {escape(publication)}); Ctrl-C stops cleanly")
-    stats = Capture(config).run(stop=stop, until_lsn=until)
+    from lakefold._cli_snapshots import SnapshotProgress
+
+    with SnapshotProgress(enabled=not as_json) as progress:  # the initial snapshot's bars
+        stats = Capture(config, listener=progress).run(stop=stop, until_lsn=until)
     result = {"records": stats.records, "batches": stats.batches,
               "flushed_lsn": stats.flushed_lsn_text, "reconnects": stats.reconnects,
               "seconds": round(stats.elapsed_s, 3)}
