@@ -14,7 +14,13 @@ from datetime import datetime
 from typing import Any, Final
 
 from lakefold.eventstore.exceptions import InvalidRequest
-from lakefold.schemas.events import SYSTEM_PREFIX, EventMetadata, NewEvent, category_of
+from lakefold.schemas.events import (
+    EMPTY_METADATA,
+    SYSTEM_PREFIX,
+    EventMetadata,
+    NewEvent,
+    category_of,
+)
 
 MAX_STREAM_ID_LENGTH: Final = 512
 MAX_EVENTS_PER_APPEND: Final = 100_000
@@ -128,9 +134,15 @@ def check_limit(value: object) -> int:
     return value
 
 
+# One encoder for every payload: json.dumps with options builds a new encoder per call.
+_ENCODER: Final = json.JSONEncoder(allow_nan=False, separators=(",", ":"), ensure_ascii=False)
+# Type names already checked (the check runs once per name, not once per event).
+_CHECKED_TYPES: set[str] = set()
+
+
 def _json_text(value: object, what: str) -> str:
     try:
-        text = json.dumps(value, allow_nan=False, separators=(",", ":"), ensure_ascii=False)
+        text = _ENCODER.encode(value)
     except (TypeError, ValueError) as e:
         raise InvalidRequest(
             f"{what} is not JSON-serialisable ({e}); use str/int/float/bool/None, lists and "
@@ -150,31 +162,19 @@ class EncodedEvent:
     metadata_json: str
 
 
-def encode_event(event: object, index: int) -> EncodedEvent:
-    """Validate one ``NewEvent`` and serialise its data and free-form metadata."""
-    if not isinstance(event, NewEvent):
+def _check_type(name: object, index: int) -> None:
+    if not isinstance(name, str) or not name or name != name.strip():
+        raise InvalidRequest(f"event #{index} has an invalid type {name!r}")
+    if name.startswith(SYSTEM_PREFIX):
         raise InvalidRequest(
-            f"event #{index} is a {type(event).__name__}, not a NewEvent (or a registered "
-            "pydantic model when the store has a registry)"
-        )
-    if not isinstance(event.type, str) or not event.type or event.type != event.type.strip():
-        raise InvalidRequest(f"event #{index} has an invalid type {event.type!r}")
-    if event.type.startswith(SYSTEM_PREFIX):
-        raise InvalidRequest(
-            f"event #{index} has type {event.type!r}; types starting with {SYSTEM_PREFIX!r} are "
+            f"event #{index} has type {name!r}; types starting with {SYSTEM_PREFIX!r} are "
             "written by lakefold only"
         )
-    version = event.schema_version
-    if isinstance(version, bool) or not isinstance(version, int) or version < 1:
-        raise InvalidRequest(f"event #{index} has schema_version {version!r}; use an int >= 1")
-    if not isinstance(event.event_id, uuid.UUID):
-        raise InvalidRequest(f"event #{index} has event_id {event.event_id!r}, not a UUID")
-    if not isinstance(event.data, Mapping):
-        raise InvalidRequest(
-            f"event #{index} ({event.type}) has data of type {type(event.data).__name__}; "
-            "data must be a JSON object (a dict)"
-        )
-    metadata = event.metadata
+    if len(_CHECKED_TYPES) < 10_000:
+        _CHECKED_TYPES.add(name)
+
+
+def _check_metadata(metadata: object, index: int) -> str:
     if not isinstance(metadata, EventMetadata):
         raise InvalidRequest(f"event #{index} has metadata {metadata!r}, not an EventMetadata")
     for name in ("correlation_id", "causation_id"):
@@ -183,11 +183,35 @@ def encode_event(event: object, index: int) -> EncodedEvent:
             raise InvalidRequest(f"event #{index} has metadata.{name} {value!r}, not a UUID")
     if not isinstance(metadata.extra, Mapping):
         raise InvalidRequest(f"event #{index} has metadata.extra that is not a dict")
-    return EncodedEvent(
-        event=event,
-        data_json=_json_text(event.data, f"event #{index} ({event.type}) data"),
-        metadata_json=_json_text(metadata.extra, f"event #{index} metadata.extra"),
-    )
+    if not metadata.extra:
+        return "{}"
+    return _json_text(metadata.extra, f"event #{index} metadata.extra")
+
+
+def encode_event(event: object, index: int) -> EncodedEvent:
+    """Validate one ``NewEvent`` and serialise its data and free-form metadata."""
+    if not isinstance(event, NewEvent):
+        raise InvalidRequest(
+            f"event #{index} is a {type(event).__name__}, not a NewEvent (or a registered "
+            "pydantic model when the store has a registry)"
+        )
+    if type(event.type) is not str or event.type not in _CHECKED_TYPES:
+        _check_type(event.type, index)
+    version = event.schema_version
+    if type(version) is not int or version < 1:
+        raise InvalidRequest(f"event #{index} has schema_version {version!r}; use an int >= 1")
+    if not isinstance(event.event_id, uuid.UUID):
+        raise InvalidRequest(f"event #{index} has event_id {event.event_id!r}, not a UUID")
+    data = event.data
+    if type(data) is not dict and not isinstance(data, Mapping):
+        raise InvalidRequest(
+            f"event #{index} ({event.type}) has data of type {type(data).__name__}; "
+            "data must be a JSON object (a dict)"
+        )
+    metadata = event.metadata
+    metadata_json = "{}" if metadata is EMPTY_METADATA else _check_metadata(metadata, index)
+    return EncodedEvent(event, _json_text(data, f"event #{index} ({event.type}) data"),
+                        metadata_json)
 
 
 @dataclass(frozen=True, slots=True)
@@ -210,7 +234,7 @@ def build_appends(items: Sequence[tuple[object, object, object]]) -> tuple[Strea
         raise InvalidRequest("nothing to append: pass at least one stream with events")
     appends: list[StreamAppend] = []
     seen_streams: set[str] = set()
-    seen_ids: set[uuid.UUID] = set()
+    seen_ids: set[int] = set()
     total = 0
     for stream_id, events, expected in items:
         sid = check_stream_id(stream_id)
@@ -227,12 +251,13 @@ def build_appends(items: Sequence[tuple[object, object, object]]) -> tuple[Strea
             raise InvalidRequest(f"no events to append to stream {sid!r}")
         encoded = tuple(encode_event(e, total + i) for i, e in enumerate(events))
         for item in encoded:
-            if item.event.event_id in seen_ids:
+            key = item.event.event_id.int
+            if key in seen_ids:
                 raise InvalidRequest(
                     f"event id {item.event.event_id} appears twice in one append; every event "
                     "needs its own id"
                 )
-            seen_ids.add(item.event.event_id)
+            seen_ids.add(key)
         total += len(encoded)
         appends.append(StreamAppend(sid, encoded, normalise_expected(expected)))
     if total > MAX_EVENTS_PER_APPEND:

@@ -153,9 +153,14 @@ def _expected_code(expected: ExpectedVersion) -> int | None:
     return expected
 
 
+_TYPE_JSON: dict[str, str] = {}
+
+
 def append_params(appends: Sequence[StreamAppend]) -> tuple[Any, ...]:
-    """The arguments of ``lakefold.append_events`` for validated appends."""
+    """The arguments of ``lakefold.append_events`` for validated appends: stream arrays and
+    one JSON array of events, assembled from the already-encoded payloads."""
     stream_ids, categories, expected, counts, parts = [], [], [], [], []
+    type_json = _TYPE_JSON
     for k, append in enumerate(appends, start=1):
         stream_ids.append(append.stream_id)
         categories.append(append.category)
@@ -164,11 +169,14 @@ def append_params(appends: Sequence[StreamAppend]) -> tuple[Any, ...]:
         for encoded in append.events:
             event = encoded.event
             meta = event.metadata
+            name = type_json.get(event.type)
+            if name is None:
+                name = type_json[event.type] = json.dumps(event.type)
+            tail = "null,\"z\":null}" if meta is EMPTY_METADATA else (
+                f"{_uuid_json(meta.correlation_id)},\"z\":{_uuid_json(meta.causation_id)}}}")
             parts.append(
-                f'{{"i":"{event.event_id}","k":{k},"t":{json.dumps(event.type)},'
-                f'"v":{event.schema_version},"d":{encoded.data_json},'
-                f'"m":{encoded.metadata_json},"c":{_uuid_json(meta.correlation_id)},'
-                f'"z":{_uuid_json(meta.causation_id)}}}'
+                f'{{"i":"{event.event_id}","k":{k},"t":{name},"v":{event.schema_version},'
+                f'"d":{encoded.data_json},"m":{encoded.metadata_json},"c":{tail}'
             )
     return (stream_ids, categories, expected, counts, "[" + ",".join(parts) + "]")
 

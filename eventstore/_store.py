@@ -62,7 +62,7 @@ class StoreOptions:
     pool_size: int = 10
     connect_timeout_s: float = 10.0
     watermark_threshold_s: float = 5.0
-    sequence_interval_s: float = 0.005
+    sequence_interval_s: float = 0.02
     application_name: str = "lakefold-eventstore"
 
     def __post_init__(self) -> None:
