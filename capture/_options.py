@@ -23,6 +23,8 @@ class SnapshotPolicy:
     ``chunk_rows`` / ``chunk_bytes``: rows are copied in primary-key chunks of at most this
     many rows (incremental chunks also stop at about ``chunk_bytes`` of row data); each chunk
     is committed with its progress, so an interrupted snapshot resumes after its last chunk.
+    ``workers``: chunks of the initial snapshot copied in parallel (each with its own
+    connections, all inside the same exported snapshot).
     ``incremental_chunk_rows``: rows per chunk of an incremental snapshot (those rows stay
     share-locked while the chunk is read, so keep it small).
     ``lock_retries``: how often an incremental chunk retries rows that were locked by writers
@@ -33,6 +35,7 @@ class SnapshotPolicy:
     chunk_rows: int = 50_000
     chunk_bytes: int = 8 << 20
     incremental_chunk_rows: int = 2_000
+    workers: int = 2
     lock_retries: int = 50
     lock_timeout: timedelta = timedelta(seconds=30)
 
@@ -43,6 +46,8 @@ class SnapshotPolicy:
         if self.chunk_bytes < 1024:
             raise InvalidConfigError(f"snapshot chunk_bytes must be at least 1024, not "
                                      f"{self.chunk_bytes}")
+        if self.workers < 1:
+            raise InvalidConfigError(f"snapshot workers must be at least 1, not {self.workers}")
         if self.lock_retries < 0:
             raise InvalidConfigError("snapshot lock_retries must not be negative")
 

@@ -48,7 +48,7 @@ from lakefold.capture._snapshot import (
     source_connection,
     utc_now,
 )
-from lakefold.capture._tables import TableShape, find_table, leaf_tables, table_shape
+from lakefold.capture._tables import TableShape, capture_tables, find_table, table_shape
 from lakefold.capture.exceptions import (
     CaptureError,
     SlotError,
@@ -86,7 +86,7 @@ def resnapshot(config: CaptureConfig, tables: Sequence[str], *,
         planned: list[tuple[int, str, str, str]] = []
         for name in tables:
             relid = find_table(src, name)
-            for leaf in leaf_tables(src, [relid]):
+            for leaf in capture_tables(src, [relid]):
                 schema, table = _names(src, leaf)
                 _check_published(src, config.publication, schema, table)
                 planned.append((leaf, schema, table, f"{config.stream_prefix}{schema}.{table}"))
@@ -136,6 +136,9 @@ def run_locked(config: CaptureConfig, snapshot_id: int, *,
         if not got or not got[0]:
             return None
         tables = state.run_tables(store, snapshot_id)
+        run = next(r for r in state.runs(store, config.slot) if r.snapshot_id == snapshot_id)
+        if run.kind == "initial":
+            _drop_unfinished_chunks(store, tables)
         try:
             with source_connection(config.source_dsn, autocommit=False) as src:
                 for table in tables:
@@ -154,6 +157,22 @@ def run_locked(config: CaptureConfig, snapshot_id: int, *,
             raise
         state.finish_run(store, snapshot_id)
     return SnapshotStats(snapshot_id, len(tables), rows, chunks, time.monotonic() - started)
+
+
+def _drop_unfinished_chunks(store: psycopg.Connection[Any],
+                            tables: list[state.SnapshotTable]) -> None:
+    """Delete records beyond the head of the run's streams: chunks an interrupted initial
+    snapshot copied but did not count yet (nothing else writes these streams before the
+    initial snapshot is finished)."""
+    names = [t.stream for t in tables if t.status != "done"]
+    if not names:
+        return
+    cur = store.execute(
+        "DELETE FROM lakefold.changelog c USING lakefold.changelog_streams s "
+        "WHERE c.stream_id = s.stream_id AND s.name = ANY(%s) AND c.position > s.head",
+        (names,))
+    if cur.rowcount > 0:
+        log.info("dropped %d records of unfinished snapshot chunks", cur.rowcount)
 
 
 def _names(conn: psycopg.Connection[Any], relid: int) -> tuple[str, str]:

@@ -9,11 +9,16 @@ Hand-over (no gap, no duplicate)
     after it; the stream continues after the ``read`` records.
 
 Chunks
-    Each table is copied in chunks of ``SnapshotPolicy.chunk_rows`` rows in key order. A chunk
-    is piped from ``COPY (SELECT ...) TO STDOUT (FORMAT binary)`` on the source straight into
+    Each table is copied in chunks of ``SnapshotPolicy.chunk_rows`` rows in key order. The chunk
+    boundaries are planned inside the snapshot, so chunk ``k`` holds exactly ``chunk_rows``
+    rows and its positions are known in advance; ``SnapshotPolicy.workers`` movers copy chunks
+    in parallel, each with its own connections importing the same snapshot. A chunk is piped
+    from ``COPY (SELECT ...) TO STDOUT (FORMAT binary)`` on the source straight into
     ``COPY lakefold.changelog FROM STDIN (FORMAT binary)`` on the store (the SELECT builds the
-    changelog rows, so Python only moves buffers), and committed in ONE store transaction with
-    the stream head and the chunk's progress (``capture_snapshot_tables.last_key``).
+    changelog rows, so Python only moves buffers) and committed beyond the stream head, where
+    readers do not see it. Then, in chunk order, one store transaction per chunk moves the head
+    over it and records its progress (``capture_snapshot_tables.last_key``). Rows beyond the
+    head left by a crash are deleted when the snapshot resumes.
 
 Resume
     After a crash the exported snapshot is gone. The next ``Capture.run`` finishes the
@@ -26,7 +31,9 @@ Resume
 from __future__ import annotations
 
 import logging
+import threading
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, Final, Protocol
@@ -37,9 +44,13 @@ from psycopg import sql
 from lakefold.capture import _snapshot_store as state
 from lakefold.capture import _source
 from lakefold.capture._replication import SESSION_OPTIONS
-from lakefold.capture._tables import TableShape, leaf_tables, table_shape
+from lakefold.capture._tables import TableShape, capture_tables, table_shape
 from lakefold.capture._writer import CHANGELOG_COPY, NOTIFY_CHANNEL, ChangelogWriter
-from lakefold.capture.exceptions import ConnectionLostError
+from lakefold.capture.exceptions import (
+    ConnectionLostError,
+    SourceConfigurationError,
+    StoreError,
+)
 from lakefold.dsn import mask_dsn
 
 if TYPE_CHECKING:
@@ -111,11 +122,11 @@ def estimated_rows(conn: psycopg.Connection[Any], relid: int) -> int:
 
 def plan_initial(store: psycopg.Connection[Any], source: psycopg.Connection[Any],
                  config: CaptureConfig, *, consistent_lsn: int) -> int:
-    """Record the initial snapshot of every table the capture covers (partitioned tables as
-    their leaf partitions); returns the snapshot id."""
+    """Record the initial snapshot of every table the capture covers; returns the snapshot
+    id."""
     relids = _source.resolve_tables(source, schema=config.schema, tables=config.table_refs)
     tables = []
-    for relid in leaf_tables(source, relids):
+    for relid in capture_tables(source, relids):
         row = source.execute(
             "SELECT n.nspname, c.relname FROM pg_class c JOIN pg_namespace n "
             "ON n.oid = c.relnamespace WHERE c.oid = %s", (relid,)).fetchone()
@@ -129,7 +140,7 @@ def plan_initial(store: psycopg.Connection[Any], source: psycopg.Connection[Any]
 def copy_exported(config: CaptureConfig, snapshot_id: int, snapshot_name: str, *,
                   database: str, listener: SnapshotListener | None = None) -> SnapshotStats:
     """Copy the run's tables inside the exported snapshot ``snapshot_name`` (see the module
-    docstring); each chunk commits with its progress. Marks the run done at the end."""
+    docstring), with ``SnapshotPolicy.workers`` parallel movers. Marks the run done."""
     listener = listener or QuietListener()
     started = time.monotonic()
     rows = chunks = 0
@@ -145,13 +156,25 @@ def copy_exported(config: CaptureConfig, snapshot_id: int, snapshot_name: str, *
         writer = ChangelogWriter(store, config.slot)
         catalog = _source.SourceCatalog(src, database=database)
         tables = state.run_tables(store, snapshot_id)
-        for table in tables:
-            if table.status == "done":
-                continue
-            copied, n = _copy_table(src, store, writer, catalog, config, table, lsn=lsn, at=at,
-                                    database=database, listener=listener)
-            rows += copied
-            chunks += n
+        movers = _Movers(config, snapshot_name)
+        try:
+            for table in tables:
+                if table.status == "done":
+                    continue
+                try:
+                    copied, n = _copy_table(src, store, writer, catalog, config, table, movers,
+                                            lsn=lsn, at=at, database=database,
+                                            listener=listener)
+                except SourceConfigurationError:  # created after the slot's snapshot
+                    log.info("table %s is not in the slot's snapshot; its rows come from the "
+                             "stream", table.qualified)
+                    state.record_chunk(store, snapshot_id, table.relid, last_key=None,
+                                       rows=0, done=True)
+                    continue
+                rows += copied
+                chunks += n
+        finally:
+            movers.close()
         src.rollback()
         state.finish_run(store, snapshot_id)
     return SnapshotStats(snapshot_id, len(tables), rows, chunks, time.monotonic() - started)
@@ -211,60 +234,126 @@ def _range_literal(shape: TableShape, lo: tuple[str, ...] | None,
     return sql.SQL("WHERE ") + sql.SQL(" AND ").join(conditions)
 
 
+class _Mover:
+    """One worker's connections: the source inside the exported snapshot, and the store."""
+
+    def __init__(self, config: CaptureConfig, snapshot_name: str) -> None:
+        self.src = source_connection(config.source_dsn, autocommit=False)
+        self.src.isolation_level = psycopg.IsolationLevel.REPEATABLE_READ
+        self.src.read_only = True
+        self.src.execute(sql.SQL("SET TRANSACTION SNAPSHOT {}").format(
+            sql.Literal(snapshot_name)))
+        self.store = psycopg.connect(config.resolved_store_dsn, autocommit=True,
+                                     connect_timeout=10)
+
+    def move(self, select: sql.Composable) -> int:
+        """Pipe one chunk from the source's COPY TO into the changelog's COPY FROM and commit
+        it (beyond the stream head: invisible until the coordinator moves the head)."""
+        with self.store.transaction(), self.store.cursor() as cur:
+            with self.src.cursor() as scur, scur.copy(select) as out, \
+                    cur.copy(CHANGELOG_COPY) as into:
+                for data in out:
+                    into.write(data)
+            return max(cur.rowcount, 0)
+
+    def close(self) -> None:
+        self.src.close()
+        self.store.close()
+
+
+class _Movers:
+    """A pool of ``_Mover`` threads, one per ``SnapshotPolicy.workers``."""
+
+    def __init__(self, config: CaptureConfig, snapshot_name: str) -> None:
+        self._config = config
+        self._snapshot = snapshot_name
+        self._local = threading.local()
+        self._all: list[_Mover] = []
+        self._lock = threading.Lock()
+        self.pool = ThreadPoolExecutor(max_workers=config.snapshot.workers,
+                                       thread_name_prefix="lakefold-snapshot")
+
+    def move(self, select: sql.Composable) -> int:
+        mover = getattr(self._local, "mover", None)
+        if mover is None:
+            mover = _Mover(self._config, self._snapshot)
+            self._local.mover = mover
+            with self._lock:
+                self._all.append(mover)
+        return mover.move(select)
+
+    def close(self) -> None:
+        self.pool.shutdown(wait=True, cancel_futures=True)
+        for mover in self._all:
+            mover.close()
+
+
 def _copy_table(src: psycopg.Connection[Any], store: psycopg.Connection[Any],
                 writer: ChangelogWriter, catalog: _source.SourceCatalog, config: CaptureConfig,
-                table: state.SnapshotTable, *, lsn: int, at: datetime, database: str,
-                listener: SnapshotListener) -> tuple[int, int]:
-    policy = config.snapshot
+                table: state.SnapshotTable, movers: _Movers, *, lsn: int, at: datetime,
+                database: str, listener: SnapshotListener) -> tuple[int, int]:
+    """Copy one table: the main connection plans chunk boundaries (exact inside the
+    snapshot, so chunk ``k`` holds ``chunk_rows`` rows and its positions are known before it
+    is read), the movers copy chunks in parallel, and the head and progress advance over the
+    chunks done without a gap, each step in one store transaction."""
+    n_rows = config.snapshot.chunk_rows
     shape = table_shape(src, table.relid)
     stream_id, version, key_columns = register_stream(
         writer, catalog, shape, name=table.stream, database=database, lsn=lsn)
     listener.table_started(table.qualified, estimated_rows(src, table.relid), table.rows)
-    lo, copied, chunks = table.last_key, table.rows, 0
+    row = store.execute(
+        "SELECT greatest(s.head, (SELECT max(position) FROM lakefold.changelog c "
+        "WHERE c.stream_id = s.stream_id)) FROM lakefold.changelog_streams s "
+        "WHERE s.stream_id = %s", (stream_id,)).fetchone()
+    base = int(row[0] or 0) if row else 0
     columns = sql.SQL(", ").join(sql.SQL("s.{}::text").format(sql.Identifier(c.name))
                                  for c in shape.columns)
-    while True:
-        hi = boundary(src, shape, lo, policy.chunk_rows)
-        with store.transaction(), store.cursor() as cur:
-            row = cur.execute(
-                "SELECT greatest(s.head, (SELECT max(position) FROM lakefold.changelog c "
-                "WHERE c.stream_id = s.stream_id)) FROM lakefold.changelog_streams s "
-                "WHERE s.stream_id = %s FOR UPDATE", (stream_id,)).fetchone()
-            base = int(row[0] or 0) if row else 0
-            select = sql.SQL(
-                "COPY (SELECT {base}::bigint + s.lakefold_n, {ordinal}::bigint + s.lakefold_n, "
-                "{lsn}::bigint, 0::bigint, {at}::timestamptz, {sid}::integer, {ver}::integer, "
-                "'r'::\"char\", {key}, NULL::text[], ARRAY[{columns}]::text[] "
-                "FROM (SELECT {cols}, row_number() OVER (ORDER BY {order}) AS lakefold_n "
-                "FROM {table} {where}) s) TO STDOUT (FORMAT binary)"
-            ).format(base=sql.Literal(base), ordinal=sql.Literal(copied), lsn=sql.Literal(lsn),
-                     at=sql.Literal(at), sid=sql.Literal(stream_id), ver=sql.Literal(version),
-                     key=key_expression(key_columns), columns=columns,
-                     cols=shape.column_list(), order=shape.order_by(), table=shape.ident,
-                     where=_range_literal(shape, lo, hi))
-            with src.cursor() as source_cur, source_cur.copy(select) as out, \
-                    cur.copy(CHANGELOG_COPY) as into:
-                for data in out:
-                    into.write(data)
-            n = max(cur.rowcount, 0)
+
+    def select(k: int, lo: tuple[str, ...] | None, hi: tuple[str, ...] | None) -> sql.Composed:
+        return sql.SQL(
+            "COPY (SELECT {base}::bigint + s.lakefold_n, {ordinal}::bigint + s.lakefold_n, "
+            "{lsn}::bigint, 0::bigint, {at}::timestamptz, {sid}::integer, {ver}::integer, "
+            "'r'::\"char\", {key}, NULL::text[], ARRAY[{columns}]::text[] "
+            "FROM (SELECT {cols}, row_number() OVER (ORDER BY {order}) AS lakefold_n "
+            "FROM {table} {where}) s) TO STDOUT (FORMAT binary)"
+        ).format(base=sql.Literal(base + k * n_rows),
+                 ordinal=sql.Literal(table.rows + k * n_rows), lsn=sql.Literal(lsn),
+                 at=sql.Literal(at), sid=sql.Literal(stream_id), ver=sql.Literal(version),
+                 key=key_expression(key_columns), columns=columns, cols=shape.column_list(),
+                 order=shape.order_by(), table=shape.ident, where=_range_literal(shape, lo, hi))
+
+    pending: dict[int, tuple[Future[int], tuple[str, ...] | None]] = {}
+    done_upto = 0  # chunks 0 .. done_upto-1 are counted in the head and the progress
+    copied = 0
+    lo, k, planned_all = table.last_key, 0, False
+    while not planned_all or pending:
+        while not planned_all and len(pending) < 2 * config.snapshot.workers:
+            hi = boundary(src, shape, lo, n_rows)
+            pending[k] = (movers.pool.submit(movers.move, select(k, lo, hi)), hi)
+            planned_all = hi is None
+            lo, k = hi, k + 1
+        future, hi = pending[done_upto]
+        n = future.result()
+        del pending[done_upto]
+        if hi is not None and n != n_rows:
+            raise StoreError(f"snapshot chunk {done_upto} of {table.qualified} copied {n} rows, "
+                             f"not {n_rows}; the snapshot is not stable (was it released?)")
+        with store.transaction():
             if n:
-                cur.execute(
+                store.execute(
                     "WITH moved AS (UPDATE lakefold.changelog_streams SET head = %s, "
                     "last_commit_ts = greatest(last_commit_ts, %s) WHERE stream_id = %s "
                     "RETURNING name) SELECT pg_notify(%s, name) FROM moved",
-                    (base + n, at, stream_id, NOTIFY_CHANNEL))
-                cur.execute("UPDATE lakefold.capture_slots SET records = records + %s "
-                            "WHERE slot_name = %s", (n, config.slot))
-            state.record_chunk(cur, table.snapshot_id, table.relid, last_key=hi, rows=n,
+                    (base + done_upto * n_rows + n, at, stream_id, NOTIFY_CHANNEL))
+                store.execute("UPDATE lakefold.capture_slots SET records = records + %s "
+                              "WHERE slot_name = %s", (n, config.slot))
+            state.record_chunk(store, table.snapshot_id, table.relid, last_key=hi, rows=n,
                                done=hi is None)
         copied += n
-        chunks += 1
+        done_upto += 1
         listener.rows_copied(table.qualified, n)
-        if hi is None:
-            break
-        lo = hi
-    listener.table_done(table.qualified, copied)
-    return copied - table.rows, chunks
+    listener.table_done(table.qualified, table.rows + copied)
+    return copied, done_upto
 
 
 def utc_now() -> datetime:

@@ -129,16 +129,14 @@ def _index_columns(conn: psycopg.Connection[Any], relid: int, *, primary: bool) 
     return [r[0] for r in rows]
 
 
-def leaf_tables(conn: psycopg.Connection[Any], relids: list[int]) -> list[int]:
-    """``relids`` with every partitioned table replaced by its leaf partitions (pgoutput
-    publishes partitions' changes under the partitions' own names), in a stable order."""
+def capture_tables(conn: psycopg.Connection[Any], relids: list[int]) -> list[int]:
+    """The tables a snapshot reads for ``relids``, ordered by name. The capture publishes
+    partitioned tables via their root (``publish_via_partition_root``: one stream per table),
+    so a partitioned table is read as a whole through its root."""
     rows = conn.execute(
-        "WITH RECURSIVE tree AS (SELECT c.oid FROM pg_class c WHERE c.oid = ANY(%s::oid[]) "
-        "UNION SELECT i.inhrelid FROM tree JOIN pg_inherits i ON i.inhparent = tree.oid) "
-        "SELECT c.oid::bigint, n.nspname, c.relname FROM tree JOIN pg_class c "
-        "ON c.oid = tree.oid JOIN pg_namespace n ON n.oid = c.relnamespace "
-        "WHERE c.relkind = 'r' ORDER BY 2, 3", (relids,),
-    ).fetchall()
+        "SELECT c.oid::bigint FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
+        "WHERE c.oid = ANY(%s::oid[]) AND c.relkind IN ('r', 'p') ORDER BY n.nspname, c.relname",
+        (relids,)).fetchall()
     return [int(r[0]) for r in rows]
 
 

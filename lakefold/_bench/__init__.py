@@ -17,3 +17,4 @@ __all__ = ["bench_app"]
 from lakefold._bench import append as _append  # noqa: E402,F401
 from lakefold._bench import capture as _capture  # noqa: E402,F401
 from lakefold._bench import replay as _replay  # noqa: E402,F401
+from lakefold._bench import snapshot as _snapshot  # noqa: E402,F401

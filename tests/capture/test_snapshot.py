@@ -81,9 +81,10 @@ def test_snapshot_of_many_tables_types_and_partitions(pg: TestDatabase) -> None:
             "INSERT INTO parted VALUES (1000, 'eu', 1)")
     capture_now(config)
     with ChangelogStore(pg.dsn) as store:
-        names = [s.name for s in store.streams()]
-        assert names == ["public.empty_one", "public.kinds", "public.parted_eu",
-                         "public.parted_us"]
+        heads = {s.name: s.head for s in store.streams()}
+        # (pgoutput also sends a partition's own Relation message: its stream stays empty)
+        assert {n for n, h in heads.items() if h} == {"public.kinds", "public.parted"}
+        assert "public.empty_one" in heads
         kinds = store.read_events("public.kinds", 1, 10_000)
         assert [e.operation for e in kinds[:500]] == ["read"] * 500
         assert [e.operation for e in kinds[500:]] == ["update"] * 3
@@ -95,7 +96,8 @@ def test_snapshot_of_many_tables_types_and_partitions(pg: TestDatabase) -> None:
         streamed = store.read_events("public.kinds", 504, 10)[0]
         assert streamed.after == by_key["k310"].after
         assert store.stream_schema("public.kinds").version == 1
-        assert len(replayed_rows(store, "public.parted_eu")) == 151
+        parted = replayed_rows(store, "public.parted")  # one stream through the root
+        assert len(parted) == 301 and parted[1000]["region"] == "eu"
         assert store.head("public.empty_one") == 0
         table = store.read("public.kinds", 1, 10)
         assert table.column("_op").to_pylist() == ["read"] * 10
