@@ -80,10 +80,13 @@ class CaptureControl:
     # -- the capture's side ----------------------------------------------------------------
 
     def start(self) -> CaptureControl:
-        with psycopg.connect(self.config.resolved_store_dsn, autocommit=True,
-                             connect_timeout=10) as conn:
-            if state.is_paused(conn, self.config.slot):
-                self._paused.set()
+        try:
+            with psycopg.connect(self.config.resolved_store_dsn, autocommit=True,
+                                 connect_timeout=10) as conn:
+                if state.is_installed(conn) and state.is_paused(conn, self.config.slot):
+                    self._paused.set()
+        except psycopg.Error as e:  # the thread keeps trying; the capture reports the store
+            log.warning("capture %s: cannot read the pause flag yet: %s", self.config.slot, e)
         self._thread.start()
         return self
 

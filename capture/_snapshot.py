@@ -246,7 +246,7 @@ class _Mover:
         self.store = psycopg.connect(config.resolved_store_dsn, autocommit=True,
                                      connect_timeout=10)
 
-    def move(self, select: sql.Composable) -> int:
+    def move(self, select: sql.Composed) -> int:
         """Pipe one chunk from the source's COPY TO into the changelog's COPY FROM and commit
         it (beyond the stream head: invisible until the coordinator moves the head)."""
         with self.store.transaction(), self.store.cursor() as cur:
@@ -273,7 +273,7 @@ class _Movers:
         self.pool = ThreadPoolExecutor(max_workers=config.snapshot.workers,
                                        thread_name_prefix="lakefold-snapshot")
 
-    def move(self, select: sql.Composable) -> int:
+    def move(self, select: sql.Composed) -> int:
         mover = getattr(self._local, "mover", None)
         if mover is None:
             mover = _Mover(self._config, self._snapshot)

@@ -42,7 +42,7 @@ DDL = [
 SEGMENT = 5_000  # row changes between two DDL statements: 20 x 5,000 = 100k
 
 
-def _dml(conn: psycopg.Connection, segment: int) -> int:  # type: ignore[type-arg]
+def _dml(conn: psycopg.Connection, segment: int) -> int:
     base = 1_000_000 + segment * 10_000
     changes = 0
     cur = conn.execute("INSERT INTO t (id) SELECT g FROM generate_series(%s, %s) g",

@@ -28,7 +28,7 @@ from tests.capture.conftest import capture_now, execute, replayed_rows, source_r
 from tests.fixtures.postgres import TestDatabase
 
 
-def _wait(condition, timeout: float = 20.0) -> None:  # type: ignore[no-untyped-def]
+def _wait(condition, timeout: float = 20.0) -> None:
     deadline = time.monotonic() + timeout
     while not condition():
         assert time.monotonic() < deadline, "timed out"
