@@ -14,47 +14,29 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from lakefold.projections._api import (
-    STREAM_KEY,
-    Fold,
-    Projection,
-    Registry,
-    current_registry,
-    load_projections,
-    projection,
-    registering_into,
-)
-from lakefold.projections._catalog import Catalog, Generation, SinkRoots
-from lakefold.projections._deadletters import DeadLetter, DeadLetters
-from lakefold.projections._model import (
-    ChangelogSource,
-    DeltaTableTarget,
-    EventSource,
-    ProjectionOptions,
-    Record,
-    RedisCacheTarget,
-    SearchIndexTarget,
-    changelog,
-    delta_table,
-    events,
-    redis_cache,
-    search_index,
-)
-from lakefold.projections._redis import RedisCacheReader
-from lakefold.projections._search import SearchHit, SearchIndexReader
-from lakefold.projections.exceptions import (
-    IncompatibleTargetError,
-    MissingKeyError,
-    ProjectionDefinitionError,
-    ProjectionError,
-    ProjectionNotFound,
-    ProjectionStateError,
-    RecordFailed,
-    UnknownSourceError,
-)
-
 if TYPE_CHECKING:
     from lakefold.settings import Settings
+
+# Lazy exports: Spark's Python workers import lakefold.projections._source, which runs this
+# file; importing Redis, Tantivy and psycopg here would add a second to every worker start.
+_EXPORTS: dict[str, str] = {
+    "STREAM_KEY": "_api", "Fold": "_api", "Projection": "_api", "Registry": "_api",
+    "current_registry": "_api", "load_projections": "_api", "projection": "_api",
+    "registering_into": "_api",
+    "Catalog": "_catalog", "Generation": "_catalog", "SinkRoots": "_catalog",
+    "DeadLetter": "_deadletters", "DeadLetters": "_deadletters",
+    "ChangelogSource": "_model", "DeltaTableTarget": "_model", "EventSource": "_model",
+    "ProjectionOptions": "_model", "Record": "_model", "RedisCacheTarget": "_model",
+    "SearchIndexTarget": "_model", "changelog": "_model", "delta_table": "_model",
+    "events": "_model", "redis_cache": "_model", "search_index": "_model",
+    "RedisCacheReader": "_redis",
+    "SearchHit": "_search", "SearchIndexReader": "_search",
+    "Runner": "_runner", "RunnerConfig": "_runner",
+    "IncompatibleTargetError": "exceptions", "MissingKeyError": "exceptions",
+    "ProjectionDefinitionError": "exceptions", "ProjectionError": "exceptions",
+    "ProjectionNotFound": "exceptions", "ProjectionStateError": "exceptions",
+    "RecordFailed": "exceptions", "UnknownSourceError": "exceptions",
+}
 
 __all__ = [
     "STREAM_KEY",
@@ -100,12 +82,14 @@ __all__ = [
 
 
 def __getattr__(name: str) -> Any:
-    # The runner imports pyspark; keep `import lakefold.projections` light for readers.
-    if name in ("Runner", "RunnerConfig"):
-        from lakefold.projections import _runner
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'lakefold.projections' has no attribute {name!r}")
+    import importlib
 
-        return getattr(_runner, name)
-    raise AttributeError(f"module 'lakefold.projections' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"lakefold.projections.{module}"), name)
+    globals()[name] = value
+    return value
 
 
 def table_catalog(settings: Settings) -> Any:

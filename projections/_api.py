@@ -338,15 +338,22 @@ class Fold:
         def register(handler: Handler) -> Handler:
             if not callable(handler):
                 raise ProjectionDefinitionError(f"fold {self.name}: on() decorates a function")
-            for type_name, event_class in resolved:
+            for type_name, _ in resolved:
                 if type_name in self._logic.handlers:
                     raise ProjectionDefinitionError(
                         f"fold {self.name}: two handlers for {type_name!r}; keep one"
                     )
+            before = dict(self._logic.handlers)
+            for type_name, event_class in resolved:
                 self._logic.handlers[type_name] = (handler, event_class)
+            try:
+                check_static(self.projection)
+            except ProjectionDefinitionError:
+                self._logic.handlers.clear()
+                self._logic.handlers.update(before)
+                raise
             if self.projection.module is None:
                 self.projection.module = getattr(handler, "__module__", None)
-            check_static(self.projection)
             return handler
 
         return register

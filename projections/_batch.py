@@ -33,7 +33,7 @@ from lakefold.projections import _codec
 from lakefold.projections._api import Projection
 from lakefold.projections._catalog import Catalog, Generation
 from lakefold.projections._deadletters import DeadLetter, DeadLetters, NewDeadLetter
-from lakefold.projections._delta import DeltaViewWriter
+from lakefold.projections._delta import DRIVER_MERGE_ROWS, DeltaViewWriter
 from lakefold.projections._fold import DEAD_LETTER_COLUMN
 from lakefold.projections._model import (
     POSITION_COLUMN,
@@ -75,6 +75,8 @@ class Progress:
 
     batch_id: int | None = None
     end: dict[str, int] = field(default_factory=dict)
+    #: The end of the batch being written (its effect may be visible before ``end`` moves).
+    pending: dict[str, int] = field(default_factory=dict)
     records: int = 0
     last_batch_at: float | None = None
     error: BaseException | None = None
@@ -140,10 +142,12 @@ class GenerationSink:
         start = start or {}
         records = sum(max(0, p - start.get(a, 0)) for a, p in end.items() if a != RETRY_SOURCE)
         batch_position = sum(p for a, p in end.items() if a != RETRY_SOURCE)
+        with self.progress.lock:
+            self.progress.pending = {a: p for a, p in end.items() if a != RETRY_SOURCE}
         letters: list[NewDeadLetter] = []
         retried = self._pending_target_retries()
         if self._delta is not None:
-            letters += self._write_delta(df, batch_id, retried)
+            letters += self._write_delta(df, batch_id, retried, records)
         else:
             letters += self._write_rows(df, batch_id, batch_position, retried)
         if letters:
@@ -183,12 +187,29 @@ class GenerationSink:
                 error=data["error"], attempts=int(data["attempts"])))
         return letters
 
-    def _write_delta(self, df: DataFrame, batch_id: int, retried: list[DeadLetter]
-                     ) -> list[NewDeadLetter]:
+    def _write_delta(self, df: DataFrame, batch_id: int, retried: list[DeadLetter],
+                     records: int) -> list[NewDeadLetter]:
         from pyspark.sql import functions as F
 
         assert self._delta is not None  # noqa: S101
         letters: list[NewDeadLetter] = []
+        if self._delta.spec.mode != "append" and records <= DRIVER_MERGE_ROWS:
+            # one Spark job: collect, split off dead letters, merge from the driver
+            table = df.toArrow()
+            if DEAD_LETTER_COLUMN in table.column_names:
+                dead_mask = pc.is_valid(table.column(DEAD_LETTER_COLUMN))
+                letters += self._fold_letters(table.filter(dead_mask).column(
+                    DEAD_LETTER_COLUMN).to_pylist())
+                table = table.filter(pc.invert(dead_mask)).drop_columns([DEAD_LETTER_COLUMN])
+            if retried:
+                rows = [_codec.loads(_codec.dumps(d.record["row"])) for d in retried]
+                table = pa.concat_tables([table, pa.Table.from_pylist(rows,
+                                                                      schema=table.schema)])
+            if self._delta.spec.mode == "scd2":
+                self._delta.write_scd2(table, batch_id)
+            else:
+                self._delta.write_arrow(table, batch_id)
+            return letters
         if DEAD_LETTER_COLUMN in df.columns:
             df = df.persist()
             try:

@@ -18,6 +18,7 @@ Dead letters live next to these tables, in ``_deadletters.py``.
 from __future__ import annotations
 
 import threading
+import zlib
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -26,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
+import psycopg.errors
 from psycopg import sql
 from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
@@ -40,6 +42,13 @@ from lakefold.projections.exceptions import (
 SCHEMA = "lakefold"
 _INSTALL_LOCK = 0x1AFE_0007  # advisory lock: one installer at a time
 _BATCHES_KEPT = 500  # per generation, for throughput figures
+#: Advisory lock (namespace, key) held by the process running a generation's query.
+LOCK_NAMESPACE = zlib.crc32(b"lakefold.projection") & 0x7FFF_FFFF
+
+
+def generation_lock_key(name: str, generation: int) -> int:
+    """The advisory lock key of one generation (with ``LOCK_NAMESPACE``)."""
+    return zlib.crc32(f"{name}:{generation}".encode()) & 0x7FFF_FFFF
 
 _DDL = [
     "CREATE SCHEMA IF NOT EXISTS lakefold",
@@ -71,6 +80,7 @@ _DDL = [
         switched_at timestamptz,
         PRIMARY KEY (name, generation),
         CHECK (status IN ('building', 'live', 'retired', 'dropped', 'abandoned')))""",
+    "ALTER TABLE lakefold.projections ADD COLUMN IF NOT EXISTS definition jsonb",
     """CREATE UNIQUE INDEX IF NOT EXISTS projection_generations_one_building
         ON lakefold.projection_generations (name) WHERE status = 'building'""",
     """CREATE TABLE IF NOT EXISTS lakefold.projection_batches (
@@ -165,6 +175,11 @@ class Catalog:
                     )
                 with self._connection.transaction():
                     yield self._connection
+            except psycopg.errors.UndefinedTable as e:
+                raise ProjectionNotFound(
+                    f"the projection catalog is not installed in {mask_dsn(self.dsn)}; "
+                    "run the projections once with `lakefold run`"
+                ) from e
             except psycopg.OperationalError as e:
                 if self._connection is not None:
                     self._connection.close()
@@ -201,9 +216,10 @@ class Catalog:
                 str(self.roots.checkpoints / name / tag))
 
     def ensure(self, name: str, *, target_kind: str, fingerprint: str,
-               keep_generations: int) -> ProjectionRow:
+               keep_generations: int, definition: dict[str, Any] | None = None
+               ) -> ProjectionRow:
         """Register NAME with generation 1 (live) if it is new; otherwise refresh its
-        definition fingerprint and retention. Returns the catalog entry."""
+        definition (and fingerprint) and retention. Returns the catalog entry."""
         with self._tx() as conn:
             row = conn.execute(
                 "SELECT * FROM lakefold.projections WHERE name = %s FOR UPDATE", (name,)
@@ -212,9 +228,9 @@ class Catalog:
                 delta, prefix, index, checkpoint = self._locations(name, 1)
                 conn.execute(
                     "INSERT INTO lakefold.projections (name, target_kind, current_generation, "
-                    "fingerprint, keep_generations) VALUES (%s, %s, 1, %s, %s) "
+                    "fingerprint, keep_generations, definition) VALUES (%s, %s, 1, %s, %s, %s) "
                     "ON CONFLICT (name) DO NOTHING",
-                    (name, target_kind, fingerprint, keep_generations),
+                    (name, target_kind, fingerprint, keep_generations, Jsonb(definition)),
                 )
                 conn.execute(
                     "INSERT INTO lakefold.projection_generations (name, generation, status, "
@@ -225,8 +241,9 @@ class Catalog:
             else:
                 conn.execute(
                     "UPDATE lakefold.projections SET target_kind = %s, fingerprint = %s, "
-                    "keep_generations = %s, updated_at = now() WHERE name = %s",
-                    (target_kind, fingerprint, keep_generations, name),
+                    "keep_generations = %s, definition = %s, updated_at = now() "
+                    "WHERE name = %s",
+                    (target_kind, fingerprint, keep_generations, Jsonb(definition), name),
                 )
             return self._projection(conn, name)
 
@@ -244,6 +261,13 @@ class Catalog:
     def projection(self, name: str) -> ProjectionRow:
         with self._tx() as conn:
             return self._projection(conn, name)
+
+    def definition(self, name: str) -> dict[str, Any] | None:
+        """The definition NAME was last run with (``Projection.describe()``)."""
+        with self._tx() as conn:
+            row = conn.execute("SELECT definition FROM lakefold.projections WHERE name = %s",
+                               (name,)).fetchone()
+        return None if row is None else row["definition"]
 
     def projections(self) -> list[ProjectionRow]:
         with self._tx() as conn:

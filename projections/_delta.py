@@ -95,8 +95,20 @@ class DeltaWriteResult:
     version: int
 
 
+#: Upsert batches up to this many rows are merged from the driver (one Spark job to collect
+#: them, one delta-rs merge); bigger ones go through the Spark sink's distributed write.
+DRIVER_MERGE_ROWS = 200_000
+
+
 class DeltaViewWriter:
-    """Writes batches of one generation's Delta table, exactly once per batch id."""
+    """Writes batches of one generation's Delta table, exactly once per batch id.
+
+    ``append`` goes through the Spark layer's sink (tasks write Parquet, the driver commits).
+    ``upsert`` batches are small in live operation (a fold or an aggregation emits one row per
+    changed key), so they are collected and merged by delta-rs on the driver, which saves the
+    sink's distributed staging round trip; large ones (a rebuild) use the Spark sink too. Both
+    paths use the same app transaction (projection@generation, batch id).
+    """
 
     def __init__(self, spec: DeltaTableTarget, path: str, *, app_id: str, name: str) -> None:
         self.spec = spec
@@ -104,10 +116,16 @@ class DeltaViewWriter:
         self.app_id = app_id
         self.name = name
 
-    def write(self, df: DataFrame, batch_id: int) -> DeltaWriteResult:
+    def write(self, df: DataFrame, batch_id: int, *, rows_hint: int | None = None
+              ) -> DeltaWriteResult:
+        """Write one batch. ``rows_hint`` (the batch's input records, when known) picks the
+        driver merge for small upserts."""
         columns = df.columns
         if self.spec.mode == "scd2":
             return self.write_scd2(df.toArrow(), batch_id)
+        if self.spec.mode == "upsert" and rows_hint is not None \
+                and rows_hint <= DRIVER_MERGE_ROWS:
+            return self.write_arrow(df.toArrow(), batch_id)
         mode = WriteMode.APPEND if self.spec.mode == "append" else WriteMode.UPSERT
         keyed = mode is WriteMode.UPSERT
         target = DeltaTarget(
@@ -120,6 +138,54 @@ class DeltaViewWriter:
         )
         result = write_batch(df, target, batch_id)
         return DeltaWriteResult(result.skipped, result.rows_written, result.table_version)
+
+    def _committed(self, table: DeltaTable | None, batch_id: int) -> bool:
+        if table is None:
+            return False
+        version = table.transaction_version(self.app_id)
+        return version is not None and version >= batch_id
+
+    def write_arrow(self, rows: pa.Table, batch_id: int) -> DeltaWriteResult:
+        """Upsert ``rows`` by key from the driver, exactly once per batch id: per key the row
+        with the highest ``_position`` wins; rows with ``_deleted`` true delete the key."""
+        table = self._open()
+        if self._committed(table, batch_id):
+            assert table is not None  # noqa: S101
+            return DeltaWriteResult(True, 0, table.version())
+        rows = _latest_per_key(rows, list(self.spec.keys))
+        properties = CommitProperties(app_transactions=[Transaction(self.app_id, batch_id)])
+        flag = DELETED_COLUMN in rows.column_names
+        data_columns = [c for c in rows.column_names if c != DELETED_COLUMN]
+        try:
+            if table is None:
+                keep = rows.filter(pc.invert(pc.fill_null(rows.column(DELETED_COLUMN), False))) \
+                    if flag else rows
+                write_deltalake(self.path, keep.select(data_columns), mode="append",
+                                name=self.name,
+                                partition_by=list(self.spec.partition_by) or None,
+                                commit_properties=properties)
+                return DeltaWriteResult(False, keep.num_rows, 0)
+            target_schema = pa.schema(table.schema().to_arrow())
+            source = _cast_like(rows, target_schema)
+            predicate = " AND ".join(f't."{k}" = s."{k}"' for k in self.spec.keys)
+            updates = {f'"{c}"': f's."{c}"' for c in data_columns}
+            merger = table.merge(source, predicate, source_alias="s", target_alias="t",
+                                 commit_properties=properties)
+            if flag:
+                tombstone = f's."{DELETED_COLUMN}" = true'
+                live = f'(s."{DELETED_COLUMN}" IS NULL OR s."{DELETED_COLUMN}" = false)'
+                merger = (merger.when_matched_delete(predicate=tombstone)
+                          .when_matched_update(updates, predicate=live)
+                          .when_not_matched_insert(updates, predicate=live))
+            else:
+                merger = merger.when_matched_update(updates).when_not_matched_insert(updates)
+            merger.execute()
+            return DeltaWriteResult(False, rows.num_rows, table.version())
+        except CommitFailedError as e:
+            raise TargetUnavailable(
+                f"commit of batch {batch_id} to {self.path} conflicted with another writer; "
+                "retrying the batch"
+            ) from e
 
     # ------------------------------------------------------------------ SCD2
 
@@ -185,6 +251,39 @@ class DeltaViewWriter:
             condition = condition & ds.field(key).isin(values)
         found = dataset.to_table(filter=condition).to_pylist()
         return {tuple(row[k] for k in keys): row for row in found}
+
+
+def _latest_per_key(rows: pa.Table, keys: list[str]) -> pa.Table:
+    """One row per key: the one with the highest ``_position`` (else the last one)."""
+    if rows.num_rows < 2:
+        return rows
+    order = pa.array(range(rows.num_rows), pa.int64())
+    ranked = rows.append_column("__order", order)
+    sort = [(POSITION_COLUMN, "descending")] if POSITION_COLUMN in rows.column_names else []
+    ranked = ranked.sort_by([*sort, ("__order", "descending")])
+    seen: set[tuple[Any, ...]] = set()
+    keep: list[int] = []
+    columns = [ranked.column(k).to_pylist() for k in keys]
+    for index, key in enumerate(zip(*columns, strict=True)):
+        if key not in seen:
+            seen.add(key)
+            keep.append(index)
+    return ranked.take(pa.array(keep, pa.int64())).drop_columns(["__order"])
+
+
+def _cast_like(rows: pa.Table, schema: pa.Schema) -> pa.Table:
+    """The batch with the table's types for the columns the table has."""
+    columns = []
+    fields = []
+    for field in rows.schema:
+        column = rows.column(field.name)
+        index = schema.get_field_index(field.name)
+        if index >= 0 and schema.field(index).type != field.type:
+            column = column.cast(schema.field(index).type)
+            field = pa.field(field.name, schema.field(index).type)
+        columns.append(column)
+        fields.append(field)
+    return pa.Table.from_arrays(columns, schema=pa.schema(fields))
 
 
 def _scd2_schema(output: pa.Schema, valid_from: str) -> pa.Schema:

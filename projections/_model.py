@@ -64,6 +64,8 @@ class EventSource:
     category: str | None
     types: tuple[str, ...]
     alias: str
+    #: The types given as event classes (known to the code even before the store has any).
+    declared: tuple[str, ...] = ()
 
     @property
     def kind(self) -> Literal["events"]:
@@ -119,11 +121,13 @@ def events(
     if category is not None and (not isinstance(category, str) or not category):
         raise ProjectionDefinitionError("events() needs a category name or None for all events")
     names = tuple(event_type_name(t) for t in types)
+    declared = tuple(event_type_name(t) for t in types if not isinstance(t, str))
     default_alias = re.sub(r"[^a-z0-9_]", "_", (category or "events").lower())
     if not default_alias[:1].isalpha():
         default_alias = f"e_{default_alias}"
     return EventSource(category=category, types=names,
-                       alias=check_name("source alias", alias or default_alias))
+                       alias=check_name("source alias", alias or default_alias),
+                       declared=declared)
 
 
 # --------------------------------------------------------------------------------- targets

@@ -9,8 +9,7 @@ unknown sources, missing keys and incompatible targets fail with a clear error f
 
 from __future__ import annotations
 
-import inspect
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -66,7 +65,7 @@ def is_stateful(df: DataFrame) -> bool:
         plan = df._jdf.queryExecution().analyzed().toString()
     except Exception:
         return True
-    return any(line.lstrip(" :+-").startswith(_STATEFUL) for line in plan.splitlines())
+    return any(line.lstrip(" :+-~").startswith(_STATEFUL) for line in plan.splitlines())
 
 
 def build(spark: SparkSession, projection: Projection, dsn: str, *, max_records: int,
@@ -201,13 +200,18 @@ def _check_fold_keys(projection: Projection, dsn: str) -> None:
                 )
 
 
-def validate(spark: SparkSession, registry: Registry, dsn: str) -> dict[str, Plan]:
+PlanFactory = Callable[[Projection], Plan]
+
+
+def validate(spark: SparkSession, registry: Registry, dsn: str,
+             factory: PlanFactory | None = None) -> dict[str, Plan]:
     """Check every projection against the live stores and Spark: sources exist, keys exist,
-    the output suits the target. Returns the plans (not started)."""
+    the output suits the target. Returns the plans (not started), built by ``factory`` (by
+    default with a read limit of one record)."""
     plans = {}
     for projection in registry:
         registered = [name for s in projection.sources if isinstance(s, EventSource)
-                      for name in s.types]
+                      for name in s.declared]
         if projection.fold is not None:
             registered += [t for t, (_, cls) in projection.fold.handlers.items()
                            if cls is not None]
@@ -215,7 +219,8 @@ def validate(spark: SparkSession, registry: Registry, dsn: str) -> dict[str, Pla
                                     registered_types=registered)
         _check_fold_keys(projection, dsn)
         try:
-            plan = build(spark, projection, dsn, max_records=1)
+            plan = factory(projection) if factory is not None else \
+                build(spark, projection, dsn, max_records=1)
         except ProjectionDefinitionError:
             raise
         except Exception as e:
@@ -227,9 +232,5 @@ def validate(spark: SparkSession, registry: Registry, dsn: str) -> dict[str, Pla
                 ) from e
             raise
         check_target(projection, plan)
-        if inspect.isgeneratorfunction(projection.transform):
-            raise ProjectionDefinitionError(
-                f"projection {projection.name}: the transform must return a DataFrame"
-            )
         plans[projection.name] = plan
     return plans

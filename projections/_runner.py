@@ -23,7 +23,6 @@ import re
 import shutil
 import threading
 import time
-import zlib
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -33,12 +32,19 @@ import psycopg
 from lakefold.projections import _stores
 from lakefold.projections._api import Projection, Registry
 from lakefold.projections._batch import GenerationSink
-from lakefold.projections._catalog import Catalog, Generation, SinkRoots
+from lakefold.projections._catalog import (
+    LOCK_NAMESPACE,
+    Catalog,
+    Generation,
+    SinkRoots,
+    generation_lock_key,
+)
 from lakefold.projections._deadletters import DeadLetters
-from lakefold.projections._plan import build, validate
+from lakefold.projections._plan import Plan, build, validate
 from lakefold.projections._redis import drop_prefix
 from lakefold.projections._source import retry_frame
 from lakefold.projections.exceptions import (
+    ProjectionNotFound,
     ProjectionStateError,
     RecordFailed,
 )
@@ -48,7 +54,6 @@ if TYPE_CHECKING:
     from pyspark.sql.streaming.query import StreamingQuery
 
 log = logging.getLogger(__name__)
-_LOCK_NAMESPACE = zlib.crc32(b"lakefold.projection") & 0x7FFF_FFFF
 
 
 @dataclass(frozen=True)
@@ -62,10 +67,6 @@ class RunnerConfig:
     poll_seconds: float = 0.5
     trigger_seconds: float | None = None
     only: tuple[str, ...] = ()
-
-
-def generation_lock_key(name: str, generation: int) -> int:
-    return zlib.crc32(f"{name}:{generation}".encode()) & 0x7FFF_FFFF
 
 
 class GenerationQuery:
@@ -88,7 +89,7 @@ class GenerationQuery:
     def _acquire(self) -> bool:
         conn = psycopg.connect(self.runner.config.store_dsn, autocommit=True)
         row = conn.execute("SELECT pg_try_advisory_lock(%s, %s)",
-                           (_LOCK_NAMESPACE, generation_lock_key(*self.key))).fetchone()
+                           (LOCK_NAMESPACE, generation_lock_key(*self.key))).fetchone()
         if not (row and row[0]):
             conn.close()
             return False
@@ -111,12 +112,10 @@ class GenerationQuery:
         options = projection.options
         max_records = options.rebuild_records_per_batch if self.role == "rebuild" \
             else options.max_records_per_batch
-        retries = None
-        if projection.fold is not None:
-            retries = retry_frame(runner.spark, runner.config.store_dsn, projection.name,
-                                  generation.generation)
-        plan = build(runner.spark, projection, runner.config.store_dsn,
-                     max_records=max_records, scope=generation.scope, retries=retries)
+        plan = runner.take_prepared_plan(projection.name, generation.generation, self.role)
+        if plan is None:
+            plan = runner.plan(projection, generation.generation, max_records=max_records,
+                               scope=generation.scope)
         from pyspark.sql.pandas.types import to_arrow_schema
 
         self.sink = GenerationSink(
@@ -166,11 +165,17 @@ class GenerationQuery:
             return self.sink.progress.error
         return self.query.exception()
 
-    def end(self) -> dict[str, int]:
+    def end(self, *, pending: bool = False) -> dict[str, int]:
+        """The end position of the last committed batch; with ``pending``, of the last batch
+        whose writes started (they may be visible although the batch did not finish)."""
         if self.sink is None:
             return dict(self.generation.position)
         with self.sink.progress.lock:
-            return dict(self.sink.progress.end)
+            end = dict(self.sink.progress.end)
+            if pending:
+                for alias, position in self.sink.progress.pending.items():
+                    end[alias] = max(end.get(alias, 0), position)
+            return end
 
 
 @dataclass
@@ -193,6 +198,8 @@ class Runner:
         self.dead_letters = DeadLetters(self.catalog)
         self.queries: dict[tuple[str, int], GenerationQuery] = {}
         self._health: dict[str, _Health] = {}
+        self._switching: dict[str, dict[str, int]] = {}
+        self._plans: dict[tuple[str, int], Plan] = {}
         self._prepared = False
 
     @property
@@ -204,21 +211,50 @@ class Runner:
             self.registry.get(sorted(unknown)[0])  # raises ProjectionNotFound, listing names
         return selected
 
+    def plan(self, projection: Projection, generation: int, *, max_records: int,
+             scope: dict[str, Any] | None = None) -> Plan:
+        """The output plan of one generation of ``projection`` (not started)."""
+        retries = None
+        if projection.fold is not None:
+            retries = retry_frame(self.spark, self.config.store_dsn, projection.name,
+                                  generation)
+        return build(self.spark, projection, self.config.store_dsn, max_records=max_records,
+                     scope=scope, retries=retries)
+
+    def take_prepared_plan(self, name: str, generation: int, role: str) -> Plan | None:
+        """The plan ``prepare`` validated for the live generation (used once)."""
+        return self._plans.pop((name, generation), None) if role == "live" else None
+
     def prepare(self) -> None:
         """Install the catalog, validate every projection against the live stores, and
-        register new projections (generation 1). Raises before anything runs."""
+        register new projections (generation 1). Raises before anything runs.
+
+        The plans validated here are the ones the live queries start with (building a plan
+        starts Python processes for its sources, so it is done once)."""
         if self._prepared:
             return
         self.catalog.install()
         self.dead_letters.install()
         selected = Registry()
+        live: dict[str, int] = {}
         for projection in self.projections:
             selected._projections[projection.name] = projection
-        validate(self.spark, selected, self.config.store_dsn)
+            try:
+                live[projection.name] = self.catalog.current(projection.name).generation
+            except ProjectionNotFound:
+                live[projection.name] = 1
+
+        def factory(projection: Projection) -> Plan:
+            return self.plan(projection, live[projection.name],
+                             max_records=projection.options.max_records_per_batch)
+
+        plans = validate(self.spark, selected, self.config.store_dsn, factory)
+        self._plans = {(name, live[name]): plan for name, plan in plans.items()}
         for projection in self.projections:
             self.catalog.ensure(projection.name, target_kind=projection.target.kind,
                                 fingerprint=projection.fingerprint(),
-                                keep_generations=projection.options.keep_generations)
+                                keep_generations=projection.options.keep_generations,
+                                definition=projection.describe())
         self._prepared = True
 
     # ------------------------------------------------------------------ rebuild
@@ -264,6 +300,7 @@ class Runner:
         self.catalog.close()
 
     def _stop_projection(self, name: str) -> None:
+        self._switching.pop(name, None)
         for key in [k for k in self.queries if k[0] == name]:
             self.queries.pop(key).stop()
 
@@ -285,7 +322,7 @@ class Runner:
             self._health[name] = health = _Health()  # resumed by `lakefold resume`
         live = self.catalog.current(name)
         building = self.catalog.building(name)
-        if not self._ensure(projection, live, "live", health):
+        if name not in self._switching and not self._ensure(projection, live, "live", health):
             return health.given_up
         if building is not None:
             if not self._ensure(projection, building, "rebuild", health):
@@ -350,23 +387,34 @@ class Runner:
 
     def _maybe_switch(self, projection: Projection, live: Generation,
                       building: Generation) -> None:
+        """Switch NAME to ``building`` once it holds at least what ``live`` holds.
+
+        When the new generation has reached the live one's position, the live query is
+        stopped (its last position is then final) and the switch waits until the new
+        generation has reached that final position too: a reader never sees the view go
+        back in time across the switch.
+        """
         name = projection.name
         new = self.queries.get((name, building.generation))
         if new is None or new.sink is None or new.sink.progress.batch_id is None:
             return
         old = self.queries.get((name, live.generation))
-        live_end = old.end() if old is not None else dict(live.position)
+        frozen = self._switching.get(name)
+        live_end = frozen if frozen is not None else (
+            old.end() if old is not None else dict(live.position))
         new_end = new.end()
-        heads = self.heads(projection)
-        reached = all(new_end.get(a, 0) >= max(live_end.get(a, 0), 1) for a in heads)
-        if not reached:
+        aliases = [s.alias for s in projection.sources]
+        if not all(new_end.get(a, 0) >= max(live_end.get(a, 0), 1) for a in aliases):
             return
+        if frozen is None and old is not None:
+            old.stop()  # its last batch is committed when stop returns
+            self.queries.pop((name, live.generation), None)
+            self._switching[name] = old.end(pending=True)
+            return  # compare with the final position at the next look
         dropped = self.catalog.switch(name, building.generation)
+        self._switching.pop(name, None)
         new.role = "live"
         new.sink.publish()
-        if old is not None:
-            old.stop()
-            self.queries.pop((name, live.generation), None)
         self.drop_generations(dropped)
         log.info("projection %s switched to generation %d", name, building.generation)
 

@@ -45,7 +45,7 @@ def source_from_json(text: str) -> Source:
     kind = data.pop("kind")
     if kind == "events":
         return EventSource(category=data["category"], types=tuple(data["types"]),
-                           alias=data["alias"])
+                           alias=data["alias"], declared=tuple(data.get("declared", ())))
     return ChangelogSource(table=data["table"], alias=data["alias"])
 
 

@@ -15,6 +15,7 @@ All functions take plain arguments (a DSN, names) so they run in Spark's Python 
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -81,11 +82,41 @@ def _has_table(conn: psycopg.Connection[Any], table: str) -> bool:
     return bool(row and row[0])
 
 
+_handles: dict[tuple[str, str], Any] = {}
+_handles_lock = threading.Lock()
+
+
+def _handle(kind: str, dsn: str) -> Any:
+    """A long-lived store object per DSN (heads are asked every trigger: no reconnects)."""
+    key = (kind, dsn)
+    handle = _handles.get(key)
+    if handle is None:
+        if kind == "events":
+            from lakefold.eventstore import EventStore
+
+            handle = EventStore(dsn)
+        else:
+            from lakefold.capture import ChangelogStore
+
+            handle = ChangelogStore(dsn)
+        _handles[key] = handle
+    return handle
+
+
+def _drop_handle(kind: str, dsn: str) -> None:
+    handle = _handles.pop((kind, dsn), None)
+    if handle is not None:
+        handle.close()
+
+
 def events_head(dsn: str) -> int:
     """The last global position visible to readers (0 when the store is empty)."""
-    from lakefold.eventstore import head_position
-
-    return int(head_position(dsn))
+    with _handles_lock:
+        try:
+            return int(_handle("events", dsn).head())
+        except Exception:
+            _drop_handle("events", dsn)  # reconnect next time
+            raise
 
 
 def read_events(dsn: str, source: EventSource, start: int, end: int
@@ -126,10 +157,12 @@ def changelog_streams(dsn: str) -> list[str]:
 
 def changelog_head(dsn: str, stream: str) -> int:
     """The last position of a changelog stream that readers may see (0 when empty)."""
-    from lakefold.capture import ChangelogStore
-
-    with ChangelogStore(dsn) as store:
-        return int(store.head(stream))
+    with _handles_lock:
+        try:
+            return int(_handle("changelog", dsn).head(stream))
+        except Exception:
+            _drop_handle("changelog", dsn)  # reconnect next time
+            raise
 
 
 def changelog_arrow_schema(dsn: str, stream: str) -> pa.Schema:

@@ -100,20 +100,24 @@ def orders_expected(dsn: str) -> tuple[dict[str, dict[str, str]], dict[str, str]
     return last, notes
 
 
-def append_orders(dsn: str, rng: random.Random, count: int, *, poison_every: int = 0
-                  ) -> dict[str, Decimal]:
+def append_orders(dsn: str, rng: random.Random, count: int, *, poison_every: int = 0,
+                  first: int = 0, antidote: str | None = None,
+                  poisoned: dict[str, Decimal] | None = None) -> dict[str, Decimal]:
     """OrderPlaced events (customer, amount) in category ``order``; returns the expected
     revenue per customer (poison events excluded)."""
     store = EventStore(dsn)
     store.install()
     expected: dict[str, Decimal] = {}
-    for i in range(count):
+    for i in range(first, first + count):
         customer = f"c{rng.randrange(7)}"
         amount = Decimal(rng.randrange(100, 5_000)) / 100
-        poison = bool(poison_every) and i % poison_every == poison_every - 1
+        poison = bool(poison_every) and (i + 1) % poison_every == 0
         note = " ".join(rng.sample(NOTE_WORDS, 3))
         store.append(f"order-{i}", [NewEvent(type="OrderPlaced", data={
-            "customer": customer, "amount": str(amount), "poison": poison, "note": note})])
+            "customer": customer, "amount": str(amount), "poison": poison, "note": note,
+            "antidote": antidote})])
+        if poison and poisoned is not None:
+            poisoned[customer] = poisoned.get(customer, Decimal(0)) + amount
         if not poison:
             expected[customer] = expected.get(customer, Decimal(0)) + amount
     store.close()

@@ -4,6 +4,8 @@ Tantivy: every target, dead letters, pause and resume."""
 from __future__ import annotations
 
 import random
+import threading
+import time
 from decimal import Decimal
 from pathlib import Path
 
@@ -13,6 +15,7 @@ from deltalake import DeltaTable
 from lakefold.projections import (
     Catalog,
     DeadLetters,
+    ProjectionNotFound,
     RedisCacheReader,
     Runner,
     RunnerConfig,
@@ -55,3 +58,69 @@ def test_event_projections_equal_a_fresh_computation(pg, spark, redis_url, tmp_p
     assert sorted(h.key for h in search.search("order_search", word, limit=100)) == sorted(
         order for order, note in notes.items() if word in note.split())
     catalog.close()
+
+
+def wait_until(predicate, timeout: float = 120, what: str = "condition") -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.2)
+
+
+def test_pause_resume_and_dead_letter_retry(pg, spark, redis_url, tmp_path):
+    rng = random.Random(5)
+    antidote = tmp_path / "fixed"
+    poisoned: dict[str, Decimal] = {}
+    expected = helpers.append_orders(pg.dsn, rng, 30, poison_every=10, antidote=str(antidote),
+                                     poisoned=poisoned)
+    config = RunnerConfig(store_dsn=pg.dsn, roots=SinkRoots.under(tmp_path),
+                          redis_url=redis_url, poll_seconds=0.2,
+                          only=("revenue", "last_order"))
+    runner = Runner(spark, load_projections(EVENTS_MODULE), config)
+    stop = threading.Event()
+    thread = threading.Thread(target=runner.run, kwargs={"stop": stop})
+    thread.start()
+    catalog = Catalog(pg.dsn)
+    dead = DeadLetters(catalog)
+    try:
+        def revenue() -> dict[str, Decimal]:
+            try:
+                path = catalog.current("revenue").delta_path
+            except ProjectionNotFound:  # the runner has not installed the catalog yet
+                return {}
+            if not Path(path, "_delta_log").exists():
+                return {}
+            return {r["customer"]: r["revenue"]
+                    for r in DeltaTable(path).to_pyarrow_table().to_pylist()}
+
+        wait_until(lambda: revenue() == expected and len(dead.find("revenue")) == 3,
+                   what="the first catch-up")
+        # pause: the runner stops the query; new events do not reach the paused view
+        catalog.set_paused("last_order", True)
+        wait_until(lambda: not any(k[0] == "last_order" for k in runner.queries),
+                   what="the pause")
+        reader = RedisCacheReader(redis_url)
+        frozen = {c: reader.get("last_order", c) for c in reader.keys("last_order")}
+        more = helpers.append_orders(pg.dsn, rng, 10, first=30)
+        for customer, amount in more.items():
+            expected[customer] = expected.get(customer, Decimal(0)) + amount
+        wait_until(lambda: revenue() == expected, what="the unpaused projection")
+        assert {c: reader.get("last_order", c) for c in reader.keys("last_order")} == frozen
+        assert catalog.projection("last_order").state == "paused"
+        # the poison is fixed: retrying the dead letters folds them in, exactly once
+        antidote.touch()
+        dead.request_retry([d.id for d in dead.find("revenue")])
+        for customer, amount in poisoned.items():
+            expected[customer] = expected.get(customer, Decimal(0)) + amount
+        wait_until(lambda: revenue() == expected, what="the retried dead letters")
+        assert {d.status for d in dead.find("revenue")} == {"resolved"}
+        # resume: the view catches up from where it stopped
+        catalog.set_paused("last_order", False)
+        last, _ = helpers.orders_expected(pg.dsn)
+        wait_until(lambda: {c: reader.get("last_order", c) for c in last} == last,
+                   what="the resumed projection")
+        reader.close()
+    finally:
+        stop.set()
+        thread.join()
+        catalog.close()

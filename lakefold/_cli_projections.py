@@ -1,0 +1,292 @@
+"""Projection commands: ``lakefold run``, ``rebuild``, ``pause``, ``resume``, ``status``,
+``dlq list|retry|drop`` and ``search``.
+
+``run`` and ``rebuild`` need the projections module (``--projections FILE`` or the
+``projections`` setting); the others read the catalog only, from any machine that reaches the
+store.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from typing import TYPE_CHECKING, Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from lakefold.cli import app
+from lakefold.exceptions import ConfigurationError
+
+if TYPE_CHECKING:
+    from lakefold.projections import Catalog, Registry
+    from lakefold.settings import Settings
+
+dlq_app = typer.Typer(no_args_is_help=True,
+                      help="Dead letters: records that failed every retry.")
+app.add_typer(dlq_app, name="dlq")
+_out = Console()
+
+ProjectionsOption = Annotated[
+    str | None,
+    typer.Option("--projections", "-p", help="Python file (or module) that defines the "
+                 "projections (default: the `projections` setting).", show_default=False),
+]
+JsonOption = Annotated[bool, typer.Option("--json", help="Machine-readable output.")]
+
+
+def _settings() -> Settings:
+    from lakefold.settings import load_settings
+
+    return load_settings()
+
+
+def _store_dsn(settings: Settings) -> str:
+    dsn = settings.resolved_store_dsn()
+    if not dsn:
+        raise ConfigurationError(
+            "no store DSN: set LAKEFOLD_STORE_DSN (or LAKEFOLD_DSN) to the PostgreSQL database "
+            "that holds lakefold's schema"
+        )
+    return dsn
+
+
+def _catalog(settings: Settings) -> Catalog:
+    from lakefold.projections import Catalog, SinkRoots
+
+    catalog = Catalog(_store_dsn(settings), SinkRoots.under(settings.home, settings.lake_dir))
+    catalog.install()
+    return catalog
+
+
+def _registry(settings: Settings, location: str | None) -> Registry:
+    from lakefold.projections import load_projections
+
+    where = location or settings.projections
+    if not where:
+        raise ConfigurationError(
+            "no projections module: pass --projections FILE or set LAKEFOLD_PROJECTIONS"
+        )
+    return load_projections(where)
+
+
+def _runner(settings: Settings, location: str | None, *, only: tuple[str, ...] = (),
+            trigger: float | None = None) -> Any:
+    from lakefold.projections import Runner, RunnerConfig, SinkRoots
+    from lakefold.spark import spark_session
+
+    registry = _registry(settings, location)
+    redis_url = settings.redis_url.get_secret_value() if settings.redis_url else None
+    config = RunnerConfig(store_dsn=_store_dsn(settings),
+                          roots=SinkRoots.under(settings.home, settings.lake_dir),
+                          redis_url=redis_url, trigger_seconds=trigger, only=only)
+    spark = spark_session(settings.spark_master, conf=settings.spark_conf)
+    return Runner(spark, registry, config)
+
+
+@app.command("run")
+def run(
+    projections: ProjectionsOption = None,
+    until_caught_up: Annotated[bool, typer.Option(
+        "--until-caught-up", help="Stop once everything in the stores now is processed.")] = False,
+    trigger: Annotated[float | None, typer.Option(
+        help="Processing-time trigger in seconds for every projection (default: each "
+             "projection's own).", show_default=False)] = None,
+    only: Annotated[list[str] | None, typer.Option(
+        "--only", help="Run only this projection (repeatable).", show_default=False)] = None,
+) -> None:
+    """Run every registered projection: continuously, or up to the current head."""
+    settings = _settings()
+    runner = _runner(settings, projections, only=tuple(only or ()), trigger=trigger)
+    stop = threading.Event()
+    try:
+        runner.prepare()
+        names = ", ".join(p.name for p in runner.projections)
+        _out.print(f"running {escape(names)}" + (" until caught up" if until_caught_up else
+                                                 "; Ctrl-C stops"))
+        runner.run(until_caught_up=until_caught_up, stop=stop)
+    except KeyboardInterrupt:
+        stop.set()
+        raise
+    finally:
+        runner.close()
+
+
+@app.command("rebuild")
+def rebuild(
+    name: Annotated[str, typer.Argument(help="The projection to rebuild.")],
+    projections: ProjectionsOption = None,
+    stream: Annotated[str | None, typer.Option(
+        help="Rebuild only what comes from this stream (event stream id or table).",
+        show_default=False)] = None,
+    key_from: Annotated[str | None, typer.Option(
+        help="Rebuild only keys >= this value.", show_default=False)] = None,
+    key_to: Annotated[str | None, typer.Option(
+        help="Rebuild only keys < this value.", show_default=False)] = None,
+    abandon: Annotated[bool, typer.Option(
+        "--abandon", help="Give up the rebuild in progress (its sinks are dropped).")] = False,
+    wait: Annotated[bool, typer.Option(
+        help="Wait until the new generation is live.")] = True,
+) -> None:
+    """Replay NAME's whole history into a new generation and switch to it atomically."""
+    settings = _settings()
+    if abandon:
+        catalog = _catalog(settings)
+        building = catalog.building(name)
+        if building is None:
+            raise ConfigurationError(f"projection {name} is not being rebuilt")
+        catalog.abandon(name, building.generation)
+        _out.print(f"abandoned generation {building.generation} of {escape(name)}")
+        return
+    runner = _runner(settings, projections, only=(name,))
+    try:
+        runner.prepare()
+        if stream or key_from is not None or key_to is not None:
+            report = runner.rebuild_part(name, stream=stream, key_from=key_from, key_to=key_to)
+            _out.print(f"rebuilt {report.rows:,} row(s) of {escape(name)} generation "
+                       f"{report.generation} up to its position {report.position}")
+            return
+        from lakefold.projections._status import projection_status
+
+        generation = runner.request_rebuild(name)
+        _out.print(f"building generation {generation.generation} of {escape(name)}")
+        (status,) = projection_status(runner.catalog, runner.config.store_dsn, [name])
+        if status.state not in ("running", "rebuilding", "retrying"):
+            runner.run(until_caught_up=True)
+        elif wait:
+            while runner.catalog.current(name).generation < generation.generation:
+                time.sleep(1)
+        _out.print(f"{escape(name)} is now generation {runner.catalog.current(name).generation}")
+    finally:
+        runner.close()
+
+
+def _set_paused(name: str, paused: bool) -> None:
+    catalog = _catalog(_settings())
+    row = catalog.set_paused(name, paused)
+    if not paused and row.state == "failed":
+        catalog.set_state(name, "idle", keep_error=True)
+    _out.print(f"{escape(name)} {'paused' if paused else 'resumed'}")
+
+
+@app.command("pause")
+def pause(name: Annotated[str, typer.Argument(help="The projection to pause.")]) -> None:
+    """Pause a projection: its runner stops it within a second; progress is kept."""
+    _set_paused(name, True)
+
+
+@app.command("resume")
+def resume(name: Annotated[str, typer.Argument(help="The projection to resume.")]) -> None:
+    """Resume a paused (or failed) projection from its checkpoint."""
+    _set_paused(name, False)
+
+
+@app.command("status")
+def status(as_json: JsonOption = False) -> None:
+    """Per projection: generation, position, lag, throughput, state, last error; per capture
+    slot: its health."""
+    from lakefold.projections._status import projection_status, slot_status
+
+    settings = _settings()
+    catalog = _catalog(settings)
+    statuses = projection_status(catalog, _store_dsn(settings))
+    source_dsn = settings.source_dsn()
+    slots = slot_status(source_dsn) if source_dsn else []
+    if as_json:
+        typer.echo(json.dumps({"projections": [s.as_json() for s in statuses],
+                               "slots": [vars(s) for s in slots]}, default=str))
+        return
+    table = Table(title="projections")
+    for column in ("name", "target", "gen", "state", "lag", "lag s", "rec/s", "dead", "error"):
+        table.add_column(column)
+    for s in statuses:
+        gen = f"{s.generation}" + (f" → {s.rebuilding_generation}"
+                                   if s.rebuilding_generation else "")
+        table.add_row(s.name, s.target, gen, s.state, f"{s.lag_records:,}",
+                      f"{s.lag_seconds:.1f}", f"{s.throughput_per_s:,.0f}", str(s.dead_letters),
+                      escape((s.last_error or "")[:60]))
+    _out.print(table)
+    if slots:
+        slot_table = Table(title="capture slots")
+        for column in ("slot", "active", "wal_status", "retained", "healthy"):
+            slot_table.add_column(column)
+        for slot in slots:
+            slot_table.add_row(slot.slot, str(slot.active), str(slot.wal_status),
+                               f"{slot.retained_bytes or 0:,} B", str(slot.healthy))
+        _out.print(slot_table)
+
+
+@dlq_app.command("list")
+def dlq_list(
+    name: Annotated[str | None, typer.Argument(help="Only this projection.")] = None,
+    state: Annotated[str | None, typer.Option(
+        "--status", help="open, retry, resolved or dropped.", show_default=False)] = None,
+    limit: Annotated[int, typer.Option(help="At most this many, newest first.")] = 100,
+    as_json: JsonOption = False,
+) -> None:
+    """List dead letters."""
+    from lakefold.projections import DeadLetters
+
+    letters = DeadLetters(_catalog(_settings())).find(name, status=state, limit=limit)
+    if as_json:
+        typer.echo(json.dumps([d.as_json() for d in letters], default=str))
+        return
+    table = Table(title="dead letters")
+    for column in ("id", "projection", "gen", "stage", "source", "position", "attempts",
+                   "status", "error"):
+        table.add_column(column)
+    for d in letters:
+        table.add_row(str(d.id), d.name, str(d.generation), d.stage, d.source, str(d.position),
+                      str(d.attempts), d.status, escape(d.error[:80]))
+    _out.print(table)
+
+
+@dlq_app.command("retry")
+def dlq_retry(ids: Annotated[list[int], typer.Argument(help="Dead-letter ids.")]) -> None:
+    """Feed dead letters through their projection again (at its next batch)."""
+    from lakefold.projections import DeadLetters
+
+    done = DeadLetters(_catalog(_settings())).request_retry(ids)
+    _out.print(f"queued {len(done)} dead letter(s) for retry")
+
+
+@dlq_app.command("drop")
+def dlq_drop(ids: Annotated[list[int], typer.Argument(help="Dead-letter ids.")]) -> None:
+    """Give up on dead letters (they stay listed as dropped)."""
+    from lakefold.projections import DeadLetters
+
+    done = DeadLetters(_catalog(_settings())).drop(ids)
+    _out.print(f"dropped {len(done)} dead letter(s)")
+
+
+@app.command("search")
+def search(
+    view: Annotated[str, typer.Argument(help="A projection with a search_index target.")],
+    query: Annotated[str, typer.Argument(help="Tantivy query, e.g. 'red kettle' or "
+                                              "'name:mug'.")],
+    limit: Annotated[int, typer.Option(help="At most this many hits.")] = 10,
+    as_json: JsonOption = False,
+) -> None:
+    """Search a projection's current index."""
+    from lakefold.projections import SearchIndexReader
+
+    catalog = _catalog(_settings())
+    reader = SearchIndexReader(lambda name: catalog.current(name).index_dir)
+    hits = reader.search(view, query, limit=limit)
+    if as_json:
+        typer.echo(json.dumps([{"key": h.key, "score": h.score, "document": h.document}
+                               for h in hits], default=str))
+        return
+    table = Table(title=f"{view}: {query}")
+    table.add_column("key")
+    table.add_column("score", justify="right")
+    table.add_column("document")
+    for hit in hits:
+        fields = ", ".join(f"{k}={v}" for k, v in hit.document.items()
+                           if not k.startswith("_"))
+        table.add_row(hit.key, f"{hit.score:.2f}", escape(fields[:120]))
+    _out.print(table)
+

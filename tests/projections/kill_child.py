@@ -1,0 +1,26 @@
+"""The victim of the SIGKILL loop: runs the event projections until killed (or, with
+``--until-caught-up``, until it has processed everything in the store)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from lakefold.projections import Runner, RunnerConfig, SinkRoots, load_projections
+from lakefold.spark import spark_session
+
+
+def main() -> None:
+    dsn, redis_url, home, mode = sys.argv[1:5]
+    spark = spark_session("local[2]", conf={"spark.sql.shuffle.partitions": "2"})
+    registry = load_projections(str(Path(__file__).with_name("event_projections.py")))
+    config = RunnerConfig(store_dsn=dsn, roots=SinkRoots.under(Path(home)), redis_url=redis_url,
+                          poll_seconds=0.1)
+    runner = Runner(spark, registry, config)
+    print("started", flush=True)
+    runner.run(until_caught_up=mode == "finish", timeout=600 if mode == "finish" else None)
+    print("caught up", flush=True)
+
+
+if __name__ == "__main__":
+    main()
