@@ -64,7 +64,6 @@ class ChangelogQuery:
 
     dsn: str
     stream: str
-    batch_rows: int = 65_536
 
     @classmethod
     def parse(cls, options: dict[str, str]) -> ChangelogQuery:
@@ -88,10 +87,11 @@ class ChangelogQuery:
             return spark_compatible(store.read(self.stream, from_position=head + 1).schema)
 
 
-class _RangePartition(InputPartition):
-    def __init__(self, positions: PositionRange) -> None:
-        super().__init__(positions)
-        self.positions = positions
+def _positions(partition: InputPartition) -> PositionRange:
+    value = partition.value
+    if not isinstance(value, PositionRange):
+        raise SparkLayerError(f"not a lakefold position range partition: {value!r}")
+    return value
 
 
 def _arrow_schema_of(spark_struct: Any) -> pa.Schema:
@@ -103,8 +103,9 @@ def _arrow_schema_of(spark_struct: Any) -> pa.Schema:
 def read_range(query: ChangelogQuery, positions: PositionRange, schema: pa.Schema
                ) -> Iterator[pa.RecordBatch]:
     """The records at ``positions``, conformed to the query's schema (in a task)."""
+    # One query per partition (partitions are sized by ReadOptions.partition_size).
     for batch in read_changelog_range(query.dsn, query.stream, positions.start, positions.end,
-                                      batch_rows=query.batch_rows):
+                                      batch_rows=max(len(positions), 1)):
         if batch.num_rows:
             yield conform_batch(batch, schema)
 
@@ -140,11 +141,10 @@ class ChangelogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
 
     def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[InputPartition]:
         ranges = split_range(position_of(start), position_of(end), self.options)
-        return [_RangePartition(r) for r in ranges]
+        return [InputPartition(r) for r in ranges]
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
-        assert isinstance(partition, _RangePartition)  # noqa: S101 - Spark hands ours back
-        return read_range(self.query, partition.positions, self.schema)
+        return read_range(self.query, _positions(partition), self.schema)
 
     def commit(self, end: dict[str, Any]) -> None:
         """Nothing to release: compaction, not consumers, trims the changelog."""
@@ -163,11 +163,10 @@ class ChangelogBatchReader(DataSourceReader):
         if end is None:
             end = self.query.head() + 1
         ranges = split_range(self.options.starting_position, end, self.options)
-        return [_RangePartition(r) for r in ranges]
+        return [InputPartition(r) for r in ranges]
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
-        assert isinstance(partition, _RangePartition)  # noqa: S101 - Spark hands ours back
-        return read_range(self.query, partition.positions, self.schema)
+        return read_range(self.query, _positions(partition), self.schema)
 
 
 class ChangelogDataSource(DataSource):

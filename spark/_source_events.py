@@ -91,10 +91,11 @@ class EventsQuery:
         return EVENTS_ARROW_SCHEMA.set(index, pa.field("data", decoder.struct_type))
 
 
-class _RangePartition(InputPartition):
-    def __init__(self, positions: PositionRange) -> None:
-        super().__init__(positions)
-        self.positions = positions
+def _positions(partition: InputPartition) -> PositionRange:
+    value = partition.value
+    if not isinstance(value, PositionRange):
+        raise SparkLayerError(f"not a lakefold position range partition: {value!r}")
+    return value
 
 
 def _arrow_schema_of(spark_struct: Any) -> pa.Schema:
@@ -112,6 +113,7 @@ def read_range(query: EventsQuery, positions: PositionRange, schema: pa.Schema
     for batch in copy_events_range(
         query.dsn, positions.start, positions.end,
         category=query.category, types=query.types,
+        page_positions=max(len(positions), 1),  # one COPY per partition
     ):
         if decoder is not None:
             data = decoder.decode(batch.column("type"), batch.column("schema_version"),
@@ -152,11 +154,10 @@ class EventsStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[InputPartition]:
         ranges = split_range(position_of(start), position_of(end), self.options)
-        return [_RangePartition(r) for r in ranges]
+        return [InputPartition(r) for r in ranges]
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
-        assert isinstance(partition, _RangePartition)  # noqa: S101 - Spark hands ours back
-        return read_range(self.query, partition.positions, self.schema)
+        return read_range(self.query, _positions(partition), self.schema)
 
     def commit(self, end: dict[str, Any]) -> None:
         """Nothing to release: the log keeps every event (projections keep checkpoints)."""
@@ -175,11 +176,10 @@ class EventsBatchReader(DataSourceReader):
         if end is None:
             end = head_position(self.query.dsn) + 1
         ranges = split_range(self.options.starting_position, end, self.options)
-        return [_RangePartition(r) for r in ranges]
+        return [InputPartition(r) for r in ranges]
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
-        assert isinstance(partition, _RangePartition)  # noqa: S101 - Spark hands ours back
-        return read_range(self.query, partition.positions, self.schema)
+        return read_range(self.query, _positions(partition), self.schema)
 
 
 class EventsDataSource(DataSource):

@@ -39,7 +39,7 @@ def _kill_group(process: subprocess.Popen[str]) -> None:
     except ProcessLookupError:
         pass
     process.wait(timeout=30)
-    if process.stdout is not None:
+    if process.stdout is not None and not process.stdout.closed:
         process.stdout.close()
 
 
@@ -69,7 +69,7 @@ def _wait_for_batch(process: subprocess.Popen[str], batches: int, timeout_s: flo
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(900)
+@pytest.mark.timeout(900)  # 11 driver starts (JVM + Python workers) on 2 cores
 def test_sigkill_mid_batch_loop_gives_exact_result(pg, tmp_path):
     rng = random.Random(20261121)
     with EventStore(pg.dsn) as store:
@@ -81,27 +81,24 @@ def test_sigkill_mid_batch_loop_gives_exact_result(pg, tmp_path):
     lake, checkpoint = tmp_path / "lake", tmp_path / "checkpoint"
 
     kills = 0
-    outcomes = []
     began = time.monotonic()
     while kills < KILLS:
         victim = _start(pg.dsn, lake, checkpoint)
-        marker = _wait_for_batch(victim, rng.randint(1, 2), timeout_s=90)
-        if marker == "DONE":  # finished before we could kill it: start over from scratch
-            victim.wait(timeout=30)
-            pytest.fail("the victim caught up before it was killed; make the workload larger")
-        assert marker.startswith("BATCH"), marker
-        time.sleep(rng.uniform(0.0, 1.5))  # inside the batch: Spark job, file writes or commit
-        _kill_group(victim)
+        try:
+            marker = _wait_for_batch(victim, rng.randint(1, 2), timeout_s=180)
+            assert marker.startswith("BATCH"), f"victim run {kills + 1}: {marker}"
+            time.sleep(rng.uniform(0.0, 1.5))  # inside the batch: job, file writes or commit
+        finally:
+            _kill_group(victim)
         kills += 1
-        outcomes.append(marker)
         print(f"kill {kills} at {marker} after {time.monotonic() - began:.1f}s", flush=True)
-    assert kills >= 10
 
     final = _start(pg.dsn, lake, checkpoint)
-    assert _wait_for_batch(final, 10_000, timeout_s=150) == "DONE"
-    final.wait(timeout=60)
-    if final.stdout is not None:
-        final.stdout.close()
+    try:
+        assert _wait_for_batch(final, 10_000, timeout_s=240) == "DONE"
+        final.wait(timeout=60)
+    finally:
+        _kill_group(final)
 
     events = DeltaTable(str(lake / "events")).to_pyarrow_table()
     positions = sorted(events.column("position").to_pylist())
