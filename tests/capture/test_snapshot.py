@@ -112,3 +112,24 @@ def test_without_initial_snapshot_only_changes_are_captured(pg: TestDatabase) ->
     capture_now(config)
     with ChangelogStore(pg.dsn) as store:
         assert store.read("public.items").column("_op").to_pylist() == ["update"]
+
+
+def test_snapshots_into_a_store_in_another_database(pg: TestDatabase,
+                                                    store_db: TestDatabase) -> None:
+    seed_table(pg.dsn, "items", 5_000)
+    config = CaptureConfig(source_dsn=pg.dsn, store_dsn=store_db.dsn, tables=("items",),
+                           slot="apart", stream_prefix="src.",
+                           snapshot=SnapshotPolicy(chunk_rows=700, incremental_chunk_rows=900))
+    Capture(config).setup()
+    execute(pg.dsn, "DELETE FROM items WHERE id <= 100", "UPDATE items SET v = 3 WHERE id = 200")
+    from lakefold.capture import resnapshot
+
+    stats = resnapshot(config, ["items"])
+    assert stats.rows == 4_900
+    capture_now(config)
+    with ChangelogStore(store_db.dsn) as store:
+        ops = store.read("src.public.items", 1, 100_000).column("_op").to_pylist()
+        assert ops == ["read"] * 5_000 + ["delete"] * 100 + ["update"] + ["read"] * 4_900
+        assert replayed_rows(store, "src.public.items") == source_rows(pg.dsn, "public.items")
+    with psycopg.connect(pg.dsn) as conn:  # nothing of the store in the source database
+        assert conn.execute("SELECT to_regclass('lakefold.changelog')").fetchone() == (None,)
