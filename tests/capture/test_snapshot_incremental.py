@@ -118,3 +118,62 @@ def test_resnapshot_refuses_tables_the_capture_does_not_cover(pg: TestDatabase) 
         resnapshot(config, [])
     with psycopg.connect(pg.dsn) as conn:  # nothing half-made by the refusals
         assert conn.execute("SELECT count(*) FROM lakefold.capture_snapshots").fetchone() == (0,)
+
+
+@pytest.mark.timeout(180)
+def test_a_killed_resnapshot_is_finished_by_the_running_capture(pg: TestDatabase) -> None:
+    import os
+    import signal
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    seed_table(pg.dsn, "items", 12_000)
+    config = _config(pg.dsn)
+    Capture(config).setup()
+    cli = Path(sys.executable).parent / "lakefold"
+    victim = subprocess.Popen([cli, "capture", "resnapshot", "items", "--dsn", pg.dsn,
+                               "--slot", "incr", "--chunk-rows", "200", "--json"],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+    def chunks() -> int:
+        with psycopg.connect(pg.dsn, autocommit=True) as conn:
+            if conn.execute("SELECT to_regclass('lakefold.capture_snapshot_tables')"
+                            ).fetchone() == (None,):
+                return 0
+            row = conn.execute("SELECT coalesce(sum(chunks), 0) FROM "
+                               "lakefold.capture_snapshot_tables").fetchone()
+        return int(row[0]) if row else 0
+
+    deadline = time.monotonic() + 60
+    while chunks() < 10:
+        assert victim.poll() is None and time.monotonic() < deadline
+        time.sleep(0.02)
+    os.kill(victim.pid, signal.SIGKILL)
+    victim.wait()
+    done_before = chunks()
+    assert done_before < 60  # killed in the middle
+
+    stop = threading.Event()
+    capture = threading.Thread(target=lambda: Capture(config).run(stop=stop), daemon=True)
+    capture.start()  # its side thread finishes the unfinished re-snapshot
+    try:
+        deadline = time.monotonic() + 90
+        while True:
+            with psycopg.connect(pg.dsn) as conn:
+                status = conn.execute("SELECT status FROM lakefold.capture_snapshots"
+                                      ).fetchone()
+            if status == ("done",):
+                break
+            assert time.monotonic() < deadline, status
+            time.sleep(0.1)
+    finally:
+        stop.set()
+        capture.join(60)
+    capture_now(config)
+    with ChangelogStore(pg.dsn) as store:
+        histories = key_histories(store, "public.items")
+        assert all(ops.count("read") >= 1 for ops in histories.values())
+        twice = [k for k, ops in histories.items() if ops.count("read") > 1]
+        assert len(twice) <= 200  # at most the chunk interrupted by the kill
+        assert replayed_rows(store, "public.items") == source_rows(pg.dsn, "public.items")
