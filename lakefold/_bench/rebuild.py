@@ -1,0 +1,168 @@
+"""``lakefold bench rebuild``: replay a long event history into a new generation of a Delta
+aggregate, while the old generation stays live, and switch.
+
+Set-up (throwaway PostgreSQL with fsync on, local Spark): ``--events`` sale events
+(``{"customer": "c<k>", "amount": n}``, ``--customers`` customers, 100 events per stream) in
+the event store, and one projection, ``sales_by_customer``: a streaming aggregation (sum of
+amounts and count per customer) upserted into Delta.
+
+- ``params.initial_build_events_per_s``: generation 1 built from nothing (``lakefold run
+  --until-caught-up``), for reference;
+- ``results.rebuild_events_per_s``: ``lakefold rebuild``: generation 2 replays the whole
+  history in batches of ``--batch`` records and the catalog switches to it; events divided by
+  the time from the request to the switch. The table is checked against the expected sums.
+- ``baseline.batch_aggregate_events_per_s``: the same aggregate as one plain Spark batch job
+  over the ``lakefold_events`` source (no streaming, state store, checkpoints or Delta), same
+  run, same data: what Spark itself costs.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+import time
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from lakefold._bench import bench_app
+from lakefold._bench.report import Report
+from lakefold.exceptions import LakefoldError
+
+_PER_STREAM = 100
+_APPEND = 2_000
+
+
+def load_sales(dsn: str, events: int, customers: int) -> int:
+    """Append the sale events; return the store's head."""
+    from lakefold.eventstore import NO_STREAM, EventStore, StreamEvents
+    from lakefold.schemas.events import NewEvent
+
+    with EventStore(dsn) as store:
+        store.install()
+        written = 0
+        stream = 0
+        while written < events:
+            group = []
+            while written < events and len(group) * _PER_STREAM < _APPEND:
+                count = min(_PER_STREAM, events - written)
+                group.append(StreamEvents(f"sale-{stream}", [
+                    NewEvent(type="bench.sale", data={"customer": f"c{(written + i) % customers}",
+                                                      "amount": (written + i) % 100})
+                    for i in range(count)], NO_STREAM))
+                written += count
+                stream += 1
+            store.append_streams(group)
+        return int(store.head())
+
+
+def expected_sums(events: int, customers: int) -> dict[str, tuple[int, int]]:
+    sums: dict[str, tuple[int, int]] = {}
+    for i in range(events):
+        key = f"c{i % customers}"
+        amount, count = sums.get(key, (0, 0))
+        sums[key] = (amount + i % 100, count + 1)
+    return sums
+
+
+def _registry(batch: int) -> Any:
+    from pyspark.sql import functions as F
+
+    from lakefold.projections import (
+        ProjectionOptions,
+        Registry,
+        delta_table,
+        events,
+        projection,
+        registering_into,
+    )
+
+    registry = Registry()
+    options = ProjectionOptions(trigger_seconds=0.5, max_records_per_batch=batch,
+                                rebuild_records_per_batch=batch, keep_generations=1)
+    with registering_into(registry):
+        @projection("sales_by_customer", sources=[events("sale")],
+                    target=delta_table("upsert", keys=["customer"]), options=options)
+        def sales_by_customer(sales: Any) -> Any:
+            return (sales
+                    .select(F.get_json_object("data", "$.customer").alias("customer"),
+                            F.get_json_object("data", "$.amount").cast("long").alias("amount"))
+                    .groupBy("customer")
+                    .agg(F.sum("amount").alias("amount"), F.count(F.lit(1)).alias("events")))
+    return registry
+
+
+def run(events: int, customers: int, batch: int) -> Report:
+    """Run the benchmark on throwaway services; see the module docstring."""
+    import psycopg
+    from deltalake import DeltaTable
+    from pyspark.sql import functions as F
+
+    from lakefold.local import LocalPostgres
+    from lakefold.projections import Catalog, Runner, RunnerConfig, SinkRoots
+    from lakefold.spark import register_sources, spark_session
+
+    report = Report("rebuild", {"events": events, "customers": customers, "batch": batch})
+    scratch = Path(tempfile.mkdtemp(prefix="lakefold-bench-rebuild-"))
+    try:
+        with LocalPostgres(durable=True) as server:
+            server.start()
+            dsn = server.dsn()
+            began = time.perf_counter()
+            head = load_sales(dsn, events, customers)
+            report.params["load_events_per_s"] = round(events / (time.perf_counter() - began))
+            if head != events:
+                raise LakefoldError(f"loaded {events} events but the store's head is {head}")
+            with psycopg.connect(dsn, autocommit=True) as conn:
+                conn.execute("ANALYZE lakefold.events")
+                conn.execute("ANALYZE lakefold.event_positions")
+            spark = spark_session(conf={"spark.sql.shuffle.partitions": "2"},
+                                  app_name="lakefold-bench-rebuild")
+            runner = Runner(spark, _registry(batch), RunnerConfig(
+                store_dsn=dsn, roots=SinkRoots.under(scratch), poll_seconds=0.1))
+            try:
+                began = time.perf_counter()
+                runner.run(until_caught_up=True)
+                report.params["initial_build_events_per_s"] = round(
+                    events / (time.perf_counter() - began))
+                began = time.perf_counter()
+                generation = runner.request_rebuild("sales_by_customer")
+                runner.run(until_caught_up=True)
+                elapsed = time.perf_counter() - began
+                catalog = Catalog(dsn)
+                current = catalog.current("sales_by_customer")
+                catalog.close()
+                if current.generation != generation.generation:
+                    raise LakefoldError("the rebuild did not switch to the new generation")
+                report.results["rebuild_events_per_s"] = round(events / elapsed)
+                rows = DeltaTable(current.delta_path).to_pyarrow_table().to_pylist()
+                got = {r["customer"]: (r["amount"], r["events"]) for r in rows}
+                if got != expected_sums(events, customers):
+                    raise LakefoldError("the rebuilt aggregate differs from the expected sums")
+            finally:
+                runner.close()
+            register_sources(spark)
+            frame = spark.read.format("lakefold_events").option("dsn", dsn).load()
+            began = time.perf_counter()
+            (frame.select(F.get_json_object("data", "$.customer").alias("customer"),
+                          F.get_json_object("data", "$.amount").cast("long").alias("amount"))
+             .groupBy("customer").agg(F.sum("amount"), F.count(F.lit(1))).collect())
+            report.baseline["batch_aggregate_events_per_s"] = round(
+                events / (time.perf_counter() - began))
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    return report
+
+
+@bench_app.command("rebuild")
+def rebuild(
+    events: Annotated[int, typer.Option(help="Events in the history.")] = 10_000_000,
+    customers: Annotated[int, typer.Option(help="Distinct aggregate keys.")] = 1_000,
+    batch: Annotated[int, typer.Option(help="Records per rebuild micro-batch.")] = 1_000_000,
+    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
+) -> None:
+    """Rebuild a Delta aggregate from the whole event history (events/s)."""
+    if events < 1 or customers < 1 or batch < 1:
+        raise LakefoldError("need --events >= 1, --customers >= 1 and --batch >= 1")
+    run(events, customers, batch).emit(as_json=as_json)
