@@ -30,7 +30,12 @@ from lakefold.capture._control import CaptureControl
 from lakefold.capture._decoder import Decoder, DecoderOptions
 from lakefold.capture._pgoutput import format_lsn
 from lakefold.capture._pipeline import StorePipeline, translate_store_error
-from lakefold.capture._replication import ReplicationConnection, SlotInUseError, parse_keepalive
+from lakefold.capture._replication import (
+    ReplicationConnection,
+    SlotInUseError,
+    parse_keepalive,
+    raise_for_result,
+)
 from lakefold.capture._snapshot import SnapshotListener
 from lakefold.capture._writer import ChangelogWriter
 from lakefold.capture.exceptions import (
@@ -223,8 +228,10 @@ class Capture:
 
     def run(self, *, stop: threading.Event | None = None,
             until_lsn: int | None = None) -> CaptureStats:
-        """Capture until ``stop`` is set, or until everything up to ``until_lsn`` (e.g. the
-        source's ``pg_current_wal_lsn()`` after a workload) is durable in the store.
+        """Capture until ``stop`` is set, or until everything up to ``until_lsn`` is durable in
+        the store. For "everything committed so far" pass the source's
+        ``pg_current_wal_insert_lsn()`` (``pg_current_wal_lsn()`` lags behind commits made
+        with ``synchronous_commit = off``).
 
         Connection drops are retried with exponential backoff (up to
         ``config.max_backoff``); terminal errors raise.
@@ -446,10 +453,7 @@ class _Loop:
                     pgconn.consume_input()
                     continue
                 if nbytes == -1:
-                    result = pgconn.get_result()
-                    from lakefold.capture._replication import raise_for_result
-
-                    raise_for_result(result, "keep replicating")
+                    raise_for_result(pgconn.get_result(), "keep replicating")
                     raise ConnectionLostError("the source ended the replication stream")
                 raise ConnectionLostError(
                     f"replication connection failed: {pgconn.get_error_message().strip()}")

@@ -29,7 +29,7 @@ from __future__ import annotations
 import io
 from collections.abc import Iterator
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any, Final
 
 import psycopg
@@ -137,6 +137,16 @@ def _stream_meta(conn: psycopg.Connection[Any], stream: str) -> _StreamMeta:
     return _StreamMeta(info, versions)
 
 
+def _raw_columns(width: int) -> tuple[list[str], dict[str, pa.DataType]]:
+    names = list(_CSV_META_TYPES) + [f"v{i + 1}" for i in range(width)]
+    return names, dict(_CSV_META_TYPES) | {f"v{i + 1}": pa.string() for i in range(width)}
+
+
+def _empty_raw(meta: _StreamMeta) -> pa.Table:
+    names, types = _raw_columns(meta.width)
+    return pa.schema([(n, types[n]) for n in names]).empty_table()
+
+
 def _copy_range(conn: psycopg.Connection[Any], meta: _StreamMeta, start: int, end: int,
                 limit: int | None) -> pa.Table:
     """Records with ``start <= position < end`` as a table of metadata columns and the text
@@ -161,10 +171,9 @@ def _copy_range(conn: psycopg.Connection[Any], meta: _StreamMeta, start: int, en
     with conn.cursor() as cur, cur.copy(query) as copy:
         for chunk in copy:
             buffer.write(chunk)
-    names = list(_CSV_META_TYPES) + [f"v{i + 1}" for i in range(width)]
-    types = dict(_CSV_META_TYPES) | {f"v{i + 1}": pa.string() for i in range(width)}
+    names, types = _raw_columns(width)
     if buffer.tell() == 0:
-        return pa.schema([(n, types[n]) for n in names]).empty_table()
+        return _empty_raw(meta)
     buffer.seek(0)
     return pacsv.read_csv(
         buffer,
@@ -316,7 +325,7 @@ class ChangelogStore:
         meta = _stream_meta(conn, stream)
         start = max(from_position, 1)
         if start > meta.info.head:
-            return _typed(_copy_range(conn, meta, 1, 1, 0), meta)
+            return _typed(_empty_raw(meta), meta)
         return _typed(_copy_range(conn, meta, start, meta.info.head + 1, limit), meta)
 
     def read_events(self, stream: str, from_position: int = 1,
@@ -377,7 +386,7 @@ class ChangelogStore:
         finally:
             listener.close()
 
-    def compact(self, stream: str | None = None, *, tombstone_retention: Any = None,
+    def compact(self, stream: str | None = None, *, tombstone_retention: timedelta | None = None,
                 chunk_positions: int = 50_000) -> dict[str, int]:
         """Compact one stream (or all): keep the latest record per key, drop tombstones older
         than ``tombstone_retention`` (a timedelta; default 24 h). Online: short transactions,

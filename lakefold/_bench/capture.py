@@ -90,10 +90,22 @@ def _recvlogical(dsn: str, name: str, end: int, *, streaming: bool) -> float:
 
 
 def _drop_slots(dsn: str, name: str) -> None:
+    """Drop the workload's two slots, ending a walsender that still holds one."""
     with psycopg.connect(dsn, autocommit=True) as conn:
         for slot in (f"lf_{name}", f"rl_{name}"):
-            conn.execute("SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots "
-                         "WHERE slot_name = %s", (slot,))
+            deadline = time.monotonic() + 30
+            while True:
+                row = conn.execute("SELECT active_pid FROM pg_replication_slots "
+                                   "WHERE slot_name = %s", (slot,)).fetchone()
+                if row is None:
+                    break
+                if row[0] is None:
+                    conn.execute("SELECT pg_drop_replication_slot(%s)", (slot,))
+                    break
+                if time.monotonic() > deadline:
+                    raise LocalServiceError(f"slot {slot} is still in use by pid {row[0]}")
+                conn.execute("SELECT pg_terminate_backend(%s)", (row[0],))
+                time.sleep(0.1)
 
 
 def _throughput(dsn: str, name: str, changes: int, per_transaction: int, *,
@@ -155,8 +167,8 @@ def _latency(dsn: str, rate: int, seconds: float) -> tuple[float, float]:
         time.sleep(0.05)
     stop.set()
     reader_stop.set()
-    capturer.join(30)
-    reader.join(30)
+    capturer.join(60)
+    reader.join(60)
     _drop_slots(dsn, name)
     ordered = sorted(latencies) or [0.0]
     return ordered[len(ordered) // 2], ordered[min(len(ordered) - 1, int(len(ordered) * 0.99))]
