@@ -118,13 +118,16 @@ CREATE TABLE IF NOT EXISTS lakefold.subscription_checkpoints (
 """
 
 # p_expected: NULL = any, -1 = no stream, -2 = stream exists, n >= 1 = exactly version n.
-# p_events: a JSON array of {"i": event id, "k": 1-based index into the stream arrays,
-# "t": type, "v": schema version, "d": data, "m": metadata, "c": correlation id,
-# "z": causation id}, in append order. Returns each stream's version before the append.
+# The events come as parallel arrays in append order: p_stream_index is the 1-based index of
+# each event's stream in the stream arrays; p_data holds JSON texts, p_metadata JSON texts or
+# NULL for {}. Arrays arrive in binary and need no parsing but the payload's own. Returns each
+# stream's version before the append.
 _APPEND_FUNCTION = """
+DROP FUNCTION IF EXISTS lakefold.append_events(text[], text[], bigint[], integer[], json);
 CREATE OR REPLACE FUNCTION lakefold.append_events(
     p_stream_ids text[], p_categories text[], p_expected bigint[], p_counts integer[],
-    p_events json)
+    p_event_ids uuid[], p_stream_index integer[], p_types text[], p_versions integer[],
+    p_data text[], p_metadata text[], p_correlation uuid[], p_causation uuid[])
 RETURNS bigint[]
 LANGUAGE plpgsql
 AS $fn$
@@ -188,10 +191,9 @@ BEGIN
                                  data, metadata, correlation_id, causation_id)
     SELECT x.i, p_stream_ids[x.k],
            v_prev[x.k] + row_number() OVER (PARTITION BY x.k ORDER BY x.o),
-           x.t, x.v, x.d, x.m, x.c, x.z
-    FROM ROWS FROM (json_to_recordset(p_events) AS (
-             i uuid, k integer, t text, v integer, d json, m jsonb, c uuid, z uuid))
-         WITH ORDINALITY AS x(i, k, t, v, d, m, c, z, o)
+           x.t, x.v, x.d::json, COALESCE(x.m::jsonb, '{}'::jsonb), x.c, x.z
+    FROM unnest(p_event_ids, p_stream_index, p_types, p_versions, p_data, p_metadata,
+                p_correlation, p_causation) WITH ORDINALITY AS x(i, k, t, v, d, m, c, z, o)
     ORDER BY x.o;
     RETURN v_prev;
 END

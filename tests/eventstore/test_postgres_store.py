@@ -3,9 +3,12 @@ races, lost acknowledgements, indexes, and errors at the boundary."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
+import os
 import re
+import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -25,12 +28,8 @@ from lakefold.eventstore import (
     WrongExpectedVersion,
 )
 from lakefold.eventstore._model import build_appends
-from lakefold.eventstore._postgres import (
-    _POSITIONS_CATEGORY,
-    _POSITIONS_TYPES,
-    _READ_LOG,
-    append_params,
-)
+from lakefold.eventstore._postgres import _APPEND, append_params
+from lakefold.eventstore._reads import _POSITIONS_CATEGORY, _POSITIONS_TYPES, _READ_LOG
 from lakefold.local import free_port
 from lakefold.schemas import NewEvent
 from tests.fixtures.postgres import TestDatabase
@@ -189,37 +188,79 @@ def test_expected_version_races_have_exactly_one_winner(store: EventStore) -> No
         assert len({e.data["writer"] for e in events if "writer" in e.data}) == 1
 
 
-def _text_array(values: list[object]) -> bytes:
-    items = ["NULL" if v is None else '"' + str(v).replace('"', '\\"') + '"' for v in values]
-    return ("{" + ",".join(items) + "}").encode()
+class _LossyProxy:
+    """A TCP proxy to the server that, once armed for one client port, swallows the next
+    answer the server sends to that client and cuts the connection: the request was executed
+    and committed, the acknowledgement is lost."""
+
+    def __init__(self, port: int) -> None:
+        self.target = port
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self.listener.getsockname()[1]
+        self.armed_for: int | None = None
+        self.dropped = threading.Event()
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, (_, client_port) = self.listener.accept()
+            except OSError:
+                return
+            server = socket.create_connection(("127.0.0.1", self.target))
+            threading.Thread(target=self._pump, args=(client, server, None),
+                             daemon=True).start()
+            threading.Thread(target=self._pump, args=(server, client, client_port),
+                             daemon=True).start()
+
+    def _pump(self, source: socket.socket, sink: socket.socket, client_port: int | None
+              ) -> None:
+        try:
+            while data := source.recv(65536):
+                if client_port is not None and client_port == self.armed_for:
+                    self.armed_for = None
+                    self.dropped.set()
+                    break
+                sink.sendall(data)
+        except OSError:
+            pass
+        for end in (source, sink):
+            with contextlib.suppress(OSError):
+                end.shutdown(socket.SHUT_RDWR)
+            end.close()
+
+    def close(self) -> None:
+        self.listener.close()
 
 
 @pytest.mark.timeout(60)
 def test_idempotent_retry_after_a_lost_acknowledgement(store: EventStore,
                                                        pg: TestDatabase) -> None:
+    assert pg.server.local is not None
+    proxy = _LossyProxy(pg.server.local.port)
+    via_proxy = pg.dsn.replace(f"port={pg.server.local.port}", f"port={proxy.port}")
+    assert via_proxy != pg.dsn
     events = [ev(n=i) for i in range(3)]
-    params = append_params(build_appends([("pay-1", events, NO_STREAM)]))
-    lost = psycopg.connect(pg.dsn, autocommit=True)
-    # Send the append, let the server commit it, then drop the connection unread: the client
-    # never learns whether it worked, as after a network failure.
-    lost.pgconn.send_query_params(
-        b"SELECT lakefold.append_events($1::text[], $2::text[], $3::bigint[], $4::integer[], "
-        b"$5::json)",
-        [_text_array(params[0]), _text_array(params[1]), _text_array(params[2]),
-         _text_array(params[3]), params[4].encode()],
-    )
-    lost.pgconn.flush()
-    deadline = time.monotonic() + 10
-    while store.stream_state("pay-1").version != 3:
-        assert time.monotonic() < deadline
-        time.sleep(0.01)
-    lost.close()
-    retry = store.append("pay-1", events, expected_version=NO_STREAM)
+    try:
+        with EventStore(via_proxy) as flaky:
+            # prepare the statement on the pooled connection (same parameter types)
+            flaky.append("warm-1", [ev()], expected_version=NO_STREAM)
+            with flaky.recorder.connection() as conn:  # type: ignore[attr-defined]
+                sock = socket.socket(fileno=os.dup(conn.pgconn.socket))
+                proxy.armed_for = sock.getsockname()[1]
+                sock.close()
+            with pytest.raises(EventStoreUnavailable):  # the append ran; its answer was lost
+                flaky.append("pay-1", events, expected_version=NO_STREAM)
+            assert proxy.dropped.is_set()
+            assert store.stream_state("pay-1").version == 3  # it was committed
+            retry = flaky.append("pay-1", events, expected_version=NO_STREAM)
+    finally:
+        proxy.close()
     assert retry.duplicate
     assert [(e.event_id, e.stream_version) for e in retry.events] == [
         (e.event_id, i) for i, e in enumerate(events, start=1)]
     assert len(store.read_stream("pay-1")) == 3
-    assert store.wait_for_positions(retry).positions == [1, 2, 3]
+    assert store.wait_for_positions(retry).positions == [2, 3, 4]
 
 
 def _plan(conn: psycopg.Connection, statement: sql.Composed, params: dict[str, object]) -> str:
@@ -259,8 +300,7 @@ def test_subscription_falls_back_to_polling_without_notify(store: EventStore,
     params = append_params(build_appends([("order-7", [ev(n=7)], NO_STREAM)]))
     with store.tail(SubscriptionOptions(poll_interval_s=0.2)) as tail:
         with psycopg.connect(pg.dsn, autocommit=True) as conn:  # a writer with no sequencer
-            conn.execute("SELECT lakefold.append_events(%s::text[], %s::text[], %s::bigint[], "
-                         "%s::integer[], %s::json)", params)
+            conn.execute(_APPEND, params)
         started = time.monotonic()
         got = next(tail.events(idle_timeout_s=5.0))
         assert got.data == {"n": 7} and got.position == 1
