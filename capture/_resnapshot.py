@@ -38,6 +38,7 @@ from psycopg import errors, sql
 
 from lakefold.capture import _snapshot_store as state
 from lakefold.capture._inband import SNAPSHOT_PREFIX, ChunkHeader, encode_chunk, encode_tuple
+from lakefold.capture._pipeline import translate_store_error
 from lakefold.capture._snapshot import (
     QuietListener,
     SnapshotListener,
@@ -150,8 +151,12 @@ def run_locked(config: CaptureConfig, snapshot_id: int, *,
                     if stop is not None and stop.is_set():
                         return SnapshotStats(snapshot_id, len(tables), rows, chunks,
                                              time.monotonic() - started)
+        except psycopg.Error as e:
+            error = translate_store_error(e, "the source or the store", "re-snapshot a table")
+            if isinstance(error, TerminalError) and run.kind == "incremental":
+                state.finish_run(store, snapshot_id, error=str(error))
+            raise error from e
         except TerminalError as e:
-            run = next(r for r in state.runs(store, config.slot) if r.snapshot_id == snapshot_id)
             if run.kind == "incremental":  # an initial run stays due: the capture retries it
                 state.finish_run(store, snapshot_id, error=str(e))
             raise

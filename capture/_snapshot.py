@@ -43,6 +43,7 @@ from psycopg import sql
 
 from lakefold.capture import _snapshot_store as state
 from lakefold.capture import _source
+from lakefold.capture._pipeline import translate_store_error
 from lakefold.capture._replication import SESSION_OPTIONS
 from lakefold.capture._tables import TableShape, capture_tables, table_shape
 from lakefold.capture._writer import CHANGELOG_COPY, NOTIFY_CHANNEL, ChangelogWriter
@@ -141,7 +142,16 @@ def copy_exported(config: CaptureConfig, snapshot_id: int, snapshot_name: str, *
                   database: str, listener: SnapshotListener | None = None) -> SnapshotStats:
     """Copy the run's tables inside the exported snapshot ``snapshot_name`` (see the module
     docstring), with ``SnapshotPolicy.workers`` parallel movers. Marks the run done."""
-    listener = listener or QuietListener()
+    try:
+        return _copy_exported(config, snapshot_id, snapshot_name, database=database,
+                              listener=listener or QuietListener())
+    except psycopg.Error as e:  # the run stays unfinished: the next Capture.run resumes it
+        raise translate_store_error(e, "the source or the store",
+                                    "copy the initial snapshot") from e
+
+
+def _copy_exported(config: CaptureConfig, snapshot_id: int, snapshot_name: str, *,
+                   database: str, listener: SnapshotListener) -> SnapshotStats:
     started = time.monotonic()
     rows = chunks = 0
     store_dsn = config.resolved_store_dsn
