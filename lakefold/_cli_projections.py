@@ -76,6 +76,7 @@ def _registry(settings: Settings, location: str | None) -> Registry:
 def _runner(settings: Settings, location: str | None, *, only: tuple[str, ...] = (),
             trigger: float | None = None) -> Any:
     from lakefold.projections import Runner, RunnerConfig, SinkRoots
+    from lakefold.projections._runner import RUNNER_SPARK_CONF
     from lakefold.spark import spark_session
 
     registry = _registry(settings, location)
@@ -83,7 +84,8 @@ def _runner(settings: Settings, location: str | None, *, only: tuple[str, ...] =
     config = RunnerConfig(store_dsn=_store_dsn(settings),
                           roots=SinkRoots.under(settings.home, settings.lake_dir),
                           redis_url=redis_url, trigger_seconds=trigger, only=only)
-    spark = spark_session(settings.spark_master, conf=settings.spark_conf)
+    spark = spark_session(settings.spark_master, conf={**RUNNER_SPARK_CONF,
+                                                       **settings.spark_conf})
     return Runner(spark, registry, config)
 
 

@@ -14,7 +14,46 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # the real names for type checkers; at run time they load lazily
+    from lakefold.projections._api import (
+        STREAM_KEY,
+        Fold,
+        Projection,
+        Registry,
+        current_registry,
+        load_projections,
+        projection,
+        registering_into,
+    )
+    from lakefold.projections._catalog import Catalog, Generation, SinkRoots
+    from lakefold.projections._deadletters import DeadLetter, DeadLetters
+    from lakefold.projections._model import (
+        ChangelogSource,
+        DeltaTableTarget,
+        EventSource,
+        ProjectionOptions,
+        Record,
+        RedisCacheTarget,
+        SearchIndexTarget,
+        changelog,
+        delta_table,
+        events,
+        redis_cache,
+        search_index,
+    )
+    from lakefold.projections._redis import RedisCacheReader
+    from lakefold.projections._runner import Runner, RunnerConfig
+    from lakefold.projections._search import SearchHit, SearchIndexReader
+    from lakefold.projections.exceptions import (
+        IncompatibleTargetError,
+        MissingKeyError,
+        ProjectionDefinitionError,
+        ProjectionError,
+        ProjectionNotFound,
+        ProjectionStateError,
+        RecordFailed,
+        UnknownSourceError,
+    )
     from lakefold.settings import Settings
 
 # Lazy exports: Spark's Python workers import lakefold.projections._source, which runs this

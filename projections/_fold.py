@@ -12,7 +12,9 @@ Plan of one fold projection:
    and the offsets together, so after a crash the state is exactly as of the last committed
    batch, and the replayed batch recomputes the same output.
 3. Each key with a changed state emits one row: the state's columns, ``_position`` (the
-   highest position folded into it), ``_deleted`` (the handler returned None).
+   highest position folded into it), ``_deleted`` (the handler returned None: the key and its
+   state are gone; or the state has ``"_deleted": True``: the row is removed from the target
+   but the state is kept, e.g. an aggregate that is hidden while it is empty).
 4. A handler that keeps failing (``retries`` attempts with backoff) either stops the
    projection (``on_error="stop"``) or emits a ``_dead_letter`` row and the key's other
    records are still folded: progress continues.
@@ -243,7 +245,8 @@ def make_fold_function(runtime: FoldRuntime) -> Callable[..., Iterator[Any]]:
             else:
                 state.update((_codec.dumps(current), position))
                 out.append({**{c: current.get(c) for c in runtime.columns},
-                            POSITION_COLUMN: position, DELETED_COLUMN: False,
+                            POSITION_COLUMN: position,
+                            DELETED_COLUMN: bool(current.get(DELETED_COLUMN)),
                             DEAD_LETTER_COLUMN: None})
         if out:
             yield pd.DataFrame([{c: r.get(c) for c in runtime.columns} for r in out],

@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 import psycopg
 
+from lakefold.exceptions import LakefoldError
 from lakefold.projections import _stores
 from lakefold.projections._api import Projection, Registry
 from lakefold.projections._batch import GenerationSink
@@ -46,7 +47,6 @@ from lakefold.projections._source import retry_frame
 from lakefold.projections.exceptions import (
     ProjectionNotFound,
     ProjectionStateError,
-    RecordFailed,
 )
 
 if TYPE_CHECKING:
@@ -54,6 +54,11 @@ if TYPE_CHECKING:
     from pyspark.sql.streaming.query import StreamingQuery
 
 log = logging.getLogger(__name__)
+
+
+#: Spark settings for a runner's session: a loaded machine can take longer than Spark's
+#: default 15 s to start a Python worker, which would fail a micro-batch for nothing.
+RUNNER_SPARK_CONF = {"spark.python.authenticate.socketTimeout": "120s"}
 
 
 @dataclass(frozen=True)
@@ -347,6 +352,9 @@ class Runner:
         key = (projection.name, generation.generation)
         query = self.queries.get(key)
         if query is not None and query.active:
+            if health.failures and query.sink is not None \
+                    and query.sink.progress.batch_id is not None:
+                health.failures = 0  # a batch got through: the failure is over
             return True
         if query is not None:
             error = query.failure()
@@ -370,19 +378,23 @@ class Runner:
         return True
 
     def _failed(self, projection: Projection, health: _Health, error: BaseException) -> None:
+        """A query stopped with ``error``. Terminal errors (a record that failed under the
+        ``stop`` policy, a definition or target error) fail the projection at once; anything
+        else (a lost connection, a commit conflict, a Spark worker that did not start) is
+        retried with exponential backoff, 1 s doubling up to ``QUERY_BACKOFF_MAX`` s, for as
+        long as it takes; the count restarts whenever a batch gets through."""
         health.failures += 1
         text = _describe(error)
         health.last_error = text
-        permanent = isinstance(error, RecordFailed) or text.startswith("RecordFailed")
-        if permanent or health.failures > projection.options.retries:
+        if _terminal(error, text):
             health.given_up = True
             self.catalog.set_state(projection.name, "failed", error=text)
             log.error("projection %s failed: %s", projection.name, text)
             return
-        delay = projection.options.backoff(health.failures)
+        delay = min(QUERY_BACKOFF_MAX, 2.0 ** (health.failures - 1))
         health.retry_at = time.monotonic() + delay
         self.catalog.set_state(projection.name, "retrying", error=text)
-        log.warning("projection %s failed (attempt %d), retrying in %.2f s: %s",
+        log.warning("projection %s failed (attempt %d), retrying in %.1f s: %s",
                     projection.name, health.failures, delay, text)
 
     def _maybe_switch(self, projection: Projection, live: Generation,
@@ -431,6 +443,20 @@ class Runner:
             if self.config.redis_url is not None:
                 drop_prefix(self.config.redis_url, generation.redis_prefix)
             self.catalog.mark_dropped(generation.name, generation.generation)
+
+
+QUERY_BACKOFF_MAX = 60.0
+_TERMINAL_NAMES = ("RecordFailed", "TargetError", "ProjectionDefinitionError",
+                   "MissingKeyError", "IncompatibleTargetError", "UnknownSourceError",
+                   "SchemaMergeError", "NotADeltaTableError")
+
+
+def _terminal(error: BaseException, text: str) -> bool:
+    """True for errors that retrying cannot fix (a lakefold terminal error, also when it
+    reaches us wrapped in a Spark error)."""
+    if isinstance(error, LakefoldError):
+        return not error.transient
+    return text.startswith(_TERMINAL_NAMES)
 
 
 _PY_ERROR = re.compile(r"^(?:[A-Za-z_][\w.]*\.)?([A-Z]\w*(?:Error|Exception|Failed|Unavailable))"

@@ -141,6 +141,7 @@ def run(seconds: float, rate: int, rows: int, probes_per_s: float, warmup: float
         SearchIndexReader,
         SinkRoots,
     )
+    from lakefold.projections._runner import RUNNER_SPARK_CONF
     from lakefold.spark import spark_session
 
     report = Report("latency", {"seconds": seconds, "rate": rate, "rows": rows,
@@ -168,7 +169,8 @@ def run(seconds: float, rate: int, rows: int, probes_per_s: float, warmup: float
                                        kwargs={"stop": stop}, daemon=True)
             capture.start()
             threads.append(capture)
-            spark = spark_session("local[2]", conf={"spark.sql.shuffle.partitions": "2"},
+            spark = spark_session("local[2]", conf={**RUNNER_SPARK_CONF,
+                                                    "spark.sql.shuffle.partitions": "2"},
                                   app_name="lakefold-bench-latency")
             deadline = time.monotonic() + 120
             while True:  # the runner validates its sources: wait for the stream to exist

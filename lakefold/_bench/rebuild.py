@@ -44,7 +44,7 @@ def load_sales(dsn: str, events: int, customers: int) -> int:
         written = 0
         stream = 0
         while written < events:
-            group = []
+            group: list[StreamEvents] = []
             while written < events and len(group) * _PER_STREAM < _APPEND:
                 count = min(_PER_STREAM, events - written)
                 group.append(StreamEvents(f"sale-{stream}", [
@@ -101,6 +101,7 @@ def run(events: int, customers: int, batch: int) -> Report:
 
     from lakefold.local import LocalPostgres
     from lakefold.projections import Catalog, Runner, RunnerConfig, SinkRoots
+    from lakefold.projections._runner import RUNNER_SPARK_CONF
     from lakefold.spark import register_sources, spark_session
 
     report = Report("rebuild", {"events": events, "customers": customers, "batch": batch})
@@ -117,7 +118,8 @@ def run(events: int, customers: int, batch: int) -> Report:
             with psycopg.connect(dsn, autocommit=True) as conn:
                 conn.execute("ANALYZE lakefold.events")
                 conn.execute("ANALYZE lakefold.event_positions")
-            spark = spark_session(conf={"spark.sql.shuffle.partitions": "2"},
+            spark = spark_session(conf={**RUNNER_SPARK_CONF,
+                                        "spark.sql.shuffle.partitions": "2"},
                                   app_name="lakefold-bench-rebuild")
             runner = Runner(spark, _registry(batch), RunnerConfig(
                 store_dsn=dsn, roots=SinkRoots.under(scratch), poll_seconds=0.1))

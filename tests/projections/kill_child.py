@@ -7,12 +7,16 @@ import sys
 from pathlib import Path
 
 from lakefold.projections import Runner, RunnerConfig, SinkRoots, load_projections
+from lakefold.projections._runner import RUNNER_SPARK_CONF
 from lakefold.spark import spark_session
 
 
 def main() -> None:
     dsn, redis_url, home, mode = sys.argv[1:5]
-    spark = spark_session("local[2]", conf={"spark.sql.shuffle.partitions": "2"})
+    spark = spark_session("local[2]", conf={
+        **RUNNER_SPARK_CONF, "spark.sql.shuffle.partitions": "2",
+        # a short-lived JVM: the C1 compiler alone starts about a third faster
+        "spark.driver.extraJavaOptions": "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC -Xss4m"})
     registry = load_projections(str(Path(__file__).with_name("event_projections.py")))
     config = RunnerConfig(store_dsn=dsn, roots=SinkRoots.under(Path(home)), redis_url=redis_url,
                           poll_seconds=0.1)

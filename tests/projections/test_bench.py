@@ -17,7 +17,8 @@ def bench(*args: str) -> dict[str, object]:
     out = subprocess.run([lakefold, "bench", *args, "--json"],
                          capture_output=True, text=True, timeout=280, check=False)
     assert out.returncode == 0, out.stderr[-2000:]
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    report: dict[str, object] = json.loads(out.stdout.strip().splitlines()[-1])
+    return report
 
 
 def test_latency_bench_shape():

@@ -51,12 +51,12 @@ def test_static_definition_errors():
         with pytest.raises(ProjectionDefinitionError, match="at least one changelog"):
             projection("p", sources=[], target=redis_cache(key="id"))
         with pytest.raises(ProjectionDefinitionError, match="is not a changelog"):
-            projection("p", sources=["orders"], target=redis_cache(key="id"))
+            projection("p", sources=["orders"], target=redis_cache(key="id"))  # type: ignore[list-item]
         with pytest.raises(ProjectionDefinitionError, match="both named 'order'"):
             projection("p", sources=[events("order"), events("order", types=["X"])],
                        target=redis_cache(key="id"))
         with pytest.raises(IncompatibleTargetError, match="is not a delta_table"):
-            projection("p", sources=[events("order")], target="redis")
+            projection("p", sources=[events("order")], target="redis")  # type: ignore[arg-type]
         projection("p", sources=[events("order")], target=redis_cache(key="id"))(identity)
         with pytest.raises(ProjectionDefinitionError, match="'p' is defined twice"):
             projection("p", sources=[events("order")], target=redis_cache(key="id"))(identity)
@@ -65,13 +65,13 @@ def test_static_definition_errors():
     with pytest.raises(MissingKeyError, match="needs keys"):
         delta_table("upsert")
     with pytest.raises(IncompatibleTargetError, match="mode 'merge' is unknown"):
-        delta_table("merge")
+        delta_table("merge")  # type: ignore[arg-type]
     with pytest.raises(IncompatibleTargetError, match="at least one column"):
         search_index(key="id", text=[])
     with pytest.raises(IncompatibleTargetError, match="cannot also be a tokenized"):
         search_index(key="id", text=["id"])
     with pytest.raises(ProjectionDefinitionError, match="on_error='retry' is unknown"):
-        ProjectionOptions(on_error="retry")
+        ProjectionOptions(on_error="retry")  # type: ignore[arg-type]
     with pytest.raises(ProjectionDefinitionError, match="retries must be >= 1"):
         ProjectionOptions(retries=0)
     with pytest.raises(ProjectionDefinitionError, match="needs a table name"):

@@ -1,0 +1,92 @@
+"""The demo shop's projections, written with ``lakefold.projections``.
+
+Run them with ``lakefold run --projections lakefold/_demo_projections.py`` (or the module name
+``lakefold._demo_projections``) over a capture of the ``shop`` schema (``lakefold._shop``):
+
+- ``revenue_per_customer``: a per-key fold (Spark-managed state) keyed by customer: the
+  customer's name, its number of orders and their total amount, upserted into Delta. It equals
+  ``lakefold._shop.revenue_per_customer`` (the same figures computed by SQL on the source).
+  A deleted order is removed from its customer's state, which needs the delete to carry the
+  order's ``customer_id``: ``ALTER TABLE shop.orders REPLICA IDENTITY FULL`` (without it a
+  delete only carries the key, and goes to the dead letters instead of being dropped silently).
+- ``customer_cache``: every customer as a Redis hash (``get("customer_cache", id)``).
+- ``product_search``: products in a Tantivy index, searchable by name and description
+  (``lakefold search product_search "oak lamp"``).
+- ``price_history``: SCD type 2 history of product prices in Delta (``valid_from``,
+  ``valid_to``, ``current``).
+"""
+
+from __future__ import annotations
+
+from decimal import Decimal
+from typing import Any
+
+from lakefold.projections import (
+    Fold,
+    ProjectionOptions,
+    Record,
+    changelog,
+    delta_table,
+    projection,
+    redis_cache,
+    search_index,
+)
+
+LIVE = ProjectionOptions(trigger_seconds=0.5, max_records_per_batch=50_000)
+
+revenue_per_customer = Fold(
+    "revenue_per_customer",
+    sources=[changelog("shop.orders"), changelog("shop.customers")],
+    key={"orders": "customer_id", "customers": "id"},
+    key_column="customer_id",
+    schema="customer_id bigint, name string, orders int, revenue decimal(12,2)",
+    target=delta_table("upsert", keys=["customer_id"]),
+    initial=lambda customer_id: {"customer_id": customer_id, "name": None, "amounts": {}},
+    options=LIVE,
+)
+
+
+@revenue_per_customer.on("insert", "update", "delete")
+def _change(state: dict[str, Any], record: Record) -> dict[str, Any] | None:
+    """Keep the customer's name and the amount of each of its orders; the row is hidden
+    (``_deleted``) while the customer has no orders, as in the SQL inner join."""
+    if record.source == "customers":
+        if record.type == "delete":
+            return None
+        state = {**state, "name": record.data["name"]}
+    else:
+        amounts = dict(state["amounts"])
+        order_id = str(record.data["id"])
+        if record.type == "delete":
+            amounts.pop(order_id, None)
+        else:
+            amounts[order_id] = Decimal(record.data["amount"])
+        state = {**state, "amounts": amounts}
+    amounts = state["amounts"]
+    return {**state, "orders": len(amounts), "revenue": sum(amounts.values(), Decimal(0)),
+            "_deleted": not amounts}
+
+
+@projection("customer_cache", sources=[changelog("shop.customers")],
+            target=redis_cache(key="id"), options=LIVE)
+def customer_cache(customers: Any) -> Any:
+    """The latest row of every customer; a deleted customer disappears from the cache."""
+    return customers.select("id", "name", "email", "city", "_position", "_deleted")
+
+
+@projection("product_search", sources=[changelog("shop.products")],
+            target=search_index(key="id", text=["name", "description"]), options=LIVE)
+def product_search(products: Any) -> Any:
+    """Products by name and description; the price is stored (and range-searchable)."""
+    from pyspark.sql import functions as F
+
+    return products.select("id", "name", "description",
+                           F.col("price").cast("double").alias("price"), "_position",
+                           "_deleted")
+
+
+@projection("price_history", sources=[changelog("shop.products")],
+            target=delta_table("scd2", keys=["id"]), options=LIVE)
+def price_history(products: Any) -> Any:
+    """Every price a product had, with the time it was valid from and to."""
+    return products.select("id", "price", "_ts", "_position", "_deleted")
