@@ -35,8 +35,11 @@ class CaptureConfig:
     ``schema`` or ``tables``: capture every table of one schema (tables created later
     included), or the listed ``schema.table`` names. Exactly one of them.
     ``stream_prefix``: streams are named ``<prefix><schema>.<table>``.
-    ``streaming``: protocol v2 with streaming of large in-progress transactions (the server
-    sends them before they commit instead of spilling them to disk first).
+    ``streaming``: protocol v2 with streaming of large in-progress transactions: the server
+    sends them while they run instead of spilling them to disk on the source first; lakefold
+    stages them in the store and moves them into the changelog at commit. Off by default:
+    then a large transaction is written once, straight into the changelog, in resumable
+    chunks (faster end to end, see BENCHMARKS.md), and the server spills it while decoding.
     ``keep_messages``: store logical decoding messages in ``lakefold.capture_messages``.
     ``compaction``: compact the streams in the background while capturing.
     ``max_retries``: give up after this many consecutive failed reconnects (None: never).
@@ -52,7 +55,7 @@ class CaptureConfig:
     schema: str | None = None
     tables: tuple[str, ...] = ()
     stream_prefix: str = ""
-    streaming: bool = True
+    streaming: bool = False
     keep_messages: bool = False
     batch_rows: int = 20_000
     batch_bytes: int = 8 << 20

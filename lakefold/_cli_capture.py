@@ -112,7 +112,8 @@ def run(
         show_default=False)] = None,
     stream_prefix: Annotated[str, typer.Option(help="Prefix of the stream names.")] = "",
     streaming: Annotated[bool, typer.Option(
-        help="Receive large transactions while they run (protocol v2).")] = True,
+        help="Receive large transactions while they run (protocol v2) instead of after the "
+             "server spilled them.")] = False,
     keep_messages: Annotated[bool, typer.Option(
         help="Store logical decoding messages too.")] = False,
     until_current: Annotated[bool, typer.Option(
