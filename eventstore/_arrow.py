@@ -20,6 +20,7 @@ from psycopg import sql
 from lakefold.dsn import mask_dsn
 from lakefold.eventstore._model import check_category, check_limit, check_position, check_types
 from lakefold.eventstore._postgres import translate_errors
+from lakefold.eventstore._reads import log_statement
 from lakefold.eventstore._sequencer import sequence_once
 from lakefold.schemas.events import STREAM_DELETED_TYPE
 
@@ -39,26 +40,11 @@ EVENTS_ARROW_SCHEMA: Final = pa.schema([
     pa.field("recorded_at", pa.timestamp("us", tz="UTC"), nullable=False),
 ])
 
-_READ: Final = sql.SQL(
-    "SELECT p.position, e.event_id::text, e.stream_id, e.stream_version, p.category, p.type, "
-    "e.schema_version, e.data::text, e.metadata::text, e.correlation_id::text, "
-    "e.causation_id::text, e.recorded_at "
-    "FROM lakefold.event_positions p JOIN lakefold.events e ON e.xid = p.xid AND e.seq = p.seq "
-    "WHERE p.position >= %(from)s AND p.position < %(to)s {filters} "
-    "ORDER BY p.position"
+_COLUMNS: Final = sql.SQL(
+    "b.first_position + e.ordinal, e.event_id::text, e.stream_id, e.stream_version, "
+    "e.category, e.type, e.schema_version, e.data::text, e.metadata::text, "
+    "e.correlation_id::text, e.causation_id::text, e.recorded_at"
 )
-
-
-def _statement(category: str | None, types: list[str] | None, include_deleted: bool
-               ) -> sql.Composed:
-    filters: list[sql.Composable] = []
-    if category is not None:
-        filters.append(sql.SQL("AND p.category = %(category)s"))
-    if types is not None:
-        filters.append(sql.SQL("AND p.type = ANY(%(types)s::text[])"))
-    if not include_deleted:
-        filters.append(sql.SQL("AND NOT e.deleted"))
-    return _READ.format(filters=sql.SQL(" ").join(filters))
 
 
 def _batch(rows: list[tuple[Any, ...]]) -> pa.RecordBatch:
@@ -87,20 +73,19 @@ def read_events_range(dsn: str, start: int, end: int, *, category: str | None = 
     type_list = None if checked is None else [*checked, STREAM_DELETED_TYPE]
     if end <= start:
         return
-    statement = _statement(category, type_list, include_deleted)
-    masked = mask_dsn(dsn)
-    with translate_errors(masked), psycopg.connect(dsn, autocommit=True) as conn:
-        page_start = max(start, 1)
-        while page_start < end:
-            page_end = min(end, page_start + batch_size)
-            rows = conn.execute(
-                statement,
-                {"from": page_start, "to": page_end, "category": category, "types": type_list},
-                binary=True,
-            ).fetchall()
+    statement = log_statement(_COLUMNS, category=category is not None,
+                              types=type_list is not None, include_deleted=include_deleted,
+                              bounded=True)
+    params: dict[str, Any] = {"from": max(start, 1), "to": end, "limit": batch_size,
+                              "category": category, "types": type_list}
+    with translate_errors(mask_dsn(dsn)), psycopg.connect(dsn, autocommit=True) as conn:
+        while True:
+            rows = conn.execute(statement, params, binary=True).fetchall()
             if rows:
                 yield _batch(rows)
-            page_start = page_end
+            if len(rows) < batch_size:
+                return
+            params["from"] = rows[-1][0] + 1
 
 
 def head_position(dsn: str) -> int:

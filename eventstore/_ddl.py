@@ -9,20 +9,23 @@ Tables
     for each other.
 ``lakefold.events``
     The append-only log. Each row records the top-level transaction id of its writer
-    (``xid``, ``pg_current_xact_id()``) and an insertion number (``seq``); ``(xid, seq)`` is the
-    primary key and the order in which the sequencer hands out global positions (see
-    ``_sequencer.py``). ``deleted`` marks the events of a soft-deleted stream. ``data`` is
-    ``json``, not ``jsonb``: the payload is stored as the text it arrived as, which spares
-    every append building a jsonb tree and every read serialising it back (about 1 µs per
-    event each way); cast to ``jsonb`` to query it in SQL. ``metadata`` is ``jsonb``.
+    (``xid``, ``pg_current_xact_id()``) and its ``ordinal`` within that transaction (0, 1, 2...
+    across all appends of the transaction); ``(xid, ordinal)`` is the primary key and the order
+    of the global log (see ``_sequencer.py``). ``category`` and ``type`` are indexed together
+    with ``(xid, ordinal)``, so reading one category or one type walks an index over exactly
+    what is read. ``deleted`` marks the events of a soft-deleted stream. ``data`` is ``json``,
+    not ``jsonb``: the payload is stored as the text it arrived as, which spares every append
+    building a jsonb tree and every read serialising it back (about 1 µs per event each way);
+    cast it to ``jsonb`` to query it in SQL. ``metadata`` is ``jsonb``.
 ``lakefold.event_positions``
-    Dense, 1-based global positions, assigned after visibility by the sequencer, with the
-    category and type of the event so that reading one category or one type is an index range
-    scan over what is read. Never updated; an assigned position is never reassigned.
+    One row per committed writer transaction, written by the sequencer once the transaction is
+    final: the transaction's first global position. An event's position is
+    ``first_position + ordinal``: dense, 1-based, assigned once and never changed (an erased
+    event leaves a hole). Sequencing costs one row per transaction, not one per event.
 ``lakefold.event_sequencer``
-    The single-row cursor of the sequencer: the last position handed out and the ``(xid, seq)``
-    of the event that got it. An advisory lock keyed on this table's oid is the sequencers'
-    mutex; writers never take it.
+    The single-row cursor of the sequencer: the last position handed out and the last
+    transaction that got positions. An advisory lock keyed on this table's oid is the
+    sequencers' mutex; writers never take it.
 ``lakefold.subscription_checkpoints``
     The durable checkpoint (last processed position) of each named subscription.
 
@@ -57,8 +60,6 @@ _INSTALL_LOCK_KEY: Final = 0x6C616B65_666F6C64  # "lakefold"
 _TABLES = """
 CREATE SCHEMA IF NOT EXISTS lakefold;
 
-CREATE SEQUENCE IF NOT EXISTS lakefold.event_seq AS bigint CACHE 64;
-
 CREATE TABLE IF NOT EXISTS lakefold.streams (
     stream_id   text PRIMARY KEY,
     category    text NOT NULL,
@@ -71,10 +72,11 @@ CREATE TABLE IF NOT EXISTS lakefold.streams (
 
 CREATE TABLE IF NOT EXISTS lakefold.events (
     xid             xid8 NOT NULL DEFAULT pg_current_xact_id(),
-    seq             bigint NOT NULL DEFAULT nextval('lakefold.event_seq'),
+    ordinal         integer NOT NULL CHECK (ordinal >= 0),
     event_id        uuid NOT NULL,
     stream_id       text NOT NULL,
     stream_version  bigint NOT NULL CHECK (stream_version >= 1),
+    category        text NOT NULL,
     type            text NOT NULL,
     schema_version  integer NOT NULL CHECK (schema_version >= 1),
     data            json NOT NULL,
@@ -83,29 +85,24 @@ CREATE TABLE IF NOT EXISTS lakefold.events (
     causation_id    uuid,
     recorded_at     timestamptz NOT NULL DEFAULT now(),
     deleted         boolean NOT NULL DEFAULT false,
-    CONSTRAINT events_pkey PRIMARY KEY (xid, seq),
+    CONSTRAINT events_pkey PRIMARY KEY (xid, ordinal),
     CONSTRAINT events_event_id_key UNIQUE (event_id),
     CONSTRAINT events_stream_version_key UNIQUE (stream_id, stream_version)
 );
+CREATE INDEX IF NOT EXISTS events_category_idx ON lakefold.events (category, xid, ordinal);
+CREATE INDEX IF NOT EXISTS events_type_idx ON lakefold.events (type, xid, ordinal);
 
 CREATE TABLE IF NOT EXISTS lakefold.event_positions (
-    position  bigint PRIMARY KEY CHECK (position >= 1),
-    xid       xid8 NOT NULL,
-    seq       bigint NOT NULL,
-    category  text NOT NULL,
-    type      text NOT NULL,
-    CONSTRAINT event_positions_event_key UNIQUE (xid, seq)
+    first_position  bigint PRIMARY KEY CHECK (first_position >= 1),
+    xid             xid8 NOT NULL,
+    events          integer NOT NULL CHECK (events >= 1),
+    CONSTRAINT event_positions_xid_key UNIQUE (xid)
 );
-CREATE INDEX IF NOT EXISTS event_positions_category_idx
-    ON lakefold.event_positions (category, position);
-CREATE INDEX IF NOT EXISTS event_positions_type_idx
-    ON lakefold.event_positions (type, position);
 
 CREATE TABLE IF NOT EXISTS lakefold.event_sequencer (
     singleton      boolean PRIMARY KEY DEFAULT true CHECK (singleton),
     last_position  bigint NOT NULL DEFAULT 0,
     last_xid       xid8 NOT NULL DEFAULT '0',
-    last_seq       bigint NOT NULL DEFAULT 0,
     sequenced_at   timestamptz
 );
 INSERT INTO lakefold.event_sequencer DEFAULT VALUES ON CONFLICT DO NOTHING;
@@ -117,13 +114,30 @@ CREATE TABLE IF NOT EXISTS lakefold.subscription_checkpoints (
 );
 """
 
+# The next ordinal of the current transaction, kept in a transaction-local setting: it resets
+# when the transaction ends and rolls back with a savepoint, so ordinals are 0, 1, 2... over
+# every event the transaction keeps.
+_ORDINAL_FUNCTIONS = """
+CREATE OR REPLACE FUNCTION lakefold.take_ordinals(p_count integer)
+RETURNS integer
+LANGUAGE plpgsql
+AS $fn$
+DECLARE
+    v_next integer := coalesce(nullif(current_setting('lakefold.next_ordinal', true), ''),
+                               '0')::integer;
+BEGIN
+    PERFORM set_config('lakefold.next_ordinal', (v_next + p_count)::text, true);
+    RETURN v_next;
+END
+$fn$;
+"""
+
 # p_expected: NULL = any, -1 = no stream, -2 = stream exists, n >= 1 = exactly version n.
 # The events come as parallel arrays in append order: p_stream_index is the 1-based index of
 # each event's stream in the stream arrays; p_data holds JSON texts, p_metadata JSON texts or
 # NULL for {}. Arrays arrive in binary and need no parsing but the payload's own. Returns each
 # stream's version before the append.
 _APPEND_FUNCTION = """
-DROP FUNCTION IF EXISTS lakefold.append_events(text[], text[], bigint[], integer[], json);
 CREATE OR REPLACE FUNCTION lakefold.append_events(
     p_stream_ids text[], p_categories text[], p_expected bigint[], p_counts integer[],
     p_event_ids uuid[], p_stream_index integer[], p_types text[], p_versions integer[],
@@ -137,6 +151,7 @@ DECLARE
     v_version  bigint;
     v_actual   bigint;
     v_deleted  text;
+    v_first    integer;
 BEGIN
     -- Lock stream rows in stream-id order: concurrent multi-stream appends cannot deadlock.
     FOR v_i IN
@@ -187,11 +202,12 @@ BEGIN
         v_prev[v_i] := v_version;
     END LOOP;
 
-    INSERT INTO lakefold.events (event_id, stream_id, stream_version, type, schema_version,
-                                 data, metadata, correlation_id, causation_id)
-    SELECT x.i, p_stream_ids[x.k],
+    v_first := lakefold.take_ordinals(cardinality(p_event_ids));
+    INSERT INTO lakefold.events (ordinal, event_id, stream_id, stream_version, category, type,
+                                 schema_version, data, metadata, correlation_id, causation_id)
+    SELECT v_first + x.o - 1, x.i, p_stream_ids[x.k],
            v_prev[x.k] + row_number() OVER (PARTITION BY x.k ORDER BY x.o),
-           x.t, x.v, x.d::json, COALESCE(x.m::jsonb, '{}'::jsonb), x.c, x.z
+           p_categories[x.k], x.t, x.v, x.d::json, COALESCE(x.m::jsonb, '{}'::jsonb), x.c, x.z
     FROM unnest(p_event_ids, p_stream_index, p_types, p_versions, p_data, p_metadata,
                 p_correlation, p_causation) WITH ORDINALITY AS x(i, k, t, v, d, m, c, z, o)
     ORDER BY x.o;
@@ -209,10 +225,11 @@ RETURNS bigint
 LANGUAGE plpgsql
 AS $fn$
 DECLARE
-    v_version  bigint;
-    v_deleted  text;
+    v_version   bigint;
+    v_deleted   text;
+    v_category  text;
 BEGIN
-    SELECT s.version, s.deleted INTO v_version, v_deleted
+    SELECT s.version, s.deleted, s.category INTO v_version, v_deleted, v_category
     FROM lakefold.streams s WHERE s.stream_id = p_stream_id FOR UPDATE;
     IF v_deleted = 'hard' OR (v_deleted = 'soft' AND NOT p_hard) THEN
         RAISE EXCEPTION USING
@@ -230,12 +247,6 @@ BEGIN
                                        'actual', v_version)::text;
     END IF;
     IF p_hard THEN
-        -- Keep sequencers out until we commit, or one could hand positions to the events we
-        -- are erasing (harmless, but it would leave position rows pointing nowhere).
-        PERFORM pg_advisory_xact_lock('lakefold.event_sequencer'::regclass::oid::bigint);
-        DELETE FROM lakefold.event_positions p
-        USING lakefold.events e
-        WHERE e.stream_id = p_stream_id AND p.xid = e.xid AND p.seq = e.seq;
         DELETE FROM lakefold.events e WHERE e.stream_id = p_stream_id;
     ELSE
         UPDATE lakefold.events e SET deleted = true
@@ -245,11 +256,13 @@ BEGIN
     SET version = v_version + 1, deleted = CASE WHEN p_hard THEN 'hard' ELSE 'soft' END,
         deleted_at = now(), updated_at = now()
     WHERE stream_id = p_stream_id;
-    INSERT INTO lakefold.events (event_id, stream_id, stream_version, type, schema_version, data)
-    VALUES (p_event_id, p_stream_id, v_version + 1, '$stream.deleted', 1,
+    INSERT INTO lakefold.events (ordinal, event_id, stream_id, stream_version, category, type,
+                                 schema_version, data)
+    VALUES (lakefold.take_ordinals(1), p_event_id, p_stream_id, v_version + 1, v_category,
+            '$stream.deleted', 1,
             json_build_object('stream_id', p_stream_id,
-                               'mode', CASE WHEN p_hard THEN 'hard' ELSE 'soft' END,
-                               'last_version', v_version));
+                              'mode', CASE WHEN p_hard THEN 'hard' ELSE 'soft' END,
+                              'last_version', v_version));
     RETURN v_version + 1;
 END
 $fn$;
@@ -257,15 +270,16 @@ $fn$;
 
 _SEQUENCE_FUNCTION = """
 CREATE OR REPLACE FUNCTION lakefold.sequence_events(p_limit bigint)
-RETURNS TABLE (o_head bigint, o_pending boolean, o_assigned bigint)
+RETURNS TABLE (o_head bigint, o_pending boolean, o_transactions bigint)
 LANGUAGE plpgsql
 AS $fn$
 DECLARE
     v_watermark  xid8;
     v_last       bigint;
     v_xid        xid8;
-    v_seq        bigint;
     v_n          bigint;
+    v_new_last   bigint;
+    v_new_xid    xid8;
 BEGIN
     -- Own transaction only: inside a longer one the mutex would be held, and the watermark
     -- pinned, until that transaction ends (this catches the transactions that wrote).
@@ -285,42 +299,42 @@ BEGIN
     --    transaction with an xid below it has finished, committed or not. The cursor, read
     --    after the lock, includes the previous sequencer's work.
     v_watermark := pg_snapshot_xmin(pg_current_snapshot());
-    SELECT q.last_position, q.last_xid, q.last_seq INTO v_last, v_xid, v_seq
-    FROM lakefold.event_sequencer q;
+    SELECT q.last_position, q.last_xid INTO v_last, v_xid FROM lakefold.event_sequencer q;
     IF NOT EXISTS (SELECT 1 FROM lakefold.events e
-                   WHERE (e.xid, e.seq) > (v_xid, v_seq) AND e.xid < v_watermark) THEN
+                   WHERE e.xid > v_xid AND e.xid < v_watermark) THEN
         RETURN QUERY SELECT v_last,
-            EXISTS (SELECT 1 FROM lakefold.events e WHERE (e.xid, e.seq) > (v_xid, v_seq)),
-            0::bigint;
+            EXISTS (SELECT 1 FROM lakefold.events e WHERE e.xid > v_xid), 0::bigint;
         RETURN;  -- nothing to do: no xid, nothing written
     END IF;
-    -- 3. Hand out the next positions, in (xid, seq) order, to final events only.
-    INSERT INTO lakefold.event_positions (position, xid, seq, category, type)
-    SELECT v_last + row_number() OVER (ORDER BY b.xid, b.seq), b.xid, b.seq,
-           split_part(b.stream_id, '-', 1), b.type
-    FROM (SELECT e.xid, e.seq, e.stream_id, e.type FROM lakefold.events e
-          WHERE (e.xid, e.seq) > (v_xid, v_seq) AND e.xid < v_watermark
-          ORDER BY e.xid, e.seq LIMIT p_limit) AS b;
-    GET DIAGNOSTICS v_n = ROW_COUNT;
-    IF v_n > 0 THEN
-        v_last := v_last + v_n;
-        SELECT p.xid, p.seq INTO v_xid, v_seq
-        FROM lakefold.event_positions p WHERE p.position = v_last;
-        UPDATE lakefold.event_sequencer
-        SET last_position = v_last, last_xid = v_xid, last_seq = v_seq,
-            sequenced_at = now();
-        -- Wake subscribers. Only sequencers notify: NOTIFY serialises committing
-        -- transactions on a global lock, which must never be on the writers' path.
-        PERFORM pg_notify('lakefold_events', v_last::text);
-    END IF;
-    RETURN QUERY SELECT v_last,
-        EXISTS (SELECT 1 FROM lakefold.events e WHERE (e.xid, e.seq) > (v_xid, v_seq)),
-        v_n;
+    -- 3. Give every final transaction after the cursor, in xid order, the next run of
+    --    positions: one per ordinal it used (an event erased before this leaves a hole).
+    WITH t AS (
+        SELECT e.xid, max(e.ordinal) + 1 AS n
+        FROM lakefold.events e
+        WHERE e.xid > v_xid AND e.xid < v_watermark
+        GROUP BY e.xid ORDER BY e.xid LIMIT p_limit
+    ), b AS (
+        INSERT INTO lakefold.event_positions (first_position, xid, events)
+        SELECT v_last + 1 + coalesce(sum(t.n) OVER (ORDER BY t.xid ROWS BETWEEN UNBOUNDED
+                                                    PRECEDING AND 1 PRECEDING), 0),
+               t.xid, t.n
+        FROM t
+        RETURNING first_position + events - 1 AS last_position, xid
+    )
+    SELECT count(*), max(b.last_position), max(b.xid) INTO v_n, v_new_last, v_new_xid FROM b;
+    UPDATE lakefold.event_sequencer
+    SET last_position = v_new_last, last_xid = v_new_xid, sequenced_at = now();
+    -- Wake subscribers. Only sequencers notify: NOTIFY serialises committing transactions on
+    -- a global lock, which must never be on the writers' path.
+    PERFORM pg_notify('lakefold_events', v_new_last::text);
+    RETURN QUERY SELECT v_new_last,
+        EXISTS (SELECT 1 FROM lakefold.events e WHERE e.xid > v_new_xid), v_n;
 END
 $fn$;
 """
 
-STATEMENTS: Final = (_TABLES, _APPEND_FUNCTION, _DELETE_FUNCTION, _SEQUENCE_FUNCTION)
+STATEMENTS: Final = (_TABLES, _ORDINAL_FUNCTIONS, _APPEND_FUNCTION, _DELETE_FUNCTION,
+                     _SEQUENCE_FUNCTION)
 
 
 def install(dsn: str) -> None:

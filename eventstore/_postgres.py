@@ -1,5 +1,5 @@
 """The PostgreSQL recorder: appends through ``lakefold.append_events`` (one round trip, no global
-lock), reads through ``lakefold.event_positions`` (only sequenced events; see
+lock), reads global positions from ``lakefold.event_positions`` (only sequenced events; see
 ``_sequencer.py`` for why that makes the global order gap-free), and a pool of autocommit
 connections shared by threads.
 
@@ -67,13 +67,13 @@ _APPEND: Final = (
     "%b::uuid[], %b::uuid[])"
 )
 _DUPLICATES: Final = """
-SELECT e.event_id, e.stream_id, e.stream_version, p.position,
+SELECT e.event_id, e.stream_id, e.stream_version, p.first_position + e.ordinal,
        (e.stream_id = (%b::text[])[c.k] AND e.type = c.t AND e.schema_version = c.v
         AND e.data::jsonb = c.d::jsonb)
 FROM unnest(%b::uuid[], %b::integer[], %b::text[], %b::integer[], %b::text[])
      WITH ORDINALITY AS c(i, k, t, v, d, o)
 JOIN lakefold.events e ON e.event_id = c.i
-LEFT JOIN lakefold.event_positions p ON p.xid = e.xid AND p.seq = e.seq
+LEFT JOIN lakefold.event_positions p ON p.xid = e.xid
 ORDER BY c.o
 """
 
@@ -253,8 +253,8 @@ class PostgresRecorder(EventRecorder):
     def positions_of(self, event_ids: Sequence[uuid.UUID]) -> dict[uuid.UUID, int | None]:
         with self.connection() as conn:
             rows = conn.execute(
-                "SELECT e.event_id, p.position FROM lakefold.events e "
-                "LEFT JOIN lakefold.event_positions p ON p.xid = e.xid AND p.seq = e.seq "
+                "SELECT e.event_id, p.first_position + e.ordinal FROM lakefold.events e "
+                "LEFT JOIN lakefold.event_positions p ON p.xid = e.xid "
                 "WHERE e.event_id = ANY(%s)",
                 (list(event_ids),),
             ).fetchall()

@@ -8,9 +8,9 @@ events this way. The ``eventsourcing`` library avoids it with ``LOCK TABLE ... I
 MODE`` in every insert, which makes all writers take turns: 16 writers go no faster than one.
 
 What we do instead. Every event row records its writer's top-level transaction id
-(``xid``, a 64-bit ``xid8`` from ``pg_current_xact_id()``, which never wraps) and an insertion
-number (``seq``, from a sequence, increasing within a transaction). Writers do nothing else:
-they take no lock but the row lock of the streams they append to.
+(``xid``, a 64-bit ``xid8`` from ``pg_current_xact_id()``, which never wraps) and its
+``ordinal`` within that transaction (0, 1, 2... over all the transaction's appends). Writers
+do nothing else: they take no lock but the row lock of the streams they append to.
 
 The watermark ``W = pg_snapshot_xmin(pg_current_snapshot())`` is the oldest transaction id
 still running. Every transaction with ``xid < W`` has finished, committed or rolled back, and a
@@ -24,19 +24,22 @@ will never grow again. Sequencing (``lakefold.sequence_events()``) then:
    gives the transaction no xid);
 2. reads ``W`` from a snapshot taken after the lock and before its own transaction has an
    xid (so no other sequencer is running and holding ``W`` back), and the cursor: the last
-   position handed out and the ``(xid, seq)`` of its event;
-3. gives the next positions, densely and in ``(xid, seq)`` order, to the events after the
-   cursor with ``xid < W``, inserting rows into ``lakefold.event_positions``, and moves the
-   cursor; then NOTIFYs subscribers.
+   position handed out and the last transaction that got positions;
+3. gives each final transaction after the cursor (``cursor < xid < W``), in xid order, the
+   next run of positions, one per ordinal: a row ``(first_position, xid, events)`` in
+   ``lakefold.event_positions``, so an event's position is ``first_position + ordinal``;
+   moves the cursor; NOTIFYs subscribers. One row per transaction, not per event: a batch of
+   1,000 events costs one row.
 
-Why it is gap-free and monotone. Each round takes events with ``(xid, seq)`` above the cursor
-and ``xid < W``; any event that appears later has ``xid >= W`` (its transaction was still
-running when ``W`` was read), so it sorts after everything sequenced in this round. Hence
-positions follow ``(xid, seq)`` order, a reader that has read up to position ``p`` can never
-find a new event below ``p``, and every committed event gets exactly one position (the
-primary key on ``position`` and the unique key on ``(xid, seq)`` enforce "never reassigned").
-Rolled-back events are never visible, so they never get a position. Readers read only rows of
-``event_positions``, so they never see an unsequenced event.
+Why it is gap-free and monotone. Each round takes transactions above the cursor and below
+``W``; any event that appears later belongs to a transaction with ``xid >= W`` (still running
+when ``W`` was read), so it sorts after everything sequenced in this round. Hence positions
+follow ``(xid, ordinal)`` order, a reader that has read up to position ``p`` can never find a
+new event below ``p``, and every committed event gets exactly one position, handed out once
+(the primary key on ``first_position`` and the unique key on ``xid`` enforce it; runs are
+contiguous, so positions are dense). Rolled-back events are never visible, so they never get
+a position; an event erased by a hard delete leaves a hole. Readers stop at the cursor, so
+they never see an unsequenced event.
 
 The price. A long-running transaction that has an xid (in *any* database of the cluster: xids
 are cluster-wide) holds ``W`` back: events committed after it started stay invisible to global
@@ -44,8 +47,8 @@ readers until it ends. They are delayed, never skipped. ``EventStore.status()`` 
 pending events and names the holding transaction (pg_stat_activity: pid, xact_start, query)
 once it has held the watermark longer than ``StoreOptions.watermark_threshold_s``; keep
 transactions short. Streams read their own events immediately (``read_stream`` does not need
-positions), and the global position of a fresh event is known once it is sequenced
-(``EventStore.wait_for_positions``).
+positions; it shows ``position=None`` until then), and the global position of a fresh event is
+known once it is sequenced (``EventStore.wait_for_positions``).
 
 Who sequences. Any reader that asks for the head (``head()``, ``read_all``, subscriptions)
 runs a round; so does a background thread of each ``EventStore`` shortly after its appends,
@@ -73,15 +76,15 @@ from lakefold.eventstore.exceptions import EventStoreError
 
 logger = logging.getLogger(__name__)
 
-#: The most positions one sequencing round hands out (bounds the round's transaction).
-ROUND_LIMIT: Final = 200_000
+#: The most transactions one sequencing round gives positions to (bounds the round).
+ROUND_LIMIT: Final = 50_000
 
-_SEQUENCE = "SELECT o_head, o_pending, o_assigned FROM lakefold.sequence_events(%s)"
+_SEQUENCE = "SELECT o_head, o_pending, o_transactions FROM lakefold.sequence_events(%s)"
 
 _PENDING = """
-SELECT q.last_position, q.sequenced_at, count(e.seq), min(e.recorded_at)
+SELECT q.last_position, q.sequenced_at, count(e.xid), min(e.recorded_at)
 FROM lakefold.event_sequencer q
-LEFT JOIN lakefold.events e ON (e.xid, e.seq) > (q.last_xid, q.last_seq)
+LEFT JOIN lakefold.events e ON e.xid > q.last_xid
 GROUP BY q.last_position, q.sequenced_at
 """
 
