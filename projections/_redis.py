@@ -116,9 +116,12 @@ class RedisCacheWriter:
     """Writes batches of rows into one generation's key prefix, exactly once per batch."""
 
     def __init__(self, url: str, prefix: str, *, key: str,
-                 format: Literal["hash", "json"] = "hash") -> None:
+                 format: Literal["hash", "json"] = "hash", checkpoint: str = "_ckpt") -> None:
+        """``checkpoint`` names the batch checkpoint (a targeted rebuild keeps its own, so
+        the live batch sequence is untouched)."""
         self._url = url
         self.prefix = prefix
+        self._checkpoint = prefix + checkpoint
         self.key = key
         self.format = format
         self._client = redis.Redis.from_url(url)
@@ -130,7 +133,7 @@ class RedisCacheWriter:
     def checkpoint(self) -> tuple[int, int] | None:
         """The last applied (batch id, chunk), or None for a fresh generation."""
         try:
-            raw = self._client.hmget(self.prefix + "_ckpt", ["batch", "chunk"])
+            raw = self._client.hmget(self._checkpoint, ["batch", "chunk"])
         except redis.RedisError as e:
             raise TargetUnavailable(f"Redis at {mask_dsn(self._url)}: {e}") from e
         if raw[0] is None or raw[1] is None:
@@ -160,6 +163,8 @@ class RedisCacheWriter:
         the batch; with ``rejected=None`` they raise TargetError."""
         encoded: list[tuple[str, list[str | int]]] = []
         has_position = POSITION_COLUMN in rows.column_names
+        if has_position and rows.num_rows > 1:  # several rows of a key: oldest first
+            rows = rows.sort_by([(POSITION_COLUMN, "ascending")])
         for row in _rows(rows):
             row_position = int(row[POSITION_COLUMN]) if has_position and \
                 row.get(POSITION_COLUMN) is not None else position
@@ -180,7 +185,7 @@ class RedisCacheWriter:
             for _, args in chunk:
                 argv.extend(args)
             try:
-                result = self._script(keys=[self.prefix + "_ckpt", self.prefix + "_pos"],
+                result = self._script(keys=[self._checkpoint, self.prefix + "_pos"],
                                       args=argv)
             except redis.ConnectionError as e:
                 raise TargetUnavailable(

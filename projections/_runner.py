@@ -44,6 +44,7 @@ from lakefold.projections._deadletters import DeadLetters
 from lakefold.projections._plan import Plan, build, validate
 from lakefold.projections._redis import drop_prefix
 from lakefold.projections._source import retry_frame
+from lakefold.projections._targeted import PartReport, rebuild_part
 from lakefold.projections.exceptions import (
     ProjectionNotFound,
     ProjectionStateError,
@@ -269,6 +270,17 @@ class Runner:
         caught up."""
         self.registry.get(name)
         return self.catalog.begin_rebuild(name, scope=scope)
+
+    def rebuild_part(self, name: str, *, stream: str | None = None,
+                     key_from: str | None = None, key_to: str | None = None) -> PartReport:
+        """Recompute one stream's part or one key range of NAME's live view in place (see
+        ``_targeted``); the projection's queries in this runner are stopped first."""
+        projection = self.registry.get(name)
+        self.prepare()
+        self._stop_projection(name)
+        return rebuild_part(self.spark, self.catalog, projection, dsn=self.config.store_dsn,
+                            redis_url=self.config.redis_url, stream=stream,
+                            key_from=key_from, key_to=key_to)
 
     # ------------------------------------------------------------------ the loop
 

@@ -182,14 +182,19 @@ class SearchIndexWriter:
         return self._last
 
     def write(self, rows: pa.Table, *, batch_id: int,
-              rejected: list[tuple[dict[str, Any], str]] | None = None) -> SearchWriteResult:
+              rejected: list[tuple[dict[str, Any], str]] | None = None,
+              repair: bool = False) -> SearchWriteResult:
         """Apply ``rows`` as batch ``batch_id`` in one commit, or skip it if the index already
-        holds it. Rows that cannot be indexed go to ``rejected`` (or raise when it is None)."""
-        if self._last is not None and batch_id <= self._last:
+        holds it. Rows that cannot be indexed go to ``rejected`` (or raise when it is None).
+        ``repair``: apply even at or below the checkpoint (a targeted rebuild, which passes
+        the current checkpoint so that it stays where it is)."""
+        if not repair and self._last is not None and batch_id <= self._last:
             return SearchWriteResult(0, 0, skipped=True)
         upserted = deleted = 0
         latest: dict[str, dict[str, Any]] = {}
-        for row in _rows(rows):  # the last row of a key in the batch wins
+        if POSITION_COLUMN in rows.column_names and rows.num_rows > 1:
+            rows = rows.sort_by([(POSITION_COLUMN, "ascending")])
+        for row in _rows(rows):  # the last row of a key (by position) in the batch wins
             try:
                 latest[key_text(row.get(self.layout.key))] = row
             except TargetError as e:

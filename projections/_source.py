@@ -22,7 +22,12 @@ from dataclasses import asdict
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
-from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
+from pyspark.sql.datasource import (
+    DataSource,
+    DataSourceReader,
+    DataSourceStreamReader,
+    InputPartition,
+)
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMaxRows
 
 from lakefold.projections import _stores
@@ -117,9 +122,27 @@ def _conform(batch: pa.RecordBatch, schema: pa.Schema) -> pa.RecordBatch:
     return pa.RecordBatch.from_arrays(columns, schema=schema)
 
 
+class ProjectionBatchReader(DataSourceReader):
+    """A fixed range ``[start, end)`` of one source (options ``start`` and ``end``): what a
+    targeted rebuild replays."""
+
+    def __init__(self, options: dict[str, str], schema: StructType) -> None:
+        self._stream = ProjectionSourceReader(options, schema)
+        self.start = int(options.get("start", "0"))
+        self.end = int(options["end"])
+
+    def partitions(self) -> Sequence[InputPartition]:
+        return self._stream.partitions(self._stream._offset(self.start),
+                                       self._stream._offset(self.end))
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        return self._stream.read(partition)
+
+
 class ProjectionSource(DataSource):
     """``spark.readStream.format("lakefold_projection_source")`` with options ``dsn``,
-    ``source`` (JSON), ``max_records``, ``partition_records``; the schema must be given."""
+    ``source`` (JSON), ``max_records``, ``partition_records``; the schema must be given.
+    ``spark.read`` with ``start`` and ``end`` reads a fixed range."""
 
     @classmethod
     def name(cls) -> str:
@@ -135,6 +158,9 @@ class ProjectionSource(DataSource):
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
         return ProjectionSourceReader(dict(self.options), schema)
 
+    def reader(self, schema: StructType) -> DataSourceReader:
+        return ProjectionBatchReader(dict(self.options), schema)
+
 
 def register(spark: SparkSession) -> None:
     """Register the source on ``spark`` (idempotent)."""
@@ -147,6 +173,19 @@ def spark_schema(dsn: str, source: Source) -> StructType:
 
     result: StructType = from_arrow_schema(_stores.arrow_schema(dsn, source))
     return result
+
+
+def range_frame(spark: SparkSession, dsn: str, source: Source, start: int, end: int
+                ) -> DataFrame:
+    """A batch DataFrame of positions ``[start, end)`` of one source."""
+    register(spark)
+    return (spark.read.format(FORMAT)
+            .schema(spark_schema(dsn, source))
+            .option("dsn", dsn)
+            .option("source", source_to_json(source))
+            .option("start", str(start))
+            .option("end", str(end))
+            .load())
 
 
 def source_frame(spark: SparkSession, dsn: str, source: Source, *, max_records: int,

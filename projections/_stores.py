@@ -20,6 +20,7 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 import psycopg
+import psycopg.errors
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -58,23 +59,30 @@ def event_categories(dsn: str) -> list[str]:
         return [str(r[0]) for r in rows.fetchall()]
 
 
-def event_types(dsn: str, category: str | None) -> list[str]:
-    """Event types present in the store (in one category, or anywhere)."""
+def event_types(dsn: str, category: str | None) -> list[str] | None:
+    """Event types present in the store (in one category, or anywhere); None when this
+    version of the event store cannot be asked (then types are not checked)."""
     with _connect(dsn) as conn:
-        if not _has_table(conn, "event_positions"):
+        if not _has_table(conn, "events"):
             return []
-        if category is None:
-            # a skip scan over the (type, position) index: one probe per distinct type
-            rows = conn.execute(
-                "WITH RECURSIVE t(type) AS ("
-                " (SELECT type FROM lakefold.event_positions ORDER BY type LIMIT 1)"
-                " UNION ALL SELECT (SELECT p.type FROM lakefold.event_positions p"
-                "   WHERE p.type > t.type ORDER BY p.type LIMIT 1) FROM t WHERE t.type IS NOT NULL"
-                ") SELECT type FROM t WHERE type IS NOT NULL")
-        else:
-            rows = conn.execute("SELECT DISTINCT type FROM lakefold.event_positions "
-                                "WHERE category = %s ORDER BY 1", (category,))
-        return [str(r[0]) for r in rows.fetchall()]
+        # a skip scan over the (type, ...) index: one probe per distinct type
+        distinct = (
+            "WITH RECURSIVE t(type) AS ("
+            " (SELECT type FROM lakefold.events ORDER BY type LIMIT 1)"
+            " UNION ALL SELECT (SELECT e.type FROM lakefold.events e"
+            "   WHERE e.type > t.type ORDER BY e.type LIMIT 1) FROM t WHERE t.type IS NOT NULL"
+            ") SELECT type FROM t WHERE type IS NOT NULL")
+        try:
+            if category is None:
+                rows = conn.execute(distinct)  # type: ignore[arg-type]  # constant text
+            else:
+                rows = conn.execute(
+                    f"SELECT d.type FROM ({distinct}) d WHERE EXISTS (SELECT 1 FROM "  # noqa: S608 - constant text
+                    "lakefold.events e WHERE e.type = d.type AND e.category = %s)",
+                    (category,))
+            return [str(r[0]) for r in rows.fetchall()]
+        except (psycopg.errors.UndefinedColumn, psycopg.errors.UndefinedTable):
+            return None
 
 
 def _has_table(conn: psycopg.Connection[Any], table: str) -> bool:
@@ -249,8 +257,9 @@ def check_sources_exist(dsn: str, sources: Sequence[Source], *, projection: str,
                     f"projection {projection}: no event category {source.category!r} in the "
                     f"event store; known categories: {', '.join(categories) or 'none'}"
                 )
-        if source.types:
-            known = set(event_types(dsn, source.category)) | set(registered_types)
+        present = event_types(dsn, source.category) if source.types else None
+        if source.types and present is not None:
+            known = set(present) | set(registered_types)
             unknown = [t for t in source.types if t not in known]
             if unknown:
                 where = f"category {source.category!r}" if source.category else "the store"

@@ -85,18 +85,17 @@ def orders_expected(dsn: str) -> tuple[dict[str, dict[str, str]], dict[str, str]
     """From the event store itself: the last order per customer, and every order's note."""
     import json
 
-    with psycopg.connect(dsn) as conn:
-        rows = conn.execute(
-            "SELECT p.position, e.stream_id, e.data FROM lakefold.event_positions p "
-            "JOIN lakefold.events e ON e.xid = p.xid AND e.seq = p.seq "
-            "WHERE p.category = 'order' ORDER BY p.position").fetchall()
+    from lakefold.eventstore import head_position, read_events_range
+
     last: dict[str, dict[str, str]] = {}
     notes: dict[str, str] = {}
-    for _position, stream, data in rows:
-        data = data if isinstance(data, dict) else json.loads(data)
-        last[data["customer"]] = {"customer": data["customer"], "order": stream,
-                                  "amount": data["amount"]}
-        notes[stream] = data["note"]
+    for batch in read_events_range(dsn, 1, head_position(dsn) + 1, category="order"):
+        for stream, text in zip(batch.column("stream_id").to_pylist(),
+                                batch.column("data").to_pylist(), strict=True):
+            data = json.loads(text)
+            last[data["customer"]] = {"customer": data["customer"], "order": stream,
+                                      "amount": data["amount"]}
+            notes[stream] = data["note"]
     return last, notes
 
 

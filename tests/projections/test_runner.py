@@ -9,13 +9,16 @@ import time
 from decimal import Decimal
 from pathlib import Path
 
+import pyarrow as pa
 import pytest
+import redis
 from deltalake import DeltaTable
 
 from lakefold.projections import (
     Catalog,
     DeadLetters,
     ProjectionNotFound,
+    ProjectionStateError,
     RedisCacheReader,
     Runner,
     RunnerConfig,
@@ -23,6 +26,7 @@ from lakefold.projections import (
     SinkRoots,
     load_projections,
 )
+from lakefold.projections._search import IndexLayout, SearchIndexWriter
 from tests.projections import helpers
 
 pytestmark = pytest.mark.timeout(240)
@@ -57,6 +61,35 @@ def test_event_projections_equal_a_fresh_computation(pg, spark, redis_url, tmp_p
     word = helpers.NOTE_WORDS[0]
     assert sorted(h.key for h in search.search("order_search", word, limit=100)) == sorted(
         order for order, note in notes.items() if word in note.split())
+
+    # targeted rebuild: damage some keys, repair a key range and one stream in place
+    client = redis.Redis.from_url(redis_url)
+    prefix = catalog.current("last_order").redis_prefix
+    client.hset(prefix + "k:c1", "amount", "bogus")
+    client.delete(prefix + "k:c2")
+    client.hset(prefix + "k:c1x", "customer", "c1x")  # a stale key inside the range
+    client.hset(prefix + "k:c5", "amount", "bogus")  # outside the range: left alone
+    report = runner.rebuild_part("last_order", key_from="c1", key_to="c3")
+    assert report.deleted == 1 and report.generation == 1
+    with RedisCacheReader(redis_url) as reader:
+        assert reader.get("last_order", "c1") == last["c1"]
+        assert reader.get("last_order", "c2") == last["c2"]
+        assert reader.get("last_order", "c1x") is None
+        assert (reader.get("last_order", "c5") or {}).get("amount") == "bogus"
+    client.close()
+    damaged = sorted(notes)[3]
+    index_writer = SearchIndexWriter(catalog.current("order_search").index_dir,
+                                     IndexLayout(key="order", text=("note",), fields=()))
+    index_writer.write(pa.Table.from_pylist([{"order": damaged, "_deleted": True}]),
+                       batch_id=index_writer.checkpoint or 0, repair=True)
+    index_writer.close()
+    assert search.get("order_search", damaged) is None
+    runner.rebuild_part("order_search", stream=damaged)
+    assert (search.get("order_search", damaged) or {}).get("note") == notes[damaged]
+    with pytest.raises(ProjectionStateError, match="is a fold"):
+        runner.rebuild_part("revenue", key_from="c1")
+    assert not catalog.projection("last_order").paused
+    runner.close()
     catalog.close()
 
 

@@ -1,0 +1,264 @@
+"""Targeted rebuild: recompute one stream's part, or one key range, of a view in place.
+
+A full rebuild (a new generation) is always correct; this is the quick repair for a part of
+a view, e.g. after a bug fix in a transform that only affected some keys. It is offered for
+projections whose output row for a key depends only on that key's records (stateless
+transforms) and whose target can be corrected row by row (Delta upsert, Redis, search):
+
+1. The projection is paused, and the call waits until no runner holds its live generation.
+2. Every source is read as a batch from its start up to the generation's committed position,
+   narrowed to the stream, through the projection's own transform, narrowed to the key range.
+3. The rows are written to the live generation's target: Redis through the position guard
+   (nothing moves backwards), search as one commit that keeps the batch checkpoint, Delta as
+   a merge under a separate app id. For a key range, keys of the range that the view still
+   holds but the replay did not produce are deleted.
+4. The projection is resumed (unless it was paused before): it continues from the same
+   position, so nothing is skipped or applied twice.
+
+Folds and stateful transforms are refused: their Spark-managed state would no longer match
+the view; rebuild them with a new generation.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import psycopg
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from lakefold.projections._api import Projection
+from lakefold.projections._catalog import LOCK_NAMESPACE, Catalog, generation_lock_key
+from lakefold.projections._delta import DeltaViewWriter
+from lakefold.projections._model import (
+    DELETED_COLUMN,
+    POSITION_COLUMN,
+    DeltaTableTarget,
+    RedisCacheTarget,
+    SearchIndexTarget,
+)
+from lakefold.projections._plan import is_stateful
+from lakefold.projections._redis import RedisCacheWriter, key_text
+from lakefold.projections._search import IndexLayout, SearchIndexWriter
+from lakefold.projections._source import range_frame
+from lakefold.projections.exceptions import ProjectionStateError
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+
+_RELEASE_TIMEOUT = 60.0
+
+
+@dataclass(frozen=True)
+class PartReport:
+    """What a targeted rebuild rewrote: rows written (deletes included) into ``generation``,
+    replayed up to ``position`` (source alias → next position)."""
+
+    generation: int
+    rows: int
+    deleted: int
+    position: dict[str, int]
+
+
+def _check_supported(projection: Projection) -> None:
+    if projection.fold is not None:
+        raise ProjectionStateError(
+            f"projection {projection.name} is a fold: its per-key state lives in Spark's "
+            f"checkpoint and would no longer match the view; run `lakefold rebuild "
+            f"{projection.name}` (a new generation) instead"
+        )
+    target = projection.target
+    if isinstance(target, DeltaTableTarget) and target.mode != "upsert":
+        raise ProjectionStateError(
+            f"projection {projection.name} writes a Delta {target.mode} table, whose rows "
+            "cannot be corrected one key at a time; run a full `lakefold rebuild`"
+        )
+
+
+def _wait_released(dsn: str, name: str, generation: int) -> None:
+    deadline = time.monotonic() + _RELEASE_TIMEOUT
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        while True:
+            row = conn.execute(
+                "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND classid = %s "
+                "AND objid = %s AND objsubid = 2 AND granted",
+                (LOCK_NAMESPACE, generation_lock_key(name, generation))).fetchone()
+            if not (row and row[0]):
+                return
+            if time.monotonic() > deadline:
+                raise ProjectionStateError(
+                    f"projection {name} was paused, but its runner did not stop within "
+                    f"{_RELEASE_TIMEOUT:.0f} s; is it stuck? See `lakefold status`"
+                )
+            time.sleep(0.2)
+
+
+def _output(spark: SparkSession, projection: Projection, dsn: str,
+            position: dict[str, int], stream: str | None) -> DataFrame:
+    frames = {}
+    for source in projection.sources:
+        frame = range_frame(spark, dsn, source, 0, int(position.get(source.alias, 0)))
+        if stream is not None:
+            frame = frame.filter(frame["_stream"] == stream)
+        frames[source.alias] = frame
+    transform = projection.transform
+    assert transform is not None  # noqa: S101 - folds were refused
+    if len(projection.sources) == 1:
+        output = transform(frames[projection.sources[0].alias])
+    else:
+        output = transform(**frames)
+    if is_stateful(output):
+        raise ProjectionStateError(
+            f"projection {projection.name} aggregates, deduplicates or joins across records: "
+            "its Spark state would no longer match the view; run a full `lakefold rebuild`"
+        )
+    return output
+
+
+def _key_column(projection: Projection) -> str:
+    target = projection.target
+    if isinstance(target, RedisCacheTarget | SearchIndexTarget):
+        return target.key
+    return target.keys[0]
+
+
+def _in_range(value: object, low: str | None, high: str | None) -> bool:
+    text = key_text(value)
+    number = isinstance(value, int | float)
+
+    def compare(bound: str) -> float:
+        if number:
+            return float(value) - float(bound)  # type: ignore[arg-type]
+        return (text > bound) - (text < bound)
+
+    return (low is None or compare(low) >= 0) and (high is None or compare(high) < 0)
+
+
+def rebuild_part(spark: SparkSession, catalog: Catalog, projection: Projection, *, dsn: str,
+                 redis_url: str | None, stream: str | None = None,
+                 key_from: str | None = None, key_to: str | None = None) -> PartReport:
+    """Recompute the part of ``projection``'s live view that comes from ``stream`` and/or has
+    keys in ``[key_from, key_to)``; see the module docstring."""
+    if stream is None and key_from is None and key_to is None:
+        raise ProjectionStateError("name a --stream or a key range (--key-from/--key-to)")
+    _check_supported(projection)
+    name = projection.name
+    was_paused = catalog.projection(name).paused
+    catalog.set_paused(name, True)
+    try:
+        live = catalog.current(name)
+        _wait_released(dsn, name, live.generation)
+        live = catalog.current(name)
+        position = dict(live.position)
+        output = _output(spark, projection, dsn, position, stream)
+        key = _key_column(projection)
+        table = output.toArrow()
+        keep = [i for i, value in enumerate(table.column(key).to_pylist())
+                if value is not None and _in_range(value, key_from, key_to)]
+        table = table.take(pa.array(keep, pa.int64()))
+        ranged = key_from is not None or key_to is not None
+        stale = _stale_keys(projection, live, redis_url, table, key, key_from,
+                            key_to) if ranged else []
+        if stale:
+            table = _with_deletes(table, key, stale, sum(position.values()))
+        _write(projection, live, redis_url, table, position)
+        return PartReport(generation=live.generation, rows=table.num_rows,
+                          deleted=len(stale), position=position)
+    finally:
+        if not was_paused:
+            catalog.set_paused(name, False)
+
+
+def _with_deletes(table: pa.Table, key: str, stale: list[Any], position: int) -> pa.Table:
+    rows: list[dict[str, Any]] = [{key: value, DELETED_COLUMN: True} for value in stale]
+    for row in rows:
+        if POSITION_COLUMN in table.column_names:
+            row[POSITION_COLUMN] = position
+    extra = pa.Table.from_pylist(rows, schema=_with_deleted(table.schema))
+    base = table if DELETED_COLUMN in table.column_names else table.append_column(
+        DELETED_COLUMN, pa.array([False] * table.num_rows, pa.bool_()))
+    return pa.concat_tables([base, extra])
+
+
+def _with_deleted(schema: pa.Schema) -> pa.Schema:
+    if DELETED_COLUMN in schema.names:
+        return schema
+    return schema.append(pa.field(DELETED_COLUMN, pa.bool_()))
+
+
+def _stale_keys(projection: Projection, live: Any, redis_url: str | None, table: pa.Table,
+                key: str, low: str | None, high: str | None) -> list[Any]:
+    """Keys of the range that the view holds but the replay did not produce (live rows)."""
+    produced = set()
+    deleted = table.column(DELETED_COLUMN).to_pylist() if DELETED_COLUMN in \
+        table.column_names else [False] * table.num_rows
+    for value, gone in zip(table.column(key).to_pylist(), deleted, strict=True):
+        if not gone:
+            produced.add(key_text(value))
+    held: list[Any] = []
+    target = projection.target
+    if isinstance(target, RedisCacheTarget) and redis_url is not None:
+        import redis
+
+        client = redis.Redis.from_url(redis_url, decode_responses=True)
+        try:
+            start = len(live.redis_prefix) + 2
+            held = [k[start:] for k in client.scan_iter(match=live.redis_prefix + "k:*")]
+        finally:
+            client.close()
+        typed = table.schema.field(key).type
+        if pa.types.is_integer(typed):
+            held = [int(k) for k in held]
+    elif isinstance(target, DeltaTableTarget):
+        from deltalake import DeltaTable
+
+        held = DeltaTable(live.delta_path).to_pyarrow_table(columns=[key]).column(
+            key).to_pylist()
+    elif isinstance(target, SearchIndexTarget):
+        import tantivy
+
+        from lakefold.projections._search import CHECKPOINT_ID, KEY_FIELD
+
+        index = tantivy.Index.open(live.index_dir)
+        searcher = index.searcher()
+        hits = searcher.search(tantivy.Query.all_query(), limit=max(1, searcher.num_docs))
+        held = [searcher.doc(address).to_dict()[KEY_FIELD][0] for _, address in hits.hits]
+        held = [k for k in held if k != CHECKPOINT_ID]
+        typed = table.schema.field(key).type
+        if pa.types.is_integer(typed):
+            held = [int(k) for k in held]
+    return [v for v in held if _in_range(v, low, high) and key_text(v) not in produced]
+
+
+def _write(projection: Projection, live: Any, redis_url: str | None, table: pa.Table,
+           position: dict[str, int]) -> None:
+    target = projection.target
+    stamp = int(time.time() * 1000)
+    if isinstance(target, RedisCacheTarget):
+        if redis_url is None:
+            raise ProjectionStateError("no Redis URL is configured; set LAKEFOLD_REDIS_URL")
+        writer = RedisCacheWriter(redis_url, live.redis_prefix, key=target.key,
+                                  format=target.format, checkpoint="_ckpt_part")
+        try:
+            writer.write(table, batch_id=stamp, position=sum(position.values()))
+        finally:
+            writer.close()
+    elif isinstance(target, SearchIndexTarget):
+        layout = IndexLayout.from_arrow(
+            pa.schema([f for f in table.schema if f.name != DELETED_COLUMN]),
+            key=target.key, text=target.text)
+        search = SearchIndexWriter(live.index_dir, layout)
+        try:
+            search.write(table, batch_id=search.checkpoint or 0, repair=True)
+        finally:
+            search.close()
+    else:
+        writer_delta = DeltaViewWriter(target, live.delta_path,
+                                       app_id=f"{projection.name}@{live.generation}/part",
+                                       name=projection.name)
+        if DELETED_COLUMN not in table.column_names:
+            table = table.append_column(DELETED_COLUMN,
+                                        pc.cast(pa.nulls(table.num_rows), pa.bool_()))
+        writer_delta.write_arrow(table, stamp)
