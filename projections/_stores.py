@@ -74,7 +74,7 @@ def event_types(dsn: str, category: str | None) -> list[str] | None:
             ") SELECT type FROM t WHERE type IS NOT NULL")
         try:
             if category is None:
-                rows = conn.execute(distinct)  # type: ignore[arg-type]  # constant text
+                rows = conn.execute(distinct)
             else:
                 rows = conn.execute(
                     f"SELECT d.type FROM ({distinct}) d WHERE EXISTS (SELECT 1 FROM "  # noqa: S608 - constant text

@@ -109,12 +109,13 @@ def _output(spark: SparkSession, projection: Projection, dsn: str,
         output = transform(frames[projection.sources[0].alias])
     else:
         output = transform(**frames)
-    if is_stateful(output):
+    result: DataFrame = output
+    if is_stateful(result):
         raise ProjectionStateError(
             f"projection {projection.name} aggregates, deduplicates or joins across records: "
             "its Spark state would no longer match the view; run a full `lakefold rebuild`"
         )
-    return output
+    return result
 
 
 def _key_column(projection: Projection) -> str:
