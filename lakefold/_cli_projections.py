@@ -136,11 +136,11 @@ def rebuild(
     """Replay NAME's whole history into a new generation and switch to it atomically."""
     settings = _settings()
     if abandon:
-        catalog = _catalog(settings)
-        building = catalog.building(name)
-        if building is None:
-            raise ConfigurationError(f"projection {name} is not being rebuilt")
-        catalog.abandon(name, building.generation)
+        with _catalog(settings) as catalog:
+            building = catalog.building(name)
+            if building is None:
+                raise ConfigurationError(f"projection {name} is not being rebuilt")
+            catalog.abandon(name, building.generation)
         _out.print(f"abandoned generation {building.generation} of {escape(name)}")
         return
     runner = _runner(settings, projections, only=(name,))
@@ -167,10 +167,10 @@ def rebuild(
 
 
 def _set_paused(name: str, paused: bool) -> None:
-    catalog = _catalog(_settings())
-    row = catalog.set_paused(name, paused)
-    if not paused and row.state == "failed":
-        catalog.set_state(name, "idle", keep_error=True)
+    with _catalog(_settings()) as catalog:
+        row = catalog.set_paused(name, paused)
+        if not paused and row.state == "failed":
+            catalog.set_state(name, "idle", keep_error=True)
     _out.print(f"{escape(name)} {'paused' if paused else 'resumed'}")
 
 
@@ -193,8 +193,8 @@ def status(as_json: JsonOption = False) -> None:
     from lakefold.projections._status import projection_status, slot_status
 
     settings = _settings()
-    catalog = _catalog(settings)
-    statuses = projection_status(catalog, _store_dsn(settings))
+    with _catalog(settings) as catalog:
+        statuses = projection_status(catalog, _store_dsn(settings))
     source_dsn = settings.source_dsn()
     slots = slot_status(source_dsn) if source_dsn else []
     if as_json:
@@ -232,7 +232,8 @@ def dlq_list(
     """List dead letters."""
     from lakefold.projections import DeadLetters
 
-    letters = DeadLetters(_catalog(_settings())).find(name, status=state, limit=limit)
+    with _catalog(_settings()) as catalog:
+        letters = DeadLetters(catalog).find(name, status=state, limit=limit)
     if as_json:
         typer.echo(json.dumps([d.as_json() for d in letters], default=str))
         return
@@ -251,7 +252,8 @@ def dlq_retry(ids: Annotated[list[int], typer.Argument(help="Dead-letter ids.")]
     """Feed dead letters through their projection again (at its next batch)."""
     from lakefold.projections import DeadLetters
 
-    done = DeadLetters(_catalog(_settings())).request_retry(ids)
+    with _catalog(_settings()) as catalog:
+        done = DeadLetters(catalog).request_retry(ids)
     _out.print(f"queued {len(done)} dead letter(s) for retry")
 
 
@@ -260,7 +262,8 @@ def dlq_drop(ids: Annotated[list[int], typer.Argument(help="Dead-letter ids.")])
     """Give up on dead letters (they stay listed as dropped)."""
     from lakefold.projections import DeadLetters
 
-    done = DeadLetters(_catalog(_settings())).drop(ids)
+    with _catalog(_settings()) as catalog:
+        done = DeadLetters(catalog).drop(ids)
     _out.print(f"dropped {len(done)} dead letter(s)")
 
 
@@ -275,9 +278,9 @@ def search(
     """Search a projection's current index."""
     from lakefold.projections import SearchIndexReader
 
-    catalog = _catalog(_settings())
-    reader = SearchIndexReader(lambda name: catalog.current(name).index_dir)
-    hits = reader.search(view, query, limit=limit)
+    with _catalog(_settings()) as catalog:
+        reader = SearchIndexReader(lambda name: catalog.current(name).index_dir)
+        hits = reader.search(view, query, limit=limit)
     if as_json:
         typer.echo(json.dumps([{"key": h.key, "score": h.score, "document": h.document}
                                for h in hits], default=str))

@@ -195,6 +195,12 @@ class Catalog:
                 self._connection.close()
                 self._connection = None
 
+    def __enter__(self) -> Catalog:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
     def install(self) -> None:
         """Create the catalog tables if they are missing (idempotent, concurrency-safe)."""
         with self._tx() as conn:

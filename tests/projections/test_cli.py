@@ -1,0 +1,88 @@
+"""The projection commands that read or change the catalog (no Spark needed): status, pause,
+resume, dlq list|retry|drop, search; and their one-line errors."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+from typer.testing import CliRunner
+
+from lakefold.cli import app
+from lakefold.projections import Catalog, DeadLetters, SinkRoots
+from lakefold.projections._deadletters import NewDeadLetter
+from lakefold.projections._search import IndexLayout, SearchIndexWriter
+
+pytestmark = pytest.mark.timeout(60)
+
+
+@pytest.fixture
+def env(pg, tmp_path):
+    catalog = Catalog(pg.dsn, SinkRoots.under(tmp_path))
+    catalog.install()
+    DeadLetters(catalog).install()
+    catalog.ensure("products", target_kind="search", fingerprint="f", keep_generations=1,
+                   definition={"sources": []})
+    catalog.record_batch("products", 1, 0, {"products": 11}, 10)
+    DeadLetters(catalog).add("products", 1, [NewDeadLetter(
+        ref="fold:products:4", stage="fold", source="products", position=4,
+        record={"id": 4}, error="ValueError: bad price", attempts=3)])
+    layout = IndexLayout.from_arrow(pa.schema([("id", pa.int64()), ("name", pa.string())]),
+                                    key="id", text=("name",))
+    writer = SearchIndexWriter(catalog.current("products").index_dir, layout)
+    writer.write(pa.Table.from_pylist([{"id": 1, "name": "oak lamp"},
+                                       {"id": 2, "name": "steel mug"}]), batch_id=0)
+    writer.close()
+    catalog.close()
+    return {"LAKEFOLD_STORE_DSN": pg.dsn, "LAKEFOLD_HOME": str(tmp_path)}
+
+
+def invoke(env: dict[str, str], *args: str) -> str:
+    result = CliRunner().invoke(app, list(args), env=env)
+    assert result.exit_code == 0, result.output
+    return result.output
+
+
+def test_status_json(env):
+    status = json.loads(invoke(env, "status", "--json"))
+    (entry,) = status["projections"]
+    assert (entry["name"], entry["generation"], entry["target"]) == ("products", 1, "search")
+    assert entry["dead_letters"] == 1 and entry["state"] == "idle"
+    assert "products" in invoke(env, "status")
+
+
+def test_pause_resume(env, pg):
+    assert "paused" in invoke(env, "pause", "products")
+    assert json.loads(invoke(env, "status", "--json"))["projections"][0]["state"] == "paused"
+    assert "resumed" in invoke(env, "resume", "products")
+    catalog = Catalog(pg.dsn)
+    assert not catalog.projection("products").paused
+    catalog.close()
+
+
+def test_dead_letter_commands(env):
+    (letter,) = json.loads(invoke(env, "dlq", "list", "--json"))
+    assert (letter["stage"], letter["position"], letter["status"]) == ("fold", 4, "open")
+    table = invoke(env, "dlq", "list", "products")
+    assert "open" in table and "fold" in table
+    assert "queued 1" in invoke(env, "dlq", "retry", str(letter["id"]))
+    (letter,) = json.loads(invoke(env, "dlq", "list", "--json", "--status", "retry"))
+    result = CliRunner().invoke(app, ["dlq", "drop", str(letter["id"])], env=env)
+    assert result.exit_code != 0 and "is retry, not open" in str(result.exception)
+
+
+def test_search_command(env):
+    hits = json.loads(invoke(env, "search", "products", "lamp", "--json"))
+    assert [h["key"] for h in hits] == ["1"]
+    assert "oak lamp" in invoke(env, "search", "products", "oak")
+
+
+def test_errors_are_clear(env, tmp_path: Path):
+    result = CliRunner().invoke(app, ["pause", "nope"], env=env)
+    assert "not in the catalog" in str(result.exception)
+    result = CliRunner().invoke(app, ["run"], env=env)
+    assert "--projections" in str(result.exception)
+    result = CliRunner().invoke(app, ["status"], env={"LAKEFOLD_HOME": str(tmp_path)})
+    assert "LAKEFOLD_STORE_DSN" in str(result.exception)
