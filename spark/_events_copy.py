@@ -5,15 +5,15 @@ parsed by Arrow's multi-threaded CSV reader, no per-row Python.
 rows, same ``EVENTS_ARROW_SCHEMA``, same filters and semantics: positions ``[start, end)``,
 only sequenced positions, soft-deleted events hidden, deletion records passing a type filter),
 several times faster, because the store's per-row Python conversion is the bottleneck of a
-Spark read. A test compares the two row for row, so a change of the store's tables shows up
-there and not as wrong data.
+Spark read. It runs the store's own SELECT (``log_statement``), so it follows the store's
+tables; a test compares the two readers row for row.
 """
 
 from __future__ import annotations
 
 import io
 from collections.abc import Iterator, Sequence
-from typing import Final
+from typing import Any, Final
 
 import psycopg
 import pyarrow as pa
@@ -22,58 +22,91 @@ import pyarrow.csv as pacsv
 from psycopg import sql
 
 from lakefold.dsn import mask_dsn
-from lakefold.eventstore import EVENTS_ARROW_SCHEMA
+from lakefold.eventstore import EVENTS_ARROW_SCHEMA, read_events_range
 from lakefold.schemas.events import STREAM_DELETED_TYPE
 from lakefold.spark.exceptions import SourceUnavailable, SparkLayerError
 
-_SELECT: Final = (
-    "SELECT p.position, e.event_id, e.stream_id, e.stream_version, p.category, p.type, "
-    "e.schema_version, e.data, e.metadata, e.correlation_id, e.causation_id, "
-    "(extract(epoch FROM e.recorded_at) * 1000000)::bigint "
-    "FROM lakefold.event_positions p JOIN lakefold.events e ON e.xid = p.xid AND e.seq = p.seq "
-    "WHERE p.position >= {lo} AND p.position < {hi} AND NOT e.deleted {filters} "
-    "ORDER BY p.position"
-)
-_CSV_TYPES: Final = {
-    field.name: (pa.int64() if field.name == "recorded_at" else field.type)
-    for field in EVENTS_ARROW_SCHEMA
+# The store's own read of the global log (its columns and WHERE clause), so that this reader
+# follows the store's tables; wrapped in a COPY that names the columns and turns the timestamp
+# into epoch microseconds for the CSV parser. If the store's internals move, the import fails
+# and reads fall back to its public row reader, slower but right.
+try:
+    from lakefold.eventstore._arrow import _COLUMNS as _STORE_COLUMNS
+    from lakefold.eventstore._reads import log_statement as _store_log_statement
+except ImportError:  # pragma: no cover - depends on the event store's private layout
+    _STORE_COLUMNS = None
+    _store_log_statement = None
+
+_OUTER: Final = {
+    name: sql.SQL("(extract(epoch FROM s.recorded_at) * 1000000)::bigint")
+    if name == "recorded_at" else sql.SQL("s.{}").format(sql.Identifier(name))
+    for name in EVENTS_ARROW_SCHEMA.names
 }
 
 
-def _statement(lo: int, hi: int, category: str | None, types: list[str] | None) -> sql.Composed:
-    filters: list[sql.Composable] = []
-    if category is not None:
-        filters.append(sql.SQL("AND p.category = {}").format(sql.Literal(category)))
-    if types is not None:
-        filters.append(sql.SQL("AND p.type = ANY({}::text[])").format(sql.Literal(types)))
-    select = sql.SQL(_SELECT).format(
-        lo=sql.Literal(lo), hi=sql.Literal(hi), filters=sql.SQL(" ").join(filters)
+def events_schema(columns: Sequence[str] | None = None) -> pa.Schema:
+    """``EVENTS_ARROW_SCHEMA``, or the part of it with ``columns`` (in the schema's order)."""
+    if columns is None:
+        return EVENTS_ARROW_SCHEMA
+    unknown = sorted(set(columns) - set(EVENTS_ARROW_SCHEMA.names))
+    if unknown:
+        raise SparkLayerError(
+            f"unknown event column(s) {', '.join(unknown)}; the columns are "
+            f"{', '.join(EVENTS_ARROW_SCHEMA.names)}"
+        )
+    return pa.schema([f for f in EVENTS_ARROW_SCHEMA if f.name in set(columns)])
+
+
+def _statement(conn: psycopg.Connection[Any], lo: int, hi: int, category: str | None,
+               types: list[str] | None, schema: pa.Schema) -> sql.Composed:
+    """``COPY (<the store's log read, parameters as literals>) TO STDOUT`` of ``schema``'s
+    columns (COPY takes no bind parameters)."""
+    assert _store_log_statement is not None and _STORE_COLUMNS is not None  # noqa: S101
+    inner = _store_log_statement(
+        _STORE_COLUMNS, category=category is not None, types=types is not None,
+        include_deleted=False, bounded=True,
     )
-    return sql.SQL("COPY ({}) TO STDOUT (FORMAT csv)").format(select)
+    params = {"from": lo, "to": hi, "limit": hi - lo, "category": category, "types": types}
+    literal = psycopg.ClientCursor(conn).mogrify(inner, params)
+    return sql.SQL("COPY (SELECT {outer} FROM ({inner}) AS s({names})) TO STDOUT (FORMAT csv)"
+                   ).format(
+        outer=sql.SQL(", ").join(_OUTER[name] for name in schema.names),
+        inner=sql.SQL(literal),
+        names=sql.SQL(", ").join(sql.Identifier(n) for n in EVENTS_ARROW_SCHEMA.names),
+    )
 
 
-def _parse(buffer: bytes) -> pa.Table:
+def _parse(buffer: bytes, schema: pa.Schema) -> pa.Table:
+    csv_types = {f.name: pa.int64() if f.name == "recorded_at" else f.type for f in schema}
     table = pacsv.read_csv(
         io.BytesIO(buffer),
-        read_options=pacsv.ReadOptions(column_names=list(_CSV_TYPES), block_size=8 << 20),
+        read_options=pacsv.ReadOptions(column_names=schema.names, block_size=8 << 20),
         parse_options=pacsv.ParseOptions(newlines_in_values=True),
         convert_options=pacsv.ConvertOptions(
-            column_types=_CSV_TYPES, null_values=[""], strings_can_be_null=True,
+            column_types=csv_types, null_values=[""], strings_can_be_null=True,
             quoted_strings_can_be_null=False,
         ),
     )
     index = table.schema.get_field_index("recorded_at")
-    recorded = pc.cast(table.column(index), pa.timestamp("us", tz="UTC"))
-    table = table.set_column(index, EVENTS_ARROW_SCHEMA.field("recorded_at"), recorded)
-    return table.cast(EVENTS_ARROW_SCHEMA)
+    if index >= 0:
+        recorded = pc.cast(table.column(index), pa.timestamp("us", tz="UTC"))
+        table = table.set_column(index, EVENTS_ARROW_SCHEMA.field("recorded_at"), recorded)
+    return table.cast(schema)
 
 
 def copy_events_range(dsn: str, start: int, end: int, *, category: str | None = None,
                       types: Sequence[str] | None = None,
+                      columns: Sequence[str] | None = None,
                       page_positions: int = 200_000) -> Iterator[pa.RecordBatch]:
     """The events at global positions ``[start, end)``, in position order, as record batches
-    of ``EVENTS_ARROW_SCHEMA`` (one COPY per page of ``page_positions`` positions)."""
+    of ``EVENTS_ARROW_SCHEMA`` (or of its ``columns`` only: less to transfer and parse), one
+    COPY per page of ``page_positions`` positions."""
+    schema = events_schema(columns)
     if end <= start:
+        return
+    if _store_log_statement is None:  # pragma: no cover - see the import above
+        for batch in read_events_range(dsn, start, end, category=category, types=types):
+            yield batch.select(schema.names)
         return
     type_list = [*types, STREAM_DELETED_TYPE] if types else None
     try:
@@ -90,7 +123,7 @@ def copy_events_range(dsn: str, start: int, end: int, *, category: str | None = 
             chunks = io.BytesIO()
             try:
                 with conn.cursor() as cursor, cursor.copy(
-                    _statement(lo, hi, category, type_list)
+                    _statement(conn, lo, hi, category, type_list, schema)
                 ) as copy:
                     for chunk in copy:
                         chunks.write(chunk)
@@ -104,5 +137,5 @@ def copy_events_range(dsn: str, start: int, end: int, *, category: str | None = 
                     f"reading events {lo}..{hi} from {mask_dsn(dsn)} failed: {e}"
                 ) from e
             if chunks.tell():
-                yield from _parse(chunks.getvalue()).to_batches(max_chunksize=100_000)
+                yield from _parse(chunks.getvalue(), schema).to_batches(max_chunksize=100_000)
             lo = hi

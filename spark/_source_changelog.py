@@ -89,6 +89,8 @@ class ChangelogQuery:
 
 def _positions(partition: InputPartition) -> PositionRange:
     value = partition.value
+    if value is None:  # Spark's stand-in when a batch read planned no partition
+        return PositionRange(1, 1)
     if not isinstance(value, PositionRange):
         raise SparkLayerError(f"not a lakefold position range partition: {value!r}")
     return value

@@ -6,6 +6,7 @@
         .option("types", "order.placed,order.paid")  # optional: some event types
         .option("registry", "myapp.events:registry")  # optional: typed `data` struct
         .option("maxRecordsPerTrigger", 100000)
+        .option("columns", "position,stream_id,type,data")  # optional: read only these
         .load()
 
 Columns: ``position``, ``event_id``, ``stream_id``, ``stream_version``, ``category``,
@@ -39,10 +40,10 @@ from pyspark.sql.streaming.datasource import (
     SupportsTriggerAvailableNow,
 )
 
-from lakefold.eventstore import EVENTS_ARROW_SCHEMA, head_position
+from lakefold.eventstore import head_position
 from lakefold.schemas.arrow import conform_batch, spark_schema
 from lakefold.spark._event_payloads import PayloadDecoder, load_registry
-from lakefold.spark._events_copy import copy_events_range
+from lakefold.spark._events_copy import copy_events_range, events_schema
 from lakefold.spark._positions import (
     PositionRange,
     ReadOptions,
@@ -65,18 +66,33 @@ class EventsQuery:
     category: str | None
     types: tuple[str, ...] | None
     registry: str | None
+    columns: tuple[str, ...] | None = None
 
     @classmethod
     def parse(cls, options: dict[str, str]) -> EventsQuery:
         lowered = {k.lower(): v for k, v in options.items()}
         types = lowered.get("types")
         type_list = tuple(t.strip() for t in types.split(",") if t.strip()) if types else None
+        columns = lowered.get("columns")
+        column_list = tuple(c.strip() for c in columns.split(",") if c.strip()) if columns \
+            else None
+        if column_list is not None:
+            events_schema(column_list)  # refuses unknown names
         return cls(
             dsn=store_dsn_option(lowered),
             category=lowered.get("category") or None,
             types=type_list or None,
             registry=lowered.get("registry") or None,
+            columns=column_list or None,
         )
+
+    def read_columns(self) -> tuple[str, ...] | None:
+        """The columns to fetch: the selected ones plus what payload decoding needs."""
+        if self.columns is None:
+            return None
+        if self.registry is not None and "data" in self.columns:
+            return tuple(dict.fromkeys([*self.columns, "type", "schema_version"]))
+        return self.columns
 
     def decoder(self) -> PayloadDecoder | None:
         if self.registry is None:
@@ -84,15 +100,18 @@ class EventsQuery:
         return PayloadDecoder(load_registry(self.registry), self.types)
 
     def arrow_schema(self) -> pa.Schema:
+        schema = events_schema(self.columns)
         decoder = self.decoder()
-        if decoder is None:
-            return EVENTS_ARROW_SCHEMA
-        index = EVENTS_ARROW_SCHEMA.get_field_index("data")
-        return EVENTS_ARROW_SCHEMA.set(index, pa.field("data", decoder.struct_type))
+        index = schema.get_field_index("data")
+        if decoder is None or index < 0:
+            return schema
+        return schema.set(index, pa.field("data", decoder.struct_type))
 
 
 def _positions(partition: InputPartition) -> PositionRange:
     value = partition.value
+    if value is None:  # Spark's stand-in when a batch read planned no partition
+        return PositionRange(1, 1)
     if not isinstance(value, PositionRange):
         raise SparkLayerError(f"not a lakefold position range partition: {value!r}")
     return value
@@ -112,10 +131,10 @@ def read_range(query: EventsQuery, positions: PositionRange, schema: pa.Schema
     # reader returns the same rows several times faster (tests compare the two).
     for batch in copy_events_range(
         query.dsn, positions.start, positions.end,
-        category=query.category, types=query.types,
+        category=query.category, types=query.types, columns=query.read_columns(),
         page_positions=max(len(positions), 1),  # one COPY per partition
     ):
-        if decoder is not None:
+        if decoder is not None and "data" in batch.schema.names:
             data = decoder.decode(batch.column("type"), batch.column("schema_version"),
                                   batch.column("data"))
             index = batch.schema.get_field_index("data")

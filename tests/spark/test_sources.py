@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 import itertools
+import time
 from decimal import Decimal
 from pathlib import Path
 
@@ -11,7 +12,7 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from lakefold.capture import Capture, CaptureConfig
+from lakefold.capture import Capture, CaptureConfig, ChangelogStore
 from lakefold.eventstore import EventStore
 from lakefold.schemas import NewEvent
 from lakefold.spark import SparkLayerError
@@ -89,6 +90,14 @@ def test_events_typed_payloads_with_upcasting(spark, store):
             .option("registry", REGISTRY).load())
     paid = both.filter("type = 'order.paid'").select("data.paid").first()
     assert paid is not None and paid[0] == Decimal("1.25")
+    narrow = (spark.read.format("lakefold_events").option("dsn", store)
+              .option("registry", REGISTRY).option("columns", "position, data").load())
+    assert narrow.columns == ["position", "data"]
+    by_position = {r["position"]: r["data"]["amount_cents"] for r in narrow.collect()}
+    assert by_position[1] == 0 and by_position[3] == 100 and by_position[2] is None
+    with pytest.raises(Exception, match="unknown event column"):
+        spark.read.format("lakefold_events").option("dsn", store) \
+            .option("columns", "position,nope").load().count()
 
 
 def test_events_stream_honours_max_records_per_trigger(spark, store, tmp_path):
@@ -144,6 +153,12 @@ def captured(pg):
 
     assert lsn is not None
     capture.run(until_lsn=parse_lsn(lsn[0]))
+    # The stream's head (what readers may see) can trail run()'s return by a moment.
+    deadline = time.monotonic() + 30
+    with ChangelogStore(pg.dsn) as store:
+        while store.head("public.items") < 22:
+            assert time.monotonic() < deadline, "the capture did not publish its records"
+            time.sleep(0.05)
     return pg.dsn
 
 
