@@ -2,9 +2,9 @@
 need Spark and the live stores (``validate``), run before anything starts.
 
 ``build`` gives the output DataFrame of one generation: the source frames (one streaming
-source per projection source, see ``_source``), optionally narrowed to a rebuild scope, then
-the user's transform or the fold. ``validate`` builds the same plan without starting it, so
-unknown sources, missing keys and incompatible targets fail with a clear error first.
+source per projection source, see ``_source``), then the user's transform or the fold.
+``validate`` builds the same plan without starting it, so unknown sources, missing keys and
+incompatible targets fail with a clear error first.
 """
 
 from __future__ import annotations
@@ -69,14 +69,10 @@ def is_stateful(df: DataFrame) -> bool:
 
 
 def build(spark: SparkSession, projection: Projection, dsn: str, *, max_records: int,
-          scope: Mapping[str, Any] | None = None,
           retries: DataFrame | None = None) -> Plan:
     """The streaming output of ``projection`` reading ``dsn``'s stores."""
     frames = {s.alias: source_frame(spark, dsn, s, max_records=max_records)
               for s in projection.sources}
-    if scope and scope.get("stream"):
-        frames = {alias: frame.filter(frame["_stream"] == scope["stream"])
-                  for alias, frame in frames.items()}
     if projection.fold is not None:
         output = apply_fold(projection, fold_input(projection, frames, retries))
         stateful = True
@@ -90,27 +86,8 @@ def build(spark: SparkSession, projection: Projection, dsn: str, *, max_records:
                 f"{type(output).__name__}, not a DataFrame"
             )
         stateful = is_stateful(output)
-    if scope and scope.get("keys") is not None:
-        low, high = scope["keys"]
-        key = _target_key(projection)
-        column = output[key]
-        if low is not None:
-            output = output.filter(column >= low)
-        if high is not None:
-            output = output.filter(column < high)
     types = {f.name: f.dataType.simpleString() for f in output.schema.fields}
     return Plan(output=output, stateful=stateful, columns=tuple(output.columns), types=types)
-
-
-def _target_key(projection: Projection) -> str:
-    target = projection.target
-    if isinstance(target, RedisCacheTarget | SearchIndexTarget):
-        return target.key
-    if target.keys:
-        return target.keys[0]
-    raise ProjectionDefinitionError(
-        f"projection {projection.name}: a key-range rebuild needs a keyed target"
-    )
 
 
 def check_target(projection: Projection, plan: Plan) -> None:

@@ -120,8 +120,7 @@ class GenerationQuery:
             else options.max_records_per_batch
         plan = runner.take_prepared_plan(projection.name, generation.generation, self.role)
         if plan is None:
-            plan = runner.plan(projection, generation.generation, max_records=max_records,
-                               scope=generation.scope)
+            plan = runner.plan(projection, generation.generation, max_records=max_records)
         from pyspark.sql.pandas.types import to_arrow_schema
 
         self.sink = GenerationSink(
@@ -217,15 +216,14 @@ class Runner:
             self.registry.get(sorted(unknown)[0])  # raises ProjectionNotFound, listing names
         return selected
 
-    def plan(self, projection: Projection, generation: int, *, max_records: int,
-             scope: dict[str, Any] | None = None) -> Plan:
+    def plan(self, projection: Projection, generation: int, *, max_records: int) -> Plan:
         """The output plan of one generation of ``projection`` (not started)."""
         retries = None
         if projection.fold is not None:
             retries = retry_frame(self.spark, self.config.store_dsn, projection.name,
                                   generation)
         return build(self.spark, projection, self.config.store_dsn, max_records=max_records,
-                     scope=scope, retries=retries)
+                     retries=retries)
 
     def take_prepared_plan(self, name: str, generation: int, role: str) -> Plan | None:
         """The plan ``prepare`` validated for the live generation (used once)."""
@@ -265,11 +263,11 @@ class Runner:
 
     # ------------------------------------------------------------------ rebuild
 
-    def request_rebuild(self, name: str, *, scope: dict[str, Any] | None = None) -> Generation:
+    def request_rebuild(self, name: str) -> Generation:
         """Start building generation N+1 of NAME; the run loop switches to it when it has
-        caught up."""
+        caught up. (A part of a view is rebuilt in place with ``rebuild_part``.)"""
         self.registry.get(name)
-        return self.catalog.begin_rebuild(name, scope=scope)
+        return self.catalog.begin_rebuild(name)
 
     def rebuild_part(self, name: str, *, stream: str | None = None,
                      key_from: str | None = None, key_to: str | None = None) -> PartReport:
