@@ -11,8 +11,9 @@ tables; a test compares the two readers row for row.
 
 from __future__ import annotations
 
+import importlib
 import io
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Final
 
 import psycopg
@@ -26,16 +27,21 @@ from lakefold.eventstore import EVENTS_ARROW_SCHEMA, read_events_range
 from lakefold.schemas.events import STREAM_DELETED_TYPE
 from lakefold.spark.exceptions import SourceUnavailable, SparkLayerError
 
+
 # The store's own read of the global log (its columns and WHERE clause), so that this reader
 # follows the store's tables; wrapped in a COPY that names the columns and turns the timestamp
 # into epoch microseconds for the CSV parser. If the store's internals move, the import fails
 # and reads fall back to its public row reader, slower but right.
-try:
-    from lakefold.eventstore._arrow import _COLUMNS as _STORE_COLUMNS
-    from lakefold.eventstore._reads import log_statement as _store_log_statement
-except ImportError:  # pragma: no cover - depends on the event store's private layout
-    _STORE_COLUMNS = None
-    _store_log_statement = None
+def _store_sql() -> tuple[sql.Composable, Callable[..., sql.Composed]] | None:
+    try:
+        arrow = importlib.import_module("lakefold.eventstore._arrow")
+        reads = importlib.import_module("lakefold.eventstore._reads")
+        return arrow._COLUMNS, reads.log_statement
+    except (ImportError, AttributeError):  # pragma: no cover - the store's private layout
+        return None
+
+
+_STORE_SQL: Final = _store_sql()
 
 _OUTER: Final = {
     name: sql.SQL("(extract(epoch FROM s.recorded_at) * 1000000)::bigint")
@@ -61,9 +67,10 @@ def _statement(conn: psycopg.Connection[Any], lo: int, hi: int, category: str | 
                types: list[str] | None, schema: pa.Schema) -> sql.Composed:
     """``COPY (<the store's log read, parameters as literals>) TO STDOUT`` of ``schema``'s
     columns (COPY takes no bind parameters)."""
-    assert _store_log_statement is not None and _STORE_COLUMNS is not None  # noqa: S101
-    inner = _store_log_statement(
-        _STORE_COLUMNS, category=category is not None, types=types is not None,
+    assert _STORE_SQL is not None  # noqa: S101 - callers check
+    columns, log_statement = _STORE_SQL
+    inner = log_statement(
+        columns, category=category is not None, types=types is not None,
         include_deleted=False, bounded=True,
     )
     params = {"from": lo, "to": hi, "limit": hi - lo, "category": category, "types": types}
@@ -104,7 +111,7 @@ def copy_events_range(dsn: str, start: int, end: int, *, category: str | None = 
     schema = events_schema(columns)
     if end <= start:
         return
-    if _store_log_statement is None:  # pragma: no cover - see the import above
+    if _STORE_SQL is None:  # pragma: no cover - see the import above
         for batch in read_events_range(dsn, start, end, category=category, types=types):
             yield batch.select(schema.names)
         return
