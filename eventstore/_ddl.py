@@ -133,15 +133,11 @@ $fn$;
 """
 
 # p_expected: NULL = any, -1 = no stream, -2 = stream exists, n >= 1 = exactly version n.
-# The events come as parallel arrays in append order: p_stream_index is the 1-based index of
-# each event's stream in the stream arrays; p_data holds JSON texts, p_metadata JSON texts or
-# NULL for {}. Arrays arrive in binary and need no parsing but the payload's own. Returns each
-# stream's version before the append.
-_APPEND_FUNCTION = """
-CREATE OR REPLACE FUNCTION lakefold.append_events(
-    p_stream_ids text[], p_categories text[], p_expected bigint[], p_counts integer[],
-    p_event_ids uuid[], p_stream_index integer[], p_types text[], p_versions integer[],
-    p_data text[], p_metadata text[], p_correlation uuid[], p_causation uuid[])
+# Checks and bumps each stream's version (locking stream rows in stream-id order, so that
+# concurrent multi-stream appends cannot deadlock); returns each stream's version before.
+_RESERVE_FUNCTION = """
+CREATE OR REPLACE FUNCTION lakefold.reserve_versions(
+    p_stream_ids text[], p_categories text[], p_expected bigint[], p_counts integer[])
 RETURNS bigint[]
 LANGUAGE plpgsql
 AS $fn$
@@ -151,9 +147,7 @@ DECLARE
     v_version  bigint;
     v_actual   bigint;
     v_deleted  text;
-    v_first    integer;
 BEGIN
-    -- Lock stream rows in stream-id order: concurrent multi-stream appends cannot deadlock.
     FOR v_i IN
         SELECT u.o FROM unnest(p_stream_ids) WITH ORDINALITY AS u(s, o) ORDER BY u.s COLLATE "C"
     LOOP
@@ -201,8 +195,29 @@ BEGIN
         END IF;
         v_prev[v_i] := v_version;
     END LOOP;
+    RETURN v_prev;
+END
+$fn$;
+"""
 
-    v_first := lakefold.take_ordinals(cardinality(p_event_ids));
+# The events come as parallel arrays in append order: p_stream_index is the 1-based index of
+# each event's stream in the stream arrays; p_data holds JSON texts, p_metadata JSON texts or
+# NULL for {}. Arrays arrive in binary and need no parsing but the payload's own. Returns each
+# stream's version before the append. (Large appends use reserve_versions, take_ordinals and
+# COPY instead: see _copy.py.)
+_APPEND_FUNCTION = """
+CREATE OR REPLACE FUNCTION lakefold.append_events(
+    p_stream_ids text[], p_categories text[], p_expected bigint[], p_counts integer[],
+    p_event_ids uuid[], p_stream_index integer[], p_types text[], p_versions integer[],
+    p_data text[], p_metadata text[], p_correlation uuid[], p_causation uuid[])
+RETURNS bigint[]
+LANGUAGE plpgsql
+AS $fn$
+DECLARE
+    v_prev   bigint[] := lakefold.reserve_versions(p_stream_ids, p_categories, p_expected,
+                                                   p_counts);
+    v_first  integer := lakefold.take_ordinals(cardinality(p_event_ids));
+BEGIN
     INSERT INTO lakefold.events (ordinal, event_id, stream_id, stream_version, category, type,
                                  schema_version, data, metadata, correlation_id, causation_id)
     SELECT v_first + x.o - 1, x.i, p_stream_ids[x.k],
@@ -333,8 +348,8 @@ END
 $fn$;
 """
 
-STATEMENTS: Final = (_TABLES, _ORDINAL_FUNCTIONS, _APPEND_FUNCTION, _DELETE_FUNCTION,
-                     _SEQUENCE_FUNCTION)
+STATEMENTS: Final = (_TABLES, _ORDINAL_FUNCTIONS, _RESERVE_FUNCTION, _APPEND_FUNCTION,
+                     _DELETE_FUNCTION, _SEQUENCE_FUNCTION)
 
 
 def install(dsn: str) -> None:

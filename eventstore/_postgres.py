@@ -25,11 +25,11 @@ from psycopg.rows import TupleRow
 
 from lakefold.dsn import mask_dsn
 from lakefold.eventstore import _ddl
+from lakefold.eventstore._copy import COPY_THRESHOLD, copy_append, expected_code
 from lakefold.eventstore._model import (
     AppendedEvent,
     AppendResult,
     EventStoreStatus,
-    Expected,
     ExpectedVersion,
     LogQuery,
     Sequenced,
@@ -91,16 +91,6 @@ def configure_connection(conn: psycopg.Connection[Any]) -> None:
     psycopg.types.json.set_json_loads(_loads, conn)
 
 
-def _expected_code(expected: ExpectedVersion) -> int | None:
-    if expected is Expected.ANY:
-        return None
-    if expected is Expected.NO_STREAM:
-        return -1
-    if expected is Expected.STREAM_EXISTS:
-        return -2
-    return expected
-
-
 def append_params(appends: Sequence[StreamAppend]) -> tuple[Any, ...]:
     """The arguments of ``lakefold.append_events`` for validated appends: the stream arrays,
     then one array per event field, in append order."""
@@ -110,7 +100,7 @@ def append_params(appends: Sequence[StreamAppend]) -> tuple[Any, ...]:
     for k, append in enumerate(appends, start=1):
         stream_ids.append(append.stream_id)
         categories.append(append.category)
-        expected.append(_expected_code(append.expected_version))
+        expected.append(expected_code(append.expected_version))
         counts.append(len(append.events))
         for encoded in append.events:
             event = encoded.event
@@ -219,9 +209,8 @@ class PostgresRecorder(EventRecorder):
     # -- append -------------------------------------------------------------------------------
 
     def append(self, appends: Sequence[StreamAppend]) -> AppendResult:
-        params = append_params(appends)
         with self.connection() as conn:
-            result = append_on(conn, appends, params)
+            result = append_on(conn, appends)
         if not result.duplicate:
             self._sequencer.poke()
         return result
@@ -268,7 +257,7 @@ class PostgresRecorder(EventRecorder):
             try:
                 row = conn.execute(
                     "SELECT lakefold.delete_stream(%s, %s::bigint, %s, %s)",
-                    (stream_id, _expected_code(expected_version), hard, event_id),
+                    (stream_id, expected_code(expected_version), hard, event_id),
                 ).fetchone()
             except psycopg.Error as e:
                 error = _append_error(e, {stream_id: expected_version})
@@ -368,23 +357,30 @@ def _is_conflict(error: psycopg.Error) -> bool:
     )
 
 
-def append_on(conn: Conn, appends: Sequence[StreamAppend], params: tuple[Any, ...]
-              ) -> AppendResult:
-    """Append on ``conn``. In a transaction the append runs under a savepoint, so a conflict
-    leaves the caller's transaction usable."""
+def append_on(conn: Conn, appends: Sequence[StreamAppend]) -> AppendResult:
+    """Append on ``conn``: one ``append_events`` call, or COPY for large appends. In the
+    caller's transaction the append runs under a savepoint, so a conflict leaves that
+    transaction usable."""
     in_transaction = conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE
+    use_copy = sum(len(a.events) for a in appends) >= COPY_THRESHOLD
+    params = None if use_copy else append_params(appends)
     for attempt in range(3):
         try:
-            if in_transaction:
+            if use_copy:
                 with conn.transaction():
-                    row = conn.execute(_APPEND, params, prepare=True).fetchone()
+                    prev_versions = copy_append(conn, appends)
+            elif in_transaction:
+                with conn.transaction():
+                    prev_versions = one_row(conn.execute(_APPEND, params,
+                                                         prepare=True).fetchone())[0]
             else:
-                row = conn.execute(_APPEND, params, prepare=True).fetchone()
+                prev_versions = one_row(conn.execute(_APPEND, params,
+                                                     prepare=True).fetchone())[0]
             break
         except psycopg.Error as e:
             if not _is_conflict(e):
                 raise
-            duplicate = _find_duplicate(conn, appends, params)
+            duplicate = _find_duplicate(conn, appends, params or append_params(appends))
             if duplicate is not None:
                 return duplicate
             conflict = _append_error(e, {a.stream_id: a.expected_version for a in appends})
@@ -395,7 +391,6 @@ def append_on(conn: Conn, appends: Sequence[StreamAppend], params: tuple[Any, ..
                     "an event id of this append collided with a concurrent append three times; "
                     "retry the append"
                 ) from e
-    prev_versions: list[int] = one_row(row)[0]
     events = []
     for append, prev in zip(appends, prev_versions, strict=True):
         for offset, encoded in enumerate(append.events, start=1):

@@ -31,7 +31,7 @@ from lakefold.eventstore._model import (
     finite_seconds,
     normalise_expected,
 )
-from lakefold.eventstore._postgres import PostgresRecorder, append_on, append_params
+from lakefold.eventstore._postgres import PostgresRecorder, append_on
 from lakefold.eventstore._postgres import save_checkpoint as save_checkpoint_on
 from lakefold.eventstore._recorder import EventRecorder
 from lakefold.eventstore._subscriptions import Subscription, SubscriptionOptions
@@ -104,7 +104,7 @@ class UnitOfWork:
                        metadata: EventMetadata = EMPTY_METADATA) -> AppendResult:
         """Like ``EventStore.append_streams``, inside this transaction."""
         appends = self._store._prepare(streams, metadata)
-        result = append_on(self.connection, appends, append_params(appends))
+        result = append_on(self.connection, appends)
         self.appended = self.appended or not result.duplicate
         return result
 

@@ -11,6 +11,7 @@ import re
 import socket
 import threading
 import time
+import uuid
 from collections.abc import Iterator
 
 import psycopg
@@ -22,16 +23,19 @@ from lakefold.eventstore import (
     EventStore,
     EventStoreNotInstalled,
     EventStoreUnavailable,
+    IdempotencyConflict,
     StoreOptions,
+    StreamEvents,
     SubscriptionOptions,
     WatermarkHeld,
     WrongExpectedVersion,
 )
+from lakefold.eventstore._copy import COPY_THRESHOLD
 from lakefold.eventstore._model import build_appends
 from lakefold.eventstore._postgres import _APPEND, append_params
 from lakefold.eventstore._reads import ENVELOPE_COLUMNS, log_statement
 from lakefold.local import free_port
-from lakefold.schemas import NewEvent
+from lakefold.schemas import EventMetadata, NewEvent
 from tests.fixtures.postgres import TestDatabase
 
 
@@ -366,3 +370,33 @@ def test_head_is_never_stale_while_another_sequencer_runs(store: EventStore,
         assert heads == []  # waits for the running round instead of answering stale
     reader.join(10)
     assert heads == [2]
+
+
+def test_large_appends_by_copy_keep_every_guarantee(store: EventStore) -> None:
+    assert COPY_THRESHOLD <= 250
+    meta = EventMetadata(correlation_id=uuid.uuid4(), extra={"source": "import"})
+    big = [NewEvent("order.placed", {"i": i}, metadata=meta if i % 2 else EventMetadata())
+           for i in range(250)]
+    first = store.append_streams([StreamEvents("order-1", big[:200], NO_STREAM),
+                                  StreamEvents("order-2", big[200:], NO_STREAM)])
+    assert first.stream_versions == {"order-1": 200, "order-2": 50}
+    again = store.append_streams([StreamEvents("order-1", big[:200], NO_STREAM),
+                                  StreamEvents("order-2", big[200:], NO_STREAM)])
+    assert again.duplicate and again.stream_versions == first.stream_versions
+    with pytest.raises(WrongExpectedVersion) as info:
+        store.append_streams([StreamEvents("order-3", [ev(i=i) for i in range(150)]),
+                              StreamEvents("order-1", [ev(i=i) for i in range(100)], 5)])
+    assert info.value.actual_version == 200
+    assert not store.stream_state("order-3").exists  # nothing written
+    with pytest.raises(IdempotencyConflict):
+        store.append("order-4", [*big[:10], *[ev(i=i) for i in range(240)]])
+    assert not store.stream_state("order-4").exists
+    with store.transaction() as tx:  # inside the caller's transaction, under a savepoint
+        with pytest.raises(WrongExpectedVersion):
+            tx.append("order-1", [ev(i=i) for i in range(300)], expected_version=NO_STREAM)
+        tx.append("order-5", [ev(i=i) for i in range(300)])
+    events = store.read_all(0, 10_000)
+    assert [e.position for e in events] == list(range(1, 551))
+    assert [e.data["i"] for e in events[:250]] == list(range(250))
+    assert events[1].metadata == meta and events[0].metadata == EventMetadata()
+    assert store.read_stream("order-5")[-1].stream_version == 300
