@@ -63,23 +63,34 @@ def events_schema(columns: Sequence[str] | None = None) -> pa.Schema:
     return pa.schema([f for f in EVENTS_ARROW_SCHEMA if f.name in set(columns)])
 
 
-def _statement(conn: psycopg.Connection[Any], lo: int, hi: int, category: str | None,
-               types: list[str] | None, schema: pa.Schema) -> sql.Composed:
-    """``COPY (<the store's log read, parameters as literals>) TO STDOUT`` of ``schema``'s
-    columns (COPY takes no bind parameters)."""
-    assert _STORE_SQL is not None  # noqa: S101 - callers check
+def store_log_select(conn: psycopg.Connection[Any], lo: int, hi: int, *,
+                     category: str | None = None, types: list[str] | None = None
+                     ) -> sql.Composed:
+    """The store's own read of positions ``[lo, hi)`` as one literal SELECT whose columns are
+    named like ``EVENTS_ARROW_SCHEMA`` (``recorded_at`` still a timestamptz)."""
+    if _STORE_SQL is None:  # pragma: no cover - see _store_sql
+        raise SparkLayerError("the event store's log statement is not available")
     columns, log_statement = _STORE_SQL
     inner = log_statement(
         columns, category=category is not None, types=types is not None,
         include_deleted=False, bounded=True,
     )
-    params = {"from": lo, "to": hi, "limit": hi - lo, "category": category, "types": types}
+    params = {"from": lo, "to": hi, "limit": max(hi - lo, 1), "category": category,
+              "types": types}
     literal = psycopg.ClientCursor(conn).mogrify(inner, params)
-    return sql.SQL("COPY (SELECT {outer} FROM ({inner}) AS s({names})) TO STDOUT (FORMAT csv)"
-                   ).format(
-        outer=sql.SQL(", ").join(_OUTER[name] for name in schema.names),
+    return sql.SQL("SELECT * FROM ({inner}) AS s({names})").format(
         inner=sql.SQL(literal),
         names=sql.SQL(", ").join(sql.Identifier(n) for n in EVENTS_ARROW_SCHEMA.names),
+    )
+
+
+def _statement(conn: psycopg.Connection[Any], lo: int, hi: int, category: str | None,
+               types: list[str] | None, schema: pa.Schema) -> sql.Composed:
+    """``COPY (<the store's log read, parameters as literals>) TO STDOUT`` of ``schema``'s
+    columns (COPY takes no bind parameters)."""
+    select = store_log_select(conn, lo, hi, category=category, types=types)
+    return sql.SQL("COPY (SELECT {outer} FROM ({select}) AS s) TO STDOUT (FORMAT csv)").format(
+        outer=sql.SQL(", ").join(_OUTER[name] for name in schema.names), select=select,
     )
 
 
