@@ -10,7 +10,12 @@ Public interface (see each docstring for guarantees):
   ``transaction()`` for appends and checkpoints together with your own writes; ``status()``.
 - Conventions: stream versions are 1-based; global positions are 1-based and dense, ``head()``
   is the last visible one (0 when empty), ``from_position`` is inclusive and ranges are
-  ``[start, end)``.
+  ``[start, end)``. Positions are assigned once an event is final (after its transaction and
+  every older running one have ended), so ``append`` returns ``position=None`` for fresh
+  events (``wait_for_positions`` fills them in); a hard-deleted event leaves a hole.
+- Checkpoints: ``Subscription.save_checkpoint()``, ``UnitOfWork.save_checkpoint()`` or
+  ``save_checkpoint(conn, name, position)`` on your own psycopg connection, so the checkpoint
+  commits with your writes (exactly-once effect over at-least-once delivery).
 - ``read_events_range(dsn, start, end, category=..., types=...)`` yields Arrow record batches
   (``EVENTS_ARROW_SCHEMA``) for Spark workers; ``head_position(dsn)`` gives the range's end.
 - Ports: ``EventRecorder`` with ``PostgresRecorder`` and ``InMemoryRecorder``.

@@ -1,7 +1,7 @@
 """The PostgreSQL recorder: appends through ``lakefold.append_events`` (one round trip, no global
-lock), reads global positions from ``lakefold.event_positions`` (only sequenced events; see
-``_sequencer.py`` for why that makes the global order gap-free), and a pool of autocommit
-connections shared by threads.
+lock) or, for large appends, binary COPY (``_copy.py``); reads in ``_reads.py`` (only sequenced
+events; see ``_sequencer.py`` for why that makes the global order gap-free); a pool of
+autocommit connections shared by threads; a background sequencer.
 
 Idempotency: an append whose version check fails, or whose event id collides, looks the event
 ids up. If they are all stored with the same stream, type, schema version and data, the
