@@ -107,7 +107,8 @@ class PayloadDecoder:
         payload = "\n".join(t.replace("\n", " ") for t in texts).encode()
         table = pajson.read_json(
             io.BytesIO(payload),
-            read_options=pajson.ReadOptions(block_size=max(1 << 20, len(payload) + 1)),
+            read_options=pajson.ReadOptions(block_size=max(1 << 20, len(payload) + 1),
+                                            use_threads=False),  # one core per Spark task
             parse_options=pajson.ParseOptions(
                 explicit_schema=self.schema, unexpected_field_behavior="ignore"
             ),
