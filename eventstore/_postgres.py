@@ -26,6 +26,7 @@ from psycopg.rows import TupleRow
 from lakefold.dsn import mask_dsn
 from lakefold.eventstore import _ddl
 from lakefold.eventstore._copy import COPY_THRESHOLD, copy_append, expected_code
+from lakefold.eventstore._fastpath import fast_append
 from lakefold.eventstore._model import (
     AppendedEvent,
     AppendResult,
@@ -363,6 +364,15 @@ def append_on(conn: Conn, appends: Sequence[StreamAppend]) -> AppendResult:
     transaction usable."""
     in_transaction = conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE
     use_copy = sum(len(a.events) for a in appends) >= COPY_THRESHOLD
+    if len(appends) == 1 and not use_copy and not in_transaction:
+        try:
+            prev = fast_append(conn, appends[0])
+        except psycopg.errors.UniqueViolation:
+            prev = None  # an event id collision: the full path tells a retry from a conflict
+        if prev is not None:
+            return AppendResult(tuple(
+                AppendedEvent(e.event.event_id, appends[0].stream_id, prev + offset)
+                for offset, e in enumerate(appends[0].events, start=1)))
     params = None if use_copy else append_params(appends)
     for attempt in range(3):
         try:

@@ -248,7 +248,7 @@ def test_idempotent_retry_after_a_lost_acknowledgement(store: EventStore,
     try:
         with EventStore(via_proxy) as flaky:
             # prepare the statement on the pooled connection (same parameter types)
-            flaky.append("warm-1", [ev()], expected_version=NO_STREAM)
+            flaky.append("warm-1", [ev(), ev(), ev()], expected_version=NO_STREAM)
             with flaky.recorder.connection() as conn:  # type: ignore[attr-defined]
                 sock = socket.socket(fileno=os.dup(conn.pgconn.socket))
                 proxy.armed_for = sock.getsockname()[1]
@@ -264,7 +264,7 @@ def test_idempotent_retry_after_a_lost_acknowledgement(store: EventStore,
     assert [(e.event_id, e.stream_version) for e in retry.events] == [
         (e.event_id, i) for i, e in enumerate(events, start=1)]
     assert len(store.read_stream("pay-1")) == 3
-    assert store.wait_for_positions(retry).positions == [2, 3, 4]
+    assert store.wait_for_positions(retry).positions == [4, 5, 6]
 
 
 def _plan(conn: psycopg.Connection, statement: sql.Composed, params: dict[str, object]) -> str:
