@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 import itertools
+import threading
 import time
 from decimal import Decimal
 from pathlib import Path
@@ -148,17 +149,20 @@ def captured(pg):
                      ["a", "b"]))
         conn.execute("UPDATE items SET name = 'renamed' WHERE id = 3")
         conn.execute("DELETE FROM items WHERE id = 4")
-        lsn = conn.execute("SELECT pg_current_wal_lsn()::text").fetchone()
-    from lakefold.capture import parse_lsn
-
-    assert lsn is not None
-    capture.run(until_lsn=parse_lsn(lsn[0]))
-    # The stream's head (what readers may see) can trail run()'s return by a moment.
-    deadline = time.monotonic() + 30
-    with ChangelogStore(pg.dsn) as store:
-        while store.head("public.items") < 22:
-            assert time.monotonic() < deadline, "the capture did not publish its records"
-            time.sleep(0.05)
+    # Capture as in production: running until stopped; stop once the stream's head (what
+    # readers may see) covers the workload.
+    stop = threading.Event()
+    runner = threading.Thread(target=capture.run, kwargs={"stop": stop}, daemon=True)
+    runner.start()
+    deadline = time.monotonic() + 60
+    try:
+        with ChangelogStore(pg.dsn) as store:
+            while store.head("public.items") < 22:
+                assert time.monotonic() < deadline, "the capture did not publish its records"
+                time.sleep(0.05)
+    finally:
+        stop.set()
+        runner.join(timeout=30)
     return pg.dsn
 
 
