@@ -186,7 +186,7 @@ class DemoMismatchError(LakefoldError):
 def _current_lsn(conn: psycopg.Connection[Any]) -> int:
     from lakefold.capture import parse_lsn
 
-    (lsn,) = conn.execute("SELECT pg_current_wal_lsn()::text").fetchone() or ("0/0",)
+    (lsn,) = conn.execute("SELECT pg_current_wal_insert_lsn()::text").fetchone() or ("0/0",)
     return parse_lsn(str(lsn))
 
 
