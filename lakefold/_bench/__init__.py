@@ -16,7 +16,7 @@ bench_app = typer.Typer(
 __all__ = ["bench_app"]
 from lakefold._bench import append as _append  # noqa: E402,F401
 from lakefold._bench import capture as _capture  # noqa: E402,F401
-from lakefold._bench import replay as _replay  # noqa: E402,F401
-from lakefold._bench import snapshot as _snapshot  # noqa: E402,F401
 from lakefold._bench import latency as _latency  # noqa: E402,F401
 from lakefold._bench import rebuild as _rebuild  # noqa: E402,F401
+from lakefold._bench import replay as _replay  # noqa: E402,F401
+from lakefold._bench import snapshot as _snapshot  # noqa: E402,F401
