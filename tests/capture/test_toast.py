@@ -76,7 +76,7 @@ def test_unchanged_toast_inside_a_streamed_transaction(pg: TestDatabase) -> None
     execute(pg.dsn, "CREATE TABLE docs (id int PRIMARY KEY, status text, body text)",
             sql.SQL("ALTER DATABASE {} SET logical_decoding_work_mem = '64kB'").format(
                 sql.Identifier(pg.name)))
-    config = CaptureConfig(source_dsn=pg.dsn, tables=("docs",), slot="toaststream",
+    config = CaptureConfig(source_dsn=pg.dsn, tables=("docs",), slot="toaststream", streaming=True,
                            batch_rows=3)
     Capture(config).setup()
     with psycopg.connect(pg.dsn, autocommit=True) as conn:
