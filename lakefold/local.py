@@ -80,9 +80,9 @@ def _service_user() -> pwd.struct_passwd | None:
     try:
         return pwd.getpwnam(SERVICE_USER)
     except KeyError:
-        subprocess.run(  # noqa: S603
-            ["useradd",  # noqa: S607 - useradd from the system PATH, as root "--system", "--no-create-home", "--shell", "/usr/sbin/nologin",
-             SERVICE_USER],
+        subprocess.run(  # noqa: S603 - fixed arguments, run as root
+            ["useradd", "--system", "--no-create-home",  # noqa: S607 - the system's useradd
+             "--shell", "/usr/sbin/nologin", SERVICE_USER],
             check=True,
             capture_output=True,
         )
