@@ -36,7 +36,7 @@ def capture_config(dsn: str) -> CaptureConfig:
 def capture_now(dsn: str) -> None:
     """Capture everything written to the source so far into the changelog store."""
     with psycopg.connect(dsn, autocommit=True) as conn:
-        row = conn.execute("SELECT pg_current_wal_lsn()::text").fetchone()
+        row = conn.execute("SELECT pg_current_wal_insert_lsn()::text").fetchone()
     assert row is not None
     lsn = str(row[0])
     Capture(capture_config(dsn)).run(until_lsn=parse_lsn(lsn))

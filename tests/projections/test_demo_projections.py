@@ -35,7 +35,7 @@ def test_demo_projections_equal_sql_on_the_source(pg, spark, redis_url, tmp_path
         conn.execute("UPDATE shop.products SET price = price + 1 WHERE id <= 4")
         conn.execute("DELETE FROM shop.customers WHERE id = 25 AND NOT EXISTS "
                      "(SELECT 1 FROM shop.orders WHERE customer_id = 25)")
-        row = conn.execute("SELECT pg_current_wal_lsn()::text").fetchone()
+        row = conn.execute("SELECT pg_current_wal_insert_lsn()::text").fetchone()
         assert row is not None
     Capture(config).run(until_lsn=parse_lsn(str(row[0])))
 
