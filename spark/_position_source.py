@@ -1,0 +1,161 @@
+"""What every lakefold Spark source shares: readers over a store's dense positions.
+
+A source supplies a picklable *query* that knows its store's head and how to read a position
+range as Arrow; ``PositionSource`` turns it into a batch and a streaming Spark data source.
+Offsets are ``{"position": next}``; ``partitions(start, end)`` splits a range into parallel
+position ranges (``ReadOptions.partition_size``), each read with one query in a task.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from typing import Any, ClassVar, Protocol
+
+import pyarrow as pa
+from pyspark.sql.datasource import (
+    DataSource,
+    DataSourceReader,
+    DataSourceStreamReader,
+    InputPartition,
+)
+from pyspark.sql.streaming.datasource import (
+    ReadAllAvailable,
+    ReadLimit,
+    ReadMaxRows,
+    SupportsTriggerAvailableNow,
+)
+
+from lakefold.schemas.arrow import spark_schema
+from lakefold.spark._positions import (
+    PositionRange,
+    ReadOptions,
+    capped_end,
+    offset,
+    position_of,
+    split_range,
+)
+from lakefold.spark.exceptions import SparkLayerError
+
+
+class PositionQuery(Protocol):
+    """What a source reads: picklable, shipped to every task."""
+
+    def head(self) -> int:
+        """The last position readers may see now."""
+        ...
+
+    def arrow_schema(self) -> pa.Schema:
+        """The source's columns."""
+        ...
+
+    def read_range(self, positions: PositionRange, schema: pa.Schema
+                   ) -> Iterator[pa.RecordBatch]:
+        """The records at ``positions`` as batches of ``schema`` (runs in a task)."""
+        ...
+
+
+def partition_range(partition: InputPartition) -> PositionRange:
+    """The position range a partition stands for."""
+    value = partition.value
+    if value is None:  # Spark's stand-in when a batch read planned no partition
+        return PositionRange(1, 1)
+    if not isinstance(value, PositionRange):
+        raise SparkLayerError(f"not a lakefold position range partition: {value!r}")
+    return value
+
+
+def _arrow_schema_of(spark_struct: Any) -> pa.Schema:
+    from pyspark.sql.pandas.types import to_arrow_schema
+
+    return to_arrow_schema(spark_struct, timezone="UTC")
+
+
+class PositionStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
+    """Micro-batches of a query's positions, up to ``maxRecordsPerTrigger`` each."""
+
+    def __init__(self, query: PositionQuery, options: ReadOptions, schema: pa.Schema) -> None:
+        self.query = query
+        self.options = options
+        self.schema = schema
+        self.target_head: int | None = None
+
+    def initialOffset(self) -> dict[str, int]:
+        return offset(self.options.starting_position)
+
+    def getDefaultReadLimit(self) -> ReadLimit:
+        limit = self.options.max_records_per_trigger
+        return ReadMaxRows(limit) if limit is not None else ReadAllAvailable()
+
+    def prepareForTriggerAvailableNow(self) -> None:
+        self.target_head = self.query.head()
+
+    def _head(self) -> int:
+        return self.target_head if self.target_head is not None else self.query.head()
+
+    def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, int]:
+        rows = limit.max_rows if isinstance(limit, ReadMaxRows) else None
+        return offset(capped_end(position_of(start), self._head(), rows))
+
+    def reportLatestOffset(self) -> dict[str, int]:
+        return offset(self._head() + 1)
+
+    def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[InputPartition]:
+        ranges = split_range(position_of(start), position_of(end), self.options)
+        return [InputPartition(r) for r in ranges]
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        return self.query.read_range(partition_range(partition), self.schema)
+
+    def commit(self, end: dict[str, Any]) -> None:
+        """Nothing to release: the store, not its readers, decides what it keeps (the event
+        log keeps everything; compaction trims changelogs); consumers keep checkpoints."""
+
+
+class PositionBatchReader(DataSourceReader):
+    """The query's records from ``startingPosition`` up to ``endingPosition`` (or the head)."""
+
+    def __init__(self, query: PositionQuery, options: ReadOptions, schema: pa.Schema) -> None:
+        self.query = query
+        self.options = options
+        self.schema = schema
+
+    def partitions(self) -> Sequence[InputPartition]:
+        end = self.options.ending_position
+        if end is None:
+            end = self.query.head() + 1
+        ranges = split_range(self.options.starting_position, end, self.options)
+        return [InputPartition(r) for r in ranges]
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        return self.query.read_range(partition_range(partition), self.schema)
+
+
+class PositionSource(DataSource):
+    """A Spark data source over ``parse_query``'s positions; subclasses name it."""
+
+    source_name: ClassVar[str]
+
+    @classmethod
+    def name(cls) -> str:
+        return cls.source_name
+
+    def parse_query(self, options: dict[str, str]) -> PositionQuery:
+        raise NotImplementedError
+
+    def _parsed(self) -> tuple[PositionQuery, ReadOptions]:
+        options = dict(self.options)
+        return self.parse_query(options), ReadOptions.parse(options)
+
+    def schema(self) -> Any:
+        query, _ = self._parsed()
+        return spark_schema(query.arrow_schema())
+
+    def reader(self, schema: Any) -> DataSourceReader:
+        query, options = self._parsed()
+        return PositionBatchReader(query, options, _arrow_schema_of(schema))
+
+    def streamReader(self, schema: Any) -> DataSourceStreamReader:
+        query, options = self._parsed()
+        if options.ending_position is not None:
+            raise SparkLayerError("endingPosition is for batch reads; a stream has no end")
+        return PositionStreamReader(query, options, _arrow_schema_of(schema))
