@@ -6,8 +6,9 @@ workers that import one source module do not pull in the whole platform.
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from lakefold._lazy import lazy_getattr
 
 if TYPE_CHECKING:
     from lakefold.exceptions import (
@@ -46,13 +47,7 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'lakefold' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
+__getattr__ = lazy_getattr("lakefold", _EXPORTS)
 
 
 def __dir__() -> list[str]:

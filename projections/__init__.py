@@ -14,6 +14,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from lakefold._lazy import lazy_getattr
+
 if TYPE_CHECKING:  # the real names for type checkers; at run time they load lazily
     from lakefold.projections._api import (
         STREAM_KEY,
@@ -120,15 +122,10 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'lakefold.projections' has no attribute {name!r}")
-    import importlib
-
-    value = getattr(importlib.import_module(f"lakefold.projections.{module}"), name)
-    globals()[name] = value
-    return value
+__getattr__ = lazy_getattr(
+    "lakefold.projections",
+    {name: f"lakefold.projections.{module}" for name, module in _EXPORTS.items()},
+)
 
 
 def table_catalog(settings: Settings) -> Any:

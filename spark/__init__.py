@@ -6,8 +6,9 @@ Names are imported lazily (PEP 562): Spark's Python workers import one source mo
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from lakefold._lazy import lazy_getattr
 
 if TYPE_CHECKING:
     from lakefold.spark._catalog import LakeCatalog, StaticCatalog, TableCatalog, catalog_for
@@ -92,13 +93,7 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'lakefold.spark' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
+__getattr__ = lazy_getattr("lakefold.spark", _EXPORTS)
 
 
 def __dir__() -> list[str]:
