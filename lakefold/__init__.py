@@ -11,6 +11,8 @@ from typing import TYPE_CHECKING
 from lakefold._lazy import lazy_getattr
 
 if TYPE_CHECKING:
+    from lakefold.capture import Capture, CaptureConfig, ChangelogStore
+    from lakefold.eventstore import EventStore, StoreOptions
     from lakefold.exceptions import (
         ConfigurationError,
         LakefoldError,
@@ -18,11 +20,24 @@ if TYPE_CHECKING:
         TransientError,
     )
     from lakefold.local import LocalPostgres, LocalRedis
+    from lakefold.projections import Runner, RunnerConfig, projection
+    from lakefold.schemas import EventRegistry, EventType, NewEvent
     from lakefold.settings import Settings, load_settings
     from lakefold.spark import spark_session
 
 # public name -> module that defines it
 _EXPORTS: dict[str, str] = {
+    "Capture": "lakefold.capture",
+    "CaptureConfig": "lakefold.capture",
+    "ChangelogStore": "lakefold.capture",
+    "EventStore": "lakefold.eventstore",
+    "StoreOptions": "lakefold.eventstore",
+    "EventRegistry": "lakefold.schemas",
+    "EventType": "lakefold.schemas",
+    "NewEvent": "lakefold.schemas",
+    "Runner": "lakefold.projections",
+    "RunnerConfig": "lakefold.projections",
+    "projection": "lakefold.projections",
     "ConfigurationError": "lakefold.exceptions",
     "LakefoldError": "lakefold.exceptions",
     "TerminalError": "lakefold.exceptions",
@@ -35,14 +50,25 @@ _EXPORTS: dict[str, str] = {
 }
 
 __all__ = [
+    "Capture",
+    "CaptureConfig",
+    "ChangelogStore",
     "ConfigurationError",
+    "EventRegistry",
+    "EventStore",
+    "EventType",
     "LakefoldError",
     "LocalPostgres",
     "LocalRedis",
+    "NewEvent",
+    "Runner",
+    "RunnerConfig",
     "Settings",
+    "StoreOptions",
     "TerminalError",
     "TransientError",
     "load_settings",
+    "projection",
     "spark_session",
 ]
 

@@ -53,3 +53,15 @@ def test_wheel_installs_every_package_with_py_typed(tmp_path: Path) -> None:
         installed = Path(files[name])
         assert installed.is_relative_to(site), f"{name} imported from {installed}"
         assert (installed.parent / "py.typed").exists()
+
+
+def test_top_level_import_stays_cheap_and_exports_resolve_lazily() -> None:
+    probe = (
+        "import sys, lakefold\n"
+        "before = {'pyspark', 'psycopg', 'pyarrow'} & set(sys.modules)\n"
+        "store = lakefold.EventStore\n"
+        "print(sorted(before), store.__module__, 'pyspark' in sys.modules)"
+    )
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                         check=True, cwd="/")
+    assert out.stdout.split() == ["[]", "lakefold.eventstore._store", "False"]
