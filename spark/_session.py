@@ -28,6 +28,9 @@ DEFAULT_CONF: dict[str, str] = {
     # 100k rows per batch doubled a Python source's ingest rate against the 10k default.
     "spark.sql.execution.arrow.maxRecordsPerBatch": "100000",
     "spark.sql.streaming.forceDeleteTempCheckpointLocation": "true",
+    # A Python worker has 15 s by default to connect back to the JVM; on a loaded 2-core
+    # machine starting one takes longer, which failed micro-batches for nothing.
+    "spark.python.authenticate.socketTimeout": "120s",
     # Errors reach Python with Spark's message only; lakefold reports them in one line.
     "spark.sql.pyspark.jvmStacktrace.enabled": "false",
 }
