@@ -135,9 +135,10 @@ class Capture:
         with _connect(store_dsn, what="store", setup=True) as store, \
                 _connect(cfg.source_dsn, what="source database", setup=True) as source:
             _source.check_source(source)
-            _source.resolve_tables(source, schema=cfg.schema, tables=cfg.table_refs)
-            self._system_id, self._database = _source.system_identity(source)
             existing = _source.slot_info(source, cfg.slot)
+            _source.resolve_tables(source, schema=cfg.schema, tables=cfg.table_refs,
+                                   require_keys=existing is None)
+            self._system_id, self._database = _source.system_identity(source)
             writer = ChangelogWriter(store, cfg.slot)
             record = writer.slot_record() if _ddl.is_installed(store) else None
             self._check_ownership(existing, record)

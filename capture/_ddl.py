@@ -69,6 +69,9 @@ CREATE TABLE IF NOT EXISTS lakefold.changelog_schemas (
     created_at timestamptz NOT NULL DEFAULT now(),
     PRIMARY KEY (stream_id, version)
 );
+-- Added after the first release: versions during which the source table had no key.
+ALTER TABLE lakefold.changelog_schemas ADD COLUMN IF NOT EXISTS keyless boolean NOT NULL
+    DEFAULT false;
 CREATE TABLE IF NOT EXISTS lakefold.changelog (
     stream_id integer NOT NULL,
     position bigint NOT NULL,

@@ -36,7 +36,7 @@ from lakefold.capture._writer import (
     SlotState,
     StreamedCommit,
 )
-from lakefold.capture.exceptions import DecodingError, SourceConfigurationError
+from lakefold.capture.exceptions import DecodingError
 
 log = logging.getLogger(__name__)
 
@@ -373,12 +373,6 @@ class Decoder:
     def _relation(self, message: pgo.Relation) -> None:
         name = f"{self._options.stream_prefix}{message.namespace}.{message.name}"
         schema = self._resolver.relation_schema(message, stream=name)
-        if not any(c.key for c in schema.columns):
-            raise SourceConfigurationError(
-                f"table {message.namespace}.{message.name} has no primary key and no replica "
-                "identity index, so its records cannot be keyed; add a primary key (ALTER TABLE "
-                "... ADD PRIMARY KEY) or remove the table from the publication"
-            )
         stream = self._streams.get(name)
         if stream is None:
             stream_id = self._registry.ensure_stream(
@@ -386,6 +380,13 @@ class Decoder:
                 table=message.name)
             stream = _Stream(stream_id, name, 0, 1, None)
             self._streams[name] = stream
+        if not schema.key_columns:
+            # No primary key and no replica identity index right now: a keyless version,
+            # keyed by the stream's last key or the whole row (see StreamSchema).
+            schema = schema.without_key(stream.schema)
+            log.warning("table %s.%s has no primary key: its changes are keyed by (%s) until "
+                        "a key returns", message.namespace, message.name,
+                        ", ".join(schema.key_columns))
         if stream.schema is not None and stream.schema.same_shape(schema):
             version = stream.schema.version
         else:
@@ -394,7 +395,8 @@ class Decoder:
             stream.schema = StreamSchema(
                 stream=schema.stream, version=version, database=schema.database,
                 schema=schema.schema, table=schema.table, relation_oid=schema.relation_oid,
-                replica_identity=schema.replica_identity, columns=schema.columns)
+                replica_identity=schema.replica_identity, columns=schema.columns,
+                keyless=schema.keyless)
         self._relations[message.relid] = _Rel(message.relid, stream, schema, version)
 
     def _rel(self, relid: int) -> _Rel:

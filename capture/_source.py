@@ -110,9 +110,11 @@ def _keyless(conn: psycopg.Connection[Any], oids: list[int]) -> list[str]:
 
 
 def resolve_tables(conn: psycopg.Connection[Any], *, schema: str | None,
-                   tables: tuple[TableRef, ...]) -> list[int]:
+                   tables: tuple[TableRef, ...], require_keys: bool = True) -> list[int]:
     """OIDs of the tables to capture (a whole schema, or a list); checks they exist, are
-    ordinary or partitioned tables, are not lakefold's, and have a key."""
+    ordinary or partitioned tables, are not lakefold's, and (``require_keys``: a new capture,
+    whose snapshot copies rows in key order) have a key. A running capture accepts a table
+    that lost its key for a while: its changes form a keyless version (see StreamSchema)."""
     if schema is not None:
         if schema == "lakefold":
             raise SourceConfigurationError(
@@ -149,7 +151,11 @@ def resolve_tables(conn: psycopg.Connection[Any], *, schema: str | None,
                     f"{ref} is not a table (relkind {row[1]!r}); only tables can be captured")
             oids.append(int(row[0]))
     keyless = _keyless(conn, oids)
-    if keyless:
+    if keyless and not require_keys:
+        log.warning("table(s) %s have no primary key and no replica identity index right now; "
+                    "their changes are keyed by their previous key or whole row until a key "
+                    "returns", ", ".join(keyless))
+    elif keyless:
         raise SourceConfigurationError(
             f"table(s) {', '.join(keyless)} have no primary key and no replica identity index, "
             "so changes cannot be keyed (and UPDATE/DELETE on them would fail once published); "
@@ -326,10 +332,14 @@ class SourceCatalog:
         return names
 
     def relation_schema(self, message: pgo.Relation, *, stream: str) -> StreamSchema:
-        """The stream schema for a Relation message. With REPLICA IDENTITY FULL every column
-        is flagged as key by the server, so the key is taken from the primary key instead."""
+        """The stream schema for a Relation message. The server flags the key columns as of
+        the change (its historic catalog), which is exact for REPLICA IDENTITY DEFAULT: no
+        flag there means the table had no primary key then (a keyless version, see
+        ``StreamSchema``). With REPLICA IDENTITY FULL every column is flagged, and with
+        NOTHING none, so the key is taken from the primary key in the current catalog."""
         flagged = [c.name for c in message.columns if c.key]
-        if message.replica_identity == "f" or not flagged:
+        if message.replica_identity in ("f", "n") or (message.replica_identity == "i"
+                                                       and not flagged):
             keys = set(self.primary_key(message.relid))
         else:
             keys = set(flagged)

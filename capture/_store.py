@@ -125,15 +125,15 @@ def _stream_meta(conn: psycopg.Connection[Any], stream: str) -> _StreamMeta:
     info = StreamInfo(stream, int(row[0]), row[1], row[2], row[3], row[4], int(row[5]),
                       int(row[6]), row[7])
     versions = {}
-    for version, oid, identity, schema, table, columns in conn.execute(
-        "SELECT version, relation_oid, replica_identity, source_schema, source_table, columns "
-        "FROM lakefold.changelog_schemas WHERE stream_id = %s ORDER BY version",
+    for version, oid, identity, schema, table, columns, keyless in conn.execute(
+        "SELECT version, relation_oid, replica_identity, source_schema, source_table, columns, "
+        "keyless FROM lakefold.changelog_schemas WHERE stream_id = %s ORDER BY version",
         (info.stream_id,),
     ).fetchall():
         versions[int(version)] = StreamSchema(
             stream=stream, version=int(version), database=info.database, schema=schema,
             table=table, relation_oid=int(oid), replica_identity=identity,
-            columns=StreamSchema.columns_from_json(columns))
+            columns=StreamSchema.columns_from_json(columns), keyless=bool(keyless))
     return _StreamMeta(info, versions)
 
 

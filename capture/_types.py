@@ -10,7 +10,7 @@ stored in the stream schema, so that readers on another server never need the so
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Final
 
 # kind -> the built-in scalar type OIDs of that kind
@@ -147,8 +147,18 @@ class StreamSchema:
     """The columns of a captured table at one schema version of its changelog stream.
 
     Versions start at 1 and grow by one each time the source relation's shape (columns, types,
-    key) changes in the replication stream; every record carries the version it was written
-    with, so ``ChangelogStore.stream_schema(stream, version)`` describes any record.
+    key, replica identity) changes in the replication stream; every record carries the version
+    it was written with, so ``ChangelogStore.stream_schema(stream, version)`` describes any
+    record.
+
+    ``keyless`` marks a version during which the source table had no primary key and no
+    replica identity index (a key dropped and re-added in separate transactions, say). Its
+    records are still keyed, by the columns flagged ``key``: the stream's previous key when
+    all of its columns still exist (so a key that returns on the same columns continues the
+    same keys, and compaction stays exact), otherwise the whole row (the identity PostgreSQL
+    itself uses under REPLICA IDENTITY FULL). Rows that are identical in those columns are
+    one key for compaction while the table has no key. Without REPLICA IDENTITY FULL the
+    source refuses UPDATE and DELETE on such a table, so only inserts and truncates occur.
     """
 
     stream: str
@@ -159,6 +169,7 @@ class StreamSchema:
     relation_oid: int
     replica_identity: str
     columns: tuple[ColumnSchema, ...] = field(default_factory=tuple)
+    keyless: bool = False
 
     @property
     def key_columns(self) -> tuple[str, ...]:
@@ -170,9 +181,20 @@ class StreamSchema:
         return tuple(c.name for c in self.columns)
 
     def same_shape(self, other: StreamSchema) -> bool:
-        """True when both versions have the same columns, types and key (a no-op change)."""
+        """True when both versions have the same columns, types, key and replica identity (a
+        no-op change). A change of replica identity changes the shape of before-images."""
         return self.columns == other.columns and self.relation_oid == other.relation_oid \
-            and (self.schema, self.table) == (other.schema, other.table)
+            and (self.schema, self.table, self.replica_identity, self.keyless) == (
+                other.schema, other.table, other.replica_identity, other.keyless)
+
+    def without_key(self, previous: StreamSchema | None) -> StreamSchema:
+        """This schema of a table without a key, as a ``keyless`` version keyed by
+        ``previous``'s key columns when they all still exist, else by every column."""
+        carried = set(previous.key_columns) if previous is not None else set()
+        if not carried or not carried <= set(self.column_names):
+            carried = set(self.column_names)
+        columns = tuple(replace(c, key=c.name in carried) for c in self.columns)
+        return replace(self, columns=columns, keyless=True)
 
     def columns_json(self) -> str:
         """The columns as JSON, the form stored in ``lakefold.changelog_schemas``."""

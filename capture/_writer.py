@@ -300,7 +300,8 @@ class ChangelogWriter:
     def latest_schema(self, stream_id: int, name: str) -> StreamSchema | None:
         row = self._conn.execute(
             "SELECT s.version, s.relation_oid, s.replica_identity, s.source_schema, "
-            "s.source_table, s.columns, t.source_database FROM lakefold.changelog_schemas s "
+            "s.source_table, s.columns, t.source_database, s.keyless "
+            "FROM lakefold.changelog_schemas s "
             "JOIN lakefold.changelog_streams t USING (stream_id) WHERE s.stream_id = %s "
             "ORDER BY s.version DESC LIMIT 1", (stream_id,),
         ).fetchone()
@@ -309,7 +310,7 @@ class ChangelogWriter:
         return StreamSchema(
             stream=name, version=int(row[0]), database=row[6], schema=row[3], table=row[4],
             relation_oid=int(row[1]), replica_identity=row[2],
-            columns=StreamSchema.columns_from_json(row[5]),
+            columns=StreamSchema.columns_from_json(row[5]), keyless=bool(row[7]),
         )
 
     def register_schema(self, stream_id: int, schema: StreamSchema, *, lsn: int) -> int:
@@ -326,10 +327,10 @@ class ChangelogWriter:
             version = 1 if latest is None else latest.version + 1
             self._conn.execute(
                 "INSERT INTO lakefold.changelog_schemas (stream_id, version, relation_oid, "
-                "replica_identity, source_schema, source_table, columns, created_lsn) "
-                "VALUES (%s, %s, %s, %s, %s, %s, %s::jsonb, %s)",
+                "replica_identity, source_schema, source_table, columns, created_lsn, "
+                "keyless) VALUES (%s, %s, %s, %s, %s, %s, %s::jsonb, %s, %s)",
                 (stream_id, version, schema.relation_oid, schema.replica_identity,
-                 schema.schema, schema.table, schema.columns_json(), lsn),
+                 schema.schema, schema.table, schema.columns_json(), lsn, schema.keyless),
             )
             self._conn.execute(
                 "UPDATE lakefold.changelog_streams SET schema_version = %s WHERE stream_id = %s",
