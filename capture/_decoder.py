@@ -22,7 +22,7 @@ from __future__ import annotations
 import logging
 import struct
 from array import array
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Final, Protocol
 
 from lakefold.capture import _inband
@@ -143,6 +143,7 @@ class Decoder:
         # A partial transaction left by an earlier run must be the first one we see again.
         self._orphan_check = not state.checkpoint.complete
         self._relations: dict[int, _Rel] = {}
+        self._announced: dict[int, pgo.Relation] = {}  # Relation messages without changes yet
         self._batch = Batch()
         self._dirty = False
         # snapshot chunks, heartbeats, unchanged TOAST (``_inband``); indexes of 'u' values
@@ -371,6 +372,15 @@ class Decoder:
     # -- relations -------------------------------------------------------------------------
 
     def _relation(self, message: pgo.Relation) -> None:
+        """Note a Relation message; its stream is made when a change of the relation comes.
+
+        With ``publish_via_partition_root`` pgoutput sends a partition's own Relation message
+        after its root's, although the changes name the root: a stream made eagerly would be
+        an empty stream per partition."""
+        self._relations.pop(message.relid, None)
+        self._announced[message.relid] = message
+
+    def _stream_of(self, message: pgo.Relation) -> _Rel:
         name = f"{self._options.stream_prefix}{message.namespace}.{message.name}"
         schema = self._resolver.relation_schema(message, stream=name)
         stream = self._streams.get(name)
@@ -392,21 +402,22 @@ class Decoder:
         else:
             version = self._registry.register_schema(stream.stream_id, schema,
                                                      lsn=self._final_lsn)
-            stream.schema = StreamSchema(
-                stream=schema.stream, version=version, database=schema.database,
-                schema=schema.schema, table=schema.table, relation_oid=schema.relation_oid,
-                replica_identity=schema.replica_identity, columns=schema.columns,
-                keyless=schema.keyless)
-        self._relations[message.relid] = _Rel(message.relid, stream, schema, version)
+            stream.schema = replace(schema, version=version)
+        rel = _Rel(message.relid, stream, schema, version)
+        self._relations[message.relid] = rel
+        return rel
 
     def _rel(self, relid: int) -> _Rel:
         rel = self._relations.get(relid)
-        if rel is None:
+        if rel is not None:
+            return rel
+        announced = self._announced.pop(relid, None)
+        if announced is None:
             raise DecodingError(
                 f"change for relation {relid} before its Relation message; the stream is out "
                 "of order (restart the capture)"
             )
-        return rel
+        return self._stream_of(announced)
 
     # -- rows (hot path) -------------------------------------------------------------------
 

@@ -192,7 +192,7 @@ class DecoderExtension:
         if d._checkpoint.covers(lsn, 1):
             return  # stored by an earlier run
         d._relation(header.relation)
-        rel = d._relations[header.relation.relid]
+        rel = d._rel(header.relation.relid)
         stream = rel.stream
         txn = _TXN.pack(8, lsn, 8, 0, 8, header.at)
         batch = d._batch
