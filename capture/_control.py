@@ -14,6 +14,10 @@ Pause and resume
     closes its replication connection (the slot keeps its place; the server keeps the WAL
     from there) and waits until ``resume``; a capture started while paused waits likewise.
 
+Rows to read again
+    Rows queued in ``lakefold.capture_rereads`` (an update whose unchanged TOASTed value could
+    not be filled) are read again in-band every second (``_reread``).
+
 Unfinished snapshots
     Snapshot runs left unfinished by a crash (an initial snapshot interrupted after its slot
     was created, or an incremental one whose process died) are finished in the background
@@ -32,6 +36,7 @@ from psycopg import sql
 
 from lakefold.capture import _snapshot_store as state
 from lakefold.capture._inband import HEARTBEAT_PREFIX, encode_heartbeat
+from lakefold.capture._reread import reread_rows
 from lakefold.capture._snapshot import SnapshotListener, source_connection, utc_now
 from lakefold.exceptions import LakefoldError, TransientError
 
@@ -146,11 +151,16 @@ class CaptureControl:
                 try:
                     store = store or self._listen()
                     notified = any(True for _ in store.notifies(timeout=0, stop_after=1))
-                    if notified or time.monotonic() >= next_check:
+                    checking = notified or time.monotonic() >= next_check
+                    if checking:
                         next_check = time.monotonic() + _CHECK_S
                         self._check_paused(store)
                     if not self._paused.is_set():
                         self._start_snapshots()
+                    if checking and not self._paused.is_set():
+                        source = source or source_connection(self.config.source_dsn,
+                                                             autocommit=True)
+                        reread_rows(source, store, self.config)
                     if policy is not None and time.monotonic() >= next_beat \
                             and not self._paused.is_set():
                         next_beat = time.monotonic() + policy.interval.total_seconds()

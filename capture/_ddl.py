@@ -13,6 +13,8 @@
 ``capture_staging_<slot>`` per slot: rows of large in-progress transactions streamed by the
                         server (protocol v2), moved into ``changelog`` when they commit.
                         UNLOGGED and without indexes: it is emptied at every capture start.
+``capture_rereads``     rows whose update could not be filled with an unchanged TOASTed
+                        value; the capture reads them again, in-band (``_reread``).
 ``capture_messages``    logical decoding messages (``pg_logical_emit_message``) captured
                         when the capture is configured to keep them.
 
@@ -103,6 +105,16 @@ CREATE TABLE IF NOT EXISTS lakefold.changelog_compaction (
     removed bigint NOT NULL DEFAULT 0,
     last_run timestamptz
 );
+-- Rows to read again in-band: an update whose unchanged TOASTed value had no earlier record
+-- of its key to be filled from (see _toast); the control thread reads them (_reread).
+CREATE TABLE IF NOT EXISTS lakefold.capture_rereads (
+    slot_name text NOT NULL,
+    stream_id integer NOT NULL,
+    key bytea NOT NULL,
+    schema_version integer NOT NULL,
+    requested_at timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (slot_name, stream_id, key)
+);
 CREATE TABLE IF NOT EXISTS lakefold.capture_messages (
     slot_name text NOT NULL,
     lsn bigint NOT NULL,
@@ -118,7 +130,7 @@ CREATE TABLE IF NOT EXISTS lakefold.capture_messages (
 #: Tables of the store that must never be published for capture.
 STORE_TABLES: Final = (
     "capture_slots", "changelog_streams", "changelog_schemas", "changelog", "changelog_keys",
-    "changelog_compaction", "capture_messages",
+    "changelog_compaction", "capture_messages", "capture_rereads",
 )
 
 _STAGING_DDL: Final = """

@@ -253,7 +253,7 @@ class DecoderExtension:
         stream_id = rel.stream.stream_id
         if d._stream_xid is None:
             if len(d._batch.rows) > rows_before:  # not skipped as already stored
-                _action(d._batch, ToastFill).items.append(FillItem(
+                _action(d._batch, ToastFill, self.slot).items.append(FillItem(
                     stream_id, rel.stream.next_position - 1, source, tuple(indexes), columns))
             return
         txn = d._streamed[d._stream_xid]
@@ -267,7 +267,7 @@ class DecoderExtension:
         fills = self._streamed_fills.pop(txn.xid, None)
         if not fills:
             return
-        action = _action(d._batch, ToastFill)
+        action = _action(d._batch, ToastFill, self.slot)
         if not aborted and not skip:
             for f in fills:
                 action.items.append(FillItem(f.stream_id, bases[f.stream_id] + f.stream_seq - 1,

@@ -238,7 +238,7 @@ def _table(src: psycopg.Connection[Any], store: psycopg.Connection[Any], config:
     pending: set[Key] = set()
     while True:
         with src.transaction():
-            shape = _lock(src, table.relid, policy.lock_timeout.total_seconds())
+            shape = lock_table(src, table.relid, policy.lock_timeout.total_seconds())
             hi = boundary(src, shape, lo, policy.incremental_chunk_rows)
             where, params = _range(shape, lo, hi)
             sent, skipped = _chunk(src, shape, config, table.snapshot_id, where, params, None)
@@ -260,7 +260,7 @@ def _table(src: psycopg.Connection[Any], store: psycopg.Connection[Any], config:
     return copied + retried, chunks
 
 
-def _lock(src: psycopg.Connection[Any], relid: int, timeout_s: float) -> TableShape:
+def lock_table(src: psycopg.Connection[Any], relid: int, timeout_s: float) -> TableShape:
     """Take ROW SHARE on the table (so its shape cannot change during the chunk), then read
     the shape."""
     src.execute(sql.SQL("SET LOCAL lock_timeout = {}").format(
@@ -351,7 +351,7 @@ def _retry(src: psycopg.Connection[Any], config: CaptureConfig, table: state.Sna
         delay = min(delay * 2, 1.0)
         for key in sorted(pending):
             with src.transaction():
-                shape = _lock(src, table.relid, policy.lock_timeout.total_seconds())
+                shape = lock_table(src, table.relid, policy.lock_timeout.total_seconds())
                 where = sql.SQL("WHERE {} = {}").format(shape.order_tuple(), shape.placeholders())
                 n, still = _chunk(src, shape, config, table.snapshot_id, where, list(key), {key})
             sent += n
@@ -361,8 +361,8 @@ def _retry(src: psycopg.Connection[Any], config: CaptureConfig, table: state.Sna
     for key in sorted(pending):  # last resort: wait for each row's lock (holding nothing else)
         try:
             with src.transaction():
-                shape = _lock(src, table.relid, policy.lock_timeout.total_seconds())
-                sent += _wait_and_send(src, shape, config, table.snapshot_id, key)
+                shape = lock_table(src, table.relid, policy.lock_timeout.total_seconds())
+                sent += send_row(src, shape, config, table.snapshot_id, key)
         except errors.LockNotAvailable as e:
             raise CaptureError(
                 f"row {key} of {table.qualified} stayed locked by another transaction for "
@@ -371,8 +371,11 @@ def _retry(src: psycopg.Connection[Any], config: CaptureConfig, table: state.Sna
     return sent
 
 
-def _wait_and_send(src: psycopg.Connection[Any], shape: TableShape, config: CaptureConfig,
-                   snapshot_id: int, key: Key) -> int:
+def send_row(src: psycopg.Connection[Any], shape: TableShape, config: CaptureConfig,
+             snapshot_id: int, key: Key) -> int:
+    """Read the row with order key ``key`` (text values) FOR SHARE, waiting for writers, and
+    write it into the WAL as an in-band chunk; returns 1, or 0 when the row does not exist.
+    Runs inside the caller's transaction, after ``lock_table``."""
     query = sql.SQL("SELECT {} FROM {} WHERE {} = {} FOR SHARE").format(
         shape.text_columns(), shape.ident, shape.order_tuple(), shape.placeholders())
     rows = src.execute(query, list(key)).fetchall()

@@ -13,9 +13,17 @@ value, only the marker "unchanged" (``'u'``). Two cases:
   older schema versions serve as sources too.
 
 Within one store transaction the fills run in position order, so a chain of such updates of
-one key in one batch fills each record from the previous one. If no earlier record of the key
-exists (an update of a row that was never snapshotted, e.g. a capture without initial snapshot)
-the value stays NULL and a warning is logged with the stream, position and column.
+one key in one batch fills each record from the previous one.
+
+If no earlier record of the key holds the value, the value at that point of the stream is not
+known anywhere: the row's snapshot read is still to come (a snapshot resumed after a crash
+reads the rest of the table in-band, after changes made meanwhile), the row moved there from a
+key that was never read, or the capture started without an initial snapshot. Such a record is
+then left out (never a NULL or a placeholder in its place) and the row is queued in
+``lakefold.capture_rereads``: the capture reads it again with the incremental snapshot's
+locked, in-band read (``_reread``), so a ``read`` record with the complete row follows later in
+the stream, consistent at its own point. Until then the row's previous state stands; a row
+deleted meanwhile gets no read.
 """
 
 from __future__ import annotations
@@ -98,8 +106,10 @@ class FillItem:
 @dataclass
 class ToastFill:
     """A store action (run inside the batch's transaction, after its records are written)
-    that fills unchanged TOASTed values; see the module docstring."""
+    that fills unchanged TOASTed values of the capture of ``slot``; see the module
+    docstring."""
 
+    slot: str
     items: list[FillItem] = field(default_factory=list)
 
     def __call__(self, cur: psycopg.Cursor[Any]) -> None:
@@ -115,10 +125,7 @@ class ToastFill:
                                           "k": item.source_key,
                                           "floor": floors[item.stream_id]}).fetchone()
             if found is None:
-                log.warning("stream %d position %d: no earlier record of the key holds the "
-                            "unchanged TOASTed value(s) of %s; left NULL (was the table "
-                            "snapshotted?)", item.stream_id, item.position,
-                            ", ".join(item.columns))
+                self._reread_instead(cur, item)
                 continue
             source, version = int(found[0]), int(found[1])
             if (item.stream_id, version) not in names:
@@ -137,6 +144,21 @@ class ToastFill:
                 "WHERE c.stream_id = %(s)s AND c.position = %(p)s AND s.stream_id = %(s)s "
                 "AND s.position = %(src)s").format(assignments),
                 {"s": item.stream_id, "p": item.position, "src": source})
+
+
+    def _reread_instead(self, cur: psycopg.Cursor[Any], item: FillItem) -> None:
+        """Leave the record out and queue its row to be read again (module docstring)."""
+        cur.execute(
+            "WITH gone AS (DELETE FROM lakefold.changelog WHERE stream_id = %(s)s "
+            "AND position = %(p)s RETURNING key, schema_version) "
+            "INSERT INTO lakefold.capture_rereads (slot_name, stream_id, key, schema_version) "
+            "SELECT %(slot)s, %(s)s, key, schema_version FROM gone "
+            "ON CONFLICT (slot_name, stream_id, key) DO UPDATE "
+            "SET schema_version = EXCLUDED.schema_version, requested_at = now()",
+            {"s": item.stream_id, "p": item.position, "slot": self.slot})
+        log.info("stream %d position %d: no earlier record of the key holds the unchanged "
+                 "TOASTed value(s) of %s; the row will be read again instead", item.stream_id,
+                 item.position, ", ".join(item.columns))
 
 
 def _column_names(cur: psycopg.Cursor[Any], stream_id: int, version: int) -> list[str]:

@@ -128,3 +128,60 @@ def test_replica_identity_full_carries_before_images_and_fills_from_them(
         assert update.after == {"id": 1, "status": "seen", "body": body}
         assert delete.before == {"id": 1, "status": "seen", "body": body}
         assert delete.key == {"id": 1} and insert.after == update.before
+
+
+class _Interrupt(Exception):
+    pass
+
+
+class _StopAfterFirstChunk:
+    """A snapshot listener that interrupts the initial snapshot after its first chunk."""
+
+    def table_started(self, table: str, estimated_rows: int, done_rows: int) -> None:
+        del table, estimated_rows, done_rows
+
+    def rows_copied(self, table: str, rows: int) -> None:
+        raise _Interrupt(f"{table}: interrupted after {rows} rows")
+
+    def table_done(self, table: str, rows: int) -> None:
+        del table, rows
+
+
+def _capture_until_reread(config: CaptureConfig, dsn: str) -> None:
+    """Run the capture until no re-read of a row is pending and its record is stored."""
+    for _ in range(20):
+        capture_now(config)
+        with psycopg.connect(dsn) as conn:
+            row = conn.execute("SELECT count(*) FROM lakefold.capture_rereads").fetchone()
+        if row is not None and row[0] == 0:
+            capture_now(config)
+            return
+    raise AssertionError("the capture did not re-read the rows it queued")
+
+
+def test_unchanged_toast_of_a_row_not_yet_stored_after_a_resumed_snapshot(
+        pg: TestDatabase) -> None:
+    execute(pg.dsn, "CREATE TABLE docs (id int PRIMARY KEY, status text, body text)")
+    bodies = {}
+    with psycopg.connect(pg.dsn, autocommit=True) as conn:
+        for i in range(1, 7):
+            bodies[i] = _body(conn, f"r{i}")
+            conn.execute("INSERT INTO docs VALUES (%s, 'new', %s)", (i, bodies[i]))
+    config = CaptureConfig(source_dsn=pg.dsn, tables=("docs",), slot="toastresume",
+                           snapshot=SnapshotPolicy(chunk_rows=2, workers=1))
+    with pytest.raises(_Interrupt):  # rows 1 and 2 are stored, 3 to 6 are not
+        Capture(config, listener=_StopAfterFirstChunk()).setup()
+    with psycopg.connect(pg.dsn, autocommit=True) as conn:
+        # committed after the slot's consistent point, before the resumed chunks are read
+        conn.execute("UPDATE docs SET status = 'seen' WHERE id = 5")
+        conn.execute("UPDATE docs SET status = 'moved', id = 0 WHERE id = 6")  # below chunk 1
+        conn.execute("UPDATE docs SET status = 'seen' WHERE id = 1")  # stored: filled
+    _capture_until_reread(config, pg.dsn)
+
+    with ChangelogStore(pg.dsn) as store:
+        events = store.read_events("public.docs", 1, 100)
+        for event in events:
+            if event.after is not None:
+                key = 6 if event.after["id"] == 0 else event.after["id"]
+                assert event.after["body"] == bodies[key], (event.position, event.operation)
+        assert replayed_rows(store, "public.docs") == source_rows(pg.dsn, "public.docs")
