@@ -93,9 +93,15 @@ class GenerationQuery:
         return (self.projection.name, self.generation.generation)
 
     def _acquire(self) -> bool:
+        """Take the generation's advisory lock on a connection of its own, kept open (and
+        closed by ``_release``) while the query runs; closed at once when not taken."""
         conn = psycopg.connect(self.runner.config.store_dsn, autocommit=True)
-        row = conn.execute("SELECT pg_try_advisory_lock(%s, %s)",
-                           (LOCK_NAMESPACE, generation_lock_key(*self.key))).fetchone()
+        try:
+            row = conn.execute("SELECT pg_try_advisory_lock(%s, %s)",
+                               (LOCK_NAMESPACE, generation_lock_key(*self.key))).fetchone()
+        except BaseException:
+            conn.close()
+            raise
         if not (row and row[0]):
             conn.close()
             return False
@@ -193,7 +199,8 @@ class _Health:
 
 
 class Runner:
-    """Runs the projections of a registry (see the module docstring)."""
+    """Runs the projections of a registry (see the module docstring). It holds a catalog
+    connection: use it as a context manager, or call ``close``."""
 
     def __init__(self, spark: SparkSession, registry: Registry, config: RunnerConfig) -> None:
         self.spark = spark
@@ -311,8 +318,15 @@ class Runner:
         self.queries.clear()
 
     def close(self) -> None:
+        """Stop every query and close the catalog's connection (the sinks share it)."""
         self.stop_all()
         self.catalog.close()
+
+    def __enter__(self) -> Runner:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     def _stop_projection(self, name: str) -> None:
         self._switching.pop(name, None)

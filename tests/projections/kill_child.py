@@ -20,10 +20,10 @@ def main() -> None:
     registry = load_projections(str(Path(__file__).with_name("event_projections.py")))
     config = RunnerConfig(store_dsn=dsn, roots=SinkRoots.under(Path(home)), redis_url=redis_url,
                           poll_seconds=0.1)
-    runner = Runner(spark, registry, config)
-    print("started", flush=True)
-    runner.run(until_caught_up=mode == "finish", timeout=600 if mode == "finish" else None)
-    print("caught up", flush=True)
+    with Runner(spark, registry, config) as runner:
+        print("started", flush=True)
+        runner.run(until_caught_up=mode == "finish", timeout=600 if mode == "finish" else None)
+        print("caught up", flush=True)
 
 
 if __name__ == "__main__":

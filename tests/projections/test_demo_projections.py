@@ -39,11 +39,11 @@ def test_demo_projections_equal_sql_on_the_source(pg, spark, redis_url, tmp_path
         assert row is not None
     Capture(config).run(until_lsn=parse_lsn(str(row[0])))
 
-    runner = Runner(spark, load_projections("lakefold._demo_projections"),
-                    RunnerConfig(store_dsn=pg.dsn, roots=SinkRoots.under(tmp_path),
-                                 redis_url=redis_url, poll_seconds=0.2, trigger_seconds=0.1))
-    runner.run(until_caught_up=True, timeout=240)
-    runner.close()
+    with Runner(spark, load_projections("lakefold._demo_projections"),
+                RunnerConfig(store_dsn=pg.dsn, roots=SinkRoots.under(tmp_path),
+                             redis_url=redis_url, poll_seconds=0.2, trigger_seconds=0.1)
+                ) as runner:
+        runner.run(until_caught_up=True, timeout=240)
 
     catalog = Catalog(pg.dsn)
     with psycopg.connect(pg.dsn) as conn:

@@ -25,19 +25,14 @@ from lakefold.projections._stores import events_head
 from lakefold.schemas.events import NewEvent
 from tests.projections import helpers
 
-# KNOWN DEFECT (open): this test's rebuild path leaks a psycopg connection; the warning is
-# filtered suite-wide in pyproject.toml until the leak is found.
 pytestmark = pytest.mark.timeout(240)
 EVENTS_MODULE = str(Path(__file__).with_name("event_projections.py"))
 CUSTOMERS = [f"c{i}" for i in range(7)]
 
 
 def revenue_of(dsn: str) -> dict[str, Decimal]:
-    catalog = Catalog(dsn)
-    try:
+    with Catalog(dsn) as catalog:
         path = catalog.current("revenue").delta_path
-    finally:
-        catalog.close()
     rows = DeltaTable(path).to_pyarrow_table().to_pylist()
     return {r["customer"]: r["revenue"] for r in rows}
 
@@ -67,84 +62,82 @@ def test_rebuild_while_writing_switches_without_a_gap(pg, spark, redis_url, tmp_
     config = RunnerConfig(store_dsn=pg.dsn, roots=SinkRoots.under(tmp_path),
                           redis_url=redis_url, poll_seconds=0.2,
                           only=("revenue", "last_order"))
-    runner = Runner(spark, registry, config)
-    t0 = time.monotonic()
-    runner.run(until_caught_up=True, timeout=120)
-    print("initial catch-up", time.monotonic() - t0)
+    with Runner(spark, registry, config) as runner, Catalog(pg.dsn) as catalog:
+        t0 = time.monotonic()
+        runner.run(until_caught_up=True, timeout=120)
+        print("initial catch-up", time.monotonic() - t0)
 
-    stop = threading.Event()
-    problems: list[str] = []
-    reads = {"redis": 0, "delta": 0}
+        stop = threading.Event()
+        problems: list[str] = []
+        reads = {"redis": 0, "delta": 0}
 
-    def read() -> None:
-        last_revenue: dict[str, Decimal] = {}
-        last_position: dict[str, int] = {}
-        with RedisCacheReader(redis_url, pointer_ttl=0) as reader:
+        def read() -> None:
+            last_revenue: dict[str, Decimal] = {}
+            last_position: dict[str, int] = {}
+            with RedisCacheReader(redis_url, pointer_ttl=0) as reader:
+                while not stop.is_set():
+                    keys = reader.keys("last_order")
+                    if sorted(keys) != CUSTOMERS:
+                        problems.append(f"redis view has keys {keys}")
+                    for customer in CUSTOMERS:
+                        position = reader.position("last_order", customer) or 0
+                        if position < last_position.get(customer, 0):
+                            problems.append(f"redis {customer} went back to {position}")
+                        last_position[customer] = position
+                    reads["redis"] += 1
+                    try:
+                        revenue = revenue_of(pg.dsn)
+                    except OSError as e:  # a retired generation deleted under our feet
+                        problems.append(f"delta read failed: {e}")
+                        continue
+                    if sorted(revenue) != CUSTOMERS:
+                        problems.append(f"delta view has customers {sorted(revenue)}")
+                    for customer, value in revenue.items():
+                        if value < last_revenue.get(customer, Decimal(0)):
+                            problems.append(f"delta {customer} went back to {value}")
+                        last_revenue[customer] = value
+                    reads["delta"] += 1
+
+        def write() -> None:
             while not stop.is_set():
-                keys = reader.keys("last_order")
-                if sorted(keys) != CUSTOMERS:
-                    problems.append(f"redis view has keys {keys}")
-                for customer in CUSTOMERS:
-                    position = reader.position("last_order", customer) or 0
-                    if position < last_position.get(customer, 0):
-                        problems.append(f"redis {customer} went back to {position}")
-                    last_position[customer] = position
-                reads["redis"] += 1
-                try:
-                    revenue = revenue_of(pg.dsn)
-                except OSError as e:  # a retired generation deleted under our feet
-                    problems.append(f"delta read failed: {e}")
-                    continue
-                if sorted(revenue) != CUSTOMERS:
-                    problems.append(f"delta view has customers {sorted(revenue)}")
-                for customer, value in revenue.items():
-                    if value < last_revenue.get(customer, Decimal(0)):
-                        problems.append(f"delta {customer} went back to {value}")
-                    last_revenue[customer] = value
-                reads["delta"] += 1
+                append(2)
+                time.sleep(0.1)
 
-    def write() -> None:
-        while not stop.is_set():
-            append(2)
-            time.sleep(0.1)
+        threads = [threading.Thread(target=read), threading.Thread(target=write)]
+        run_stop = threading.Event()
+        runner_thread = threading.Thread(target=runner.run, kwargs={"stop": run_stop})
+        runner_thread.start()
+        for thread in threads:
+            thread.start()
+        time.sleep(1)
+        runner.request_rebuild("revenue")
+        runner.request_rebuild("last_order")
+        deadline = time.monotonic() + 150
+        while (catalog.current("revenue").generation, catalog.current("last_order").generation) \
+                != (2, 2):
+            assert time.monotonic() < deadline, "the rebuild did not switch in time"
+            time.sleep(0.3)
+        print("switched", time.monotonic() - t0)
+        time.sleep(1)
+        stop.set()
+        for thread in threads:
+            thread.join()
+        head = events_head(pg.dsn)
+        while not all(catalog.current(n).position.get("order", 0) > head
+                      for n in ("revenue", "last_order")):
+            assert time.monotonic() < deadline, "the new generation did not catch up"
+            time.sleep(0.3)
+        print("caught up", time.monotonic() - t0)
+        run_stop.set()
+        runner_thread.join()
+        print("stopped", time.monotonic() - t0)
+        store.close()
 
-    threads = [threading.Thread(target=read), threading.Thread(target=write)]
-    run_stop = threading.Event()
-    runner_thread = threading.Thread(target=runner.run, kwargs={"stop": run_stop})
-    runner_thread.start()
-    for thread in threads:
-        thread.start()
-    time.sleep(1)
-    runner.request_rebuild("revenue")
-    runner.request_rebuild("last_order")
-    catalog = Catalog(pg.dsn)
-    deadline = time.monotonic() + 150
-    while (catalog.current("revenue").generation, catalog.current("last_order").generation) \
-            != (2, 2):
-        assert time.monotonic() < deadline, "the rebuild did not switch in time"
-        time.sleep(0.3)
-    print("switched", time.monotonic() - t0)
-    time.sleep(1)
-    stop.set()
-    for thread in threads:
-        thread.join()
-    head = events_head(pg.dsn)
-    while not all(catalog.current(n).position.get("order", 0) > head
-                  for n in ("revenue", "last_order")):
-        assert time.monotonic() < deadline, "the new generation did not catch up"
-        time.sleep(0.3)
-    print("caught up", time.monotonic() - t0)
-    run_stop.set()
-    runner_thread.join()
-    print("stopped", time.monotonic() - t0)
-    store.close()
-
-    assert problems == []
-    assert reads["redis"] > 5 and reads["delta"] > 5
-    assert revenue_of(pg.dsn) == expected
-    last, _ = helpers.orders_expected(pg.dsn)
-    with RedisCacheReader(redis_url) as reader:
-        assert {c: reader.get("last_order", c) for c in CUSTOMERS} == last
-    generations = {(g.generation, g.status) for g in catalog.generations("revenue")}
-    assert generations == {(1, "retired"), (2, "live")}
-    catalog.close()
+        assert problems == []
+        assert reads["redis"] > 5 and reads["delta"] > 5
+        assert revenue_of(pg.dsn) == expected
+        last, _ = helpers.orders_expected(pg.dsn)
+        with RedisCacheReader(redis_url) as reader:
+            assert {c: reader.get("last_order", c) for c in CUSTOMERS} == last
+        generations = {(g.generation, g.status) for g in catalog.generations("revenue")}
+        assert generations == {(1, "retired"), (2, "live")}

@@ -39,58 +39,54 @@ def test_event_projections_equal_a_fresh_computation(pg, spark, redis_url, tmp_p
     registry = load_projections(EVENTS_MODULE)
     config = RunnerConfig(store_dsn=pg.dsn, roots=SinkRoots.under(tmp_path),
                           redis_url=redis_url, poll_seconds=0.2)
-    runner = Runner(spark, registry, config)
-    runner.run(until_caught_up=True, timeout=180)
+    with Runner(spark, registry, config) as runner, Catalog(pg.dsn) as catalog:
+        runner.run(until_caught_up=True, timeout=180)
+        revenue = DeltaTable(catalog.current("revenue").delta_path).to_pyarrow_table().to_pylist()
+        assert {r["customer"]: r["revenue"] for r in revenue} == {
+            k: v.quantize(Decimal("0.01")) for k, v in expected_revenue.items()}
+        letters = DeadLetters(catalog).find("revenue")
+        assert sorted(d.position for d in letters) == [13, 26, 39, 52]
+        assert all("poison order" in d.error and d.attempts == 2 for d in letters)
 
-    catalog = Catalog(pg.dsn)
-    revenue = DeltaTable(catalog.current("revenue").delta_path).to_pyarrow_table().to_pylist()
-    assert {r["customer"]: r["revenue"] for r in revenue} == {
-        k: v.quantize(Decimal("0.01")) for k, v in expected_revenue.items()}
-    letters = DeadLetters(catalog).find("revenue")
-    assert sorted(d.position for d in letters) == [13, 26, 39, 52]
-    assert all("poison order" in d.error and d.attempts == 2 for d in letters)
+        last, notes = helpers.orders_expected(pg.dsn)
+        with RedisCacheReader(redis_url) as reader:
+            assert sorted(reader.keys("last_order")) == sorted(last)
+            for customer, row in last.items():
+                assert reader.get("last_order", customer) == row
 
-    last, notes = helpers.orders_expected(pg.dsn)
-    with RedisCacheReader(redis_url) as reader:
-        assert sorted(reader.keys("last_order")) == sorted(last)
-        for customer, row in last.items():
-            assert reader.get("last_order", customer) == row
+        search = SearchIndexReader(lambda view: catalog.current(view).index_dir)
+        assert search.count("order_search") == len(notes)
+        word = helpers.NOTE_WORDS[0]
+        assert sorted(h.key for h in search.search("order_search", word, limit=100)) == sorted(
+            order for order, note in notes.items() if word in note.split())
 
-    search = SearchIndexReader(lambda view: catalog.current(view).index_dir)
-    assert search.count("order_search") == len(notes)
-    word = helpers.NOTE_WORDS[0]
-    assert sorted(h.key for h in search.search("order_search", word, limit=100)) == sorted(
-        order for order, note in notes.items() if word in note.split())
-
-    # targeted rebuild: damage some keys, repair a key range and one stream in place
-    client = redis.Redis.from_url(redis_url)
-    prefix = catalog.current("last_order").redis_prefix
-    client.hset(prefix + "k:c1", "amount", "bogus")
-    client.delete(prefix + "k:c2")
-    client.hset(prefix + "k:c1x", "customer", "c1x")  # a stale key inside the range
-    client.hset(prefix + "k:c5", "amount", "bogus")  # outside the range: left alone
-    report = runner.rebuild_part("last_order", key_from="c1", key_to="c3")
-    assert report.deleted == 1 and report.generation == 1
-    with RedisCacheReader(redis_url) as reader:
-        assert reader.get("last_order", "c1") == last["c1"]
-        assert reader.get("last_order", "c2") == last["c2"]
-        assert reader.get("last_order", "c1x") is None
-        assert (reader.get("last_order", "c5") or {}).get("amount") == "bogus"
-    client.close()
-    damaged = sorted(notes)[3]
-    index_writer = SearchIndexWriter(catalog.current("order_search").index_dir,
-                                     IndexLayout(key="order", text=("note",), fields=()))
-    index_writer.write(pa.Table.from_pylist([{"order": damaged, "_deleted": True}]),
-                       batch_id=index_writer.checkpoint or 0, repair=True)
-    index_writer.close()
-    assert search.get("order_search", damaged) is None
-    runner.rebuild_part("order_search", stream=damaged)
-    assert (search.get("order_search", damaged) or {}).get("note") == notes[damaged]
-    with pytest.raises(ProjectionStateError, match="is a fold"):
-        runner.rebuild_part("revenue", key_from="c1")
-    assert not catalog.projection("last_order").paused
-    runner.close()
-    catalog.close()
+        # targeted rebuild: damage some keys, repair a key range and one stream in place
+        client = redis.Redis.from_url(redis_url)
+        prefix = catalog.current("last_order").redis_prefix
+        client.hset(prefix + "k:c1", "amount", "bogus")
+        client.delete(prefix + "k:c2")
+        client.hset(prefix + "k:c1x", "customer", "c1x")  # a stale key inside the range
+        client.hset(prefix + "k:c5", "amount", "bogus")  # outside the range: left alone
+        report = runner.rebuild_part("last_order", key_from="c1", key_to="c3")
+        assert report.deleted == 1 and report.generation == 1
+        with RedisCacheReader(redis_url) as reader:
+            assert reader.get("last_order", "c1") == last["c1"]
+            assert reader.get("last_order", "c2") == last["c2"]
+            assert reader.get("last_order", "c1x") is None
+            assert (reader.get("last_order", "c5") or {}).get("amount") == "bogus"
+        client.close()
+        damaged = sorted(notes)[3]
+        index_writer = SearchIndexWriter(catalog.current("order_search").index_dir,
+                                         IndexLayout(key="order", text=("note",), fields=()))
+        index_writer.write(pa.Table.from_pylist([{"order": damaged, "_deleted": True}]),
+                           batch_id=index_writer.checkpoint or 0, repair=True)
+        index_writer.close()
+        assert search.get("order_search", damaged) is None
+        runner.rebuild_part("order_search", stream=damaged)
+        assert (search.get("order_search", damaged) or {}).get("note") == notes[damaged]
+        with pytest.raises(ProjectionStateError, match="is a fold"):
+            runner.rebuild_part("revenue", key_from="c1")
+        assert not catalog.projection("last_order").paused
 
 
 def wait_until(predicate, timeout: float = 120, what: str = "condition") -> None:
@@ -156,4 +152,5 @@ def test_pause_resume_and_dead_letter_retry(pg, spark, redis_url, tmp_path):
     finally:
         stop.set()
         thread.join()
+        runner.close()
         catalog.close()
