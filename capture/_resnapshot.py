@@ -89,7 +89,7 @@ def resnapshot(config: CaptureConfig, tables: Sequence[str], *,
             relid = find_table(src, name)
             for leaf in capture_tables(src, [relid]):
                 schema, table = _names(src, leaf)
-                _check_published(src, config.publication, schema, table)
+                _check_published(src, config.publication, leaf, schema, table)
                 planned.append((leaf, schema, table, f"{config.stream_prefix}{schema}.{table}"))
         state.install(store)
         snapshot_id = state.create_run(store, slot=config.slot, kind="incremental",
@@ -207,11 +207,19 @@ def _check_slot(store: psycopg.Connection[Any], src: psycopg.Connection[Any],
             "capture drop` for it and capture again (with an initial snapshot)")
 
 
-def _check_published(src: psycopg.Connection[Any], publication: str, schema: str,
-                     table: str) -> None:
+def _check_published(src: psycopg.Connection[Any], publication: str, relid: int,
+                     schema: str, table: str) -> None:
     row = src.execute("SELECT 1 FROM pg_publication_tables WHERE pubname = %s "
                       "AND schemaname = %s AND tablename = %s",
                       (publication, schema, table)).fetchone()
+    root = src.execute(
+        "SELECT format('%%I.%%I', n.nspname, c.relname) FROM pg_partition_root(%s::regclass) r "
+        "JOIN pg_class c ON c.oid = r JOIN pg_namespace n ON n.oid = c.relnamespace "
+        "WHERE r <> %s::regclass", (relid, relid)).fetchone()
+    if row is None and root is not None:
+        raise CaptureError(
+            f"table {schema}.{table} is a partition of {root[0]}, whose stream holds its rows "
+            f"(partitions are captured via their root); re-snapshot {root[0]}")
     if row is None:
         raise CaptureError(
             f"table {schema}.{table} is not captured (not in publication {publication!r}); "

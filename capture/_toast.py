@@ -150,7 +150,9 @@ class ToastFill:
         """Leave the record out and queue its row to be read again (module docstring)."""
         cur.execute(
             "WITH gone AS (DELETE FROM lakefold.changelog WHERE stream_id = %(s)s "
-            "AND position = %(p)s RETURNING key, schema_version) "
+            "AND position = %(p)s RETURNING key, schema_version), "
+            "uncounted AS (UPDATE lakefold.capture_slots SET records = records - 1 "
+            "WHERE slot_name = %(slot)s AND EXISTS (SELECT FROM gone)) "
             "INSERT INTO lakefold.capture_rereads (slot_name, stream_id, key, schema_version) "
             "SELECT %(slot)s, %(s)s, key, schema_version FROM gone "
             "ON CONFLICT (slot_name, stream_id, key) DO UPDATE "

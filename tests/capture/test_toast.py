@@ -185,3 +185,7 @@ def test_unchanged_toast_of_a_row_not_yet_stored_after_a_resumed_snapshot(
                 key = 6 if event.after["id"] == 0 else event.after["id"]
                 assert event.after["body"] == bodies[key], (event.position, event.operation)
         assert replayed_rows(store, "public.docs") == source_rows(pg.dsn, "public.docs")
+    with psycopg.connect(pg.dsn) as conn:  # the records left out are not counted
+        counts = conn.execute("SELECT (SELECT records FROM lakefold.capture_slots), "
+                              "(SELECT count(*) FROM lakefold.changelog)").fetchone()
+    assert counts is not None and counts[0] == counts[1]
