@@ -38,7 +38,7 @@ if TYPE_CHECKING:
     from pyspark.sql.types import StructType
 
 FORMAT = "lakefold_projection_source"
-DEFAULT_PARTITION_RECORDS = 250_000
+DEFAULT_PARTITION_RECORDS = 500_000  # a 1M-record rebuild batch: one read per core here
 
 
 def source_to_json(source: Source) -> str:

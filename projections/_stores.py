@@ -129,11 +129,15 @@ def events_head(dsn: str) -> int:
 
 def read_events(dsn: str, source: EventSource, start: int, end: int
                 ) -> Iterator[pa.RecordBatch]:
-    """Events at positions ``[start, end)`` of ``source`` with the metadata columns."""
-    from lakefold.eventstore import read_events_range
+    """Events at positions ``[start, end)`` of ``source`` with the metadata columns.
 
-    for batch in read_events_range(dsn, max(start, 1), end, category=source.category,
-                                   types=list(source.types) or None):
+    Spark's bulk reader returns what the store's ``read_events_range`` returns, without its
+    per-row Python (a rebuild replays the whole log through here)."""
+    from lakefold.spark import copy_events_range
+
+    for batch in copy_events_range(dsn, max(start, 1), end, category=source.category,
+                                   types=list(source.types) or None,
+                                   page_positions=max(end - start, 1)):
         yield _event_meta(batch)
 
 

@@ -1,10 +1,11 @@
 """``lakefold bench rebuild``: replay a long event history into a new generation of a Delta
 aggregate, while the old generation stays live, and switch.
 
-Set-up (throwaway PostgreSQL with fsync on, local Spark): ``--events`` sale events
-(``{"customer": "c<k>", "amount": n}``, ``--customers`` customers, 100 events per stream) in
-the event store, and one projection, ``sales_by_customer``: a streaming aggregation (sum of
-amounts and count per customer) upserted into Delta.
+Set-up: the shared bench history (``history.py``: ``--events`` deposits ``{"customer":
+"c<k>", "amount": n}`` of ``--customers`` customers, 1,000 events per stream) in a throwaway
+PostgreSQL (fsync on) or ``--store-dsn``, local Spark, and one projection,
+``sales_by_customer``: a streaming aggregation (sum of amounts and count per customer) upserted
+into Delta.
 
 - ``params.initial_build_events_per_s``: generation 1 built from nothing (``lakefold run
   --until-caught-up``), for reference;
@@ -27,34 +28,15 @@ from typing import Annotated, Any
 import typer
 
 from lakefold._bench import bench_app
+from lakefold._bench.history import (
+    CATEGORY,
+    DEFAULT_CUSTOMERS,
+    DEFAULT_PER_STREAM,
+    StoreDsnOption,
+    history_store,
+)
 from lakefold._bench.report import Report
 from lakefold.exceptions import LakefoldError
-
-_PER_STREAM = 100
-_APPEND = 2_000
-
-
-def load_sales(dsn: str, events: int, customers: int) -> int:
-    """Append the sale events; return the store's head."""
-    from lakefold.eventstore import NO_STREAM, EventStore, StreamEvents
-    from lakefold.schemas.events import NewEvent
-
-    with EventStore(dsn) as store:
-        store.install()
-        written = 0
-        stream = 0
-        while written < events:
-            group: list[StreamEvents] = []
-            while written < events and len(group) * _PER_STREAM < _APPEND:
-                count = min(_PER_STREAM, events - written)
-                group.append(StreamEvents(f"sale-{stream}", [
-                    NewEvent(type="bench.sale", data={"customer": f"c{(written + i) % customers}",
-                                                      "amount": (written + i) % 100})
-                    for i in range(count)], NO_STREAM))
-                written += count
-                stream += 1
-            store.append_streams(group)
-        return int(store.head())
 
 
 def expected_sums(events: int, customers: int) -> dict[str, tuple[int, int]]:
@@ -82,7 +64,7 @@ def _registry(batch: int) -> Any:
     options = ProjectionOptions(trigger_seconds=0.5, max_records_per_batch=batch,
                                 rebuild_records_per_batch=batch, keep_generations=1)
     with registering_into(registry):
-        @projection("sales_by_customer", sources=[events("sale")],
+        @projection("sales_by_customer", sources=[events(CATEGORY)],
                     target=delta_table("upsert", keys=["customer"]), options=options)
         def sales_by_customer(sales: Any) -> Any:
             return (sales
@@ -93,13 +75,11 @@ def _registry(batch: int) -> Any:
     return registry
 
 
-def run(events: int, customers: int, batch: int) -> Report:
+def run(events: int, customers: int, batch: int, store_dsn: str | None = None) -> Report:
     """Run the benchmark on throwaway services; see the module docstring."""
-    import psycopg
     from deltalake import DeltaTable
     from pyspark.sql import functions as F
 
-    from lakefold.local import LocalPostgres
     from lakefold.projections import Catalog, Runner, RunnerConfig, SinkRoots
     from lakefold.projections._runner import RUNNER_SPARK_CONF
     from lakefold.spark import register_sources, spark_session
@@ -107,17 +87,8 @@ def run(events: int, customers: int, batch: int) -> Report:
     report = Report("rebuild", {"events": events, "customers": customers, "batch": batch})
     scratch = Path(tempfile.mkdtemp(prefix="lakefold-bench-rebuild-"))
     try:
-        with LocalPostgres(durable=True) as server:
-            server.start()
-            dsn = server.dsn()
-            began = time.perf_counter()
-            head = load_sales(dsn, events, customers)
-            report.params["load_events_per_s"] = round(events / (time.perf_counter() - began))
-            if head != events:
-                raise LakefoldError(f"loaded {events} events but the store's head is {head}")
-            with psycopg.connect(dsn, autocommit=True) as conn:
-                conn.execute("ANALYZE lakefold.events")
-                conn.execute("ANALYZE lakefold.event_positions")
+        with history_store(report, events=events, per_stream=DEFAULT_PER_STREAM,
+                           customers=customers, store_dsn=store_dsn) as dsn:
             spark = spark_session(conf={**RUNNER_SPARK_CONF,
                                         "spark.sql.shuffle.partitions": "2"},
                                   app_name="lakefold-bench-rebuild")
@@ -160,11 +131,12 @@ def run(events: int, customers: int, batch: int) -> Report:
 @bench_app.command("rebuild")
 def rebuild(
     events: Annotated[int, typer.Option(help="Events in the history.")] = 10_000_000,
-    customers: Annotated[int, typer.Option(help="Distinct aggregate keys.")] = 1_000,
+    customers: Annotated[int, typer.Option(help="Distinct aggregate keys.")] = DEFAULT_CUSTOMERS,
     batch: Annotated[int, typer.Option(help="Records per rebuild micro-batch.")] = 1_000_000,
+    store_dsn: StoreDsnOption = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
 ) -> None:
     """Rebuild a Delta aggregate from the whole event history (events/s)."""
     if events < 1 or customers < 1 or batch < 1:
         raise LakefoldError("need --events >= 1, --customers >= 1 and --batch >= 1")
-    run(events, customers, batch).emit(as_json=as_json)
+    run(events, customers, batch, store_dsn).emit(as_json=as_json)
