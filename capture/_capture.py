@@ -36,6 +36,7 @@ from lakefold.capture._replication import (
     parse_keepalive,
     raise_for_result,
 )
+from lakefold.capture._reread import reread_queued
 from lakefold.capture._snapshot import SnapshotListener
 from lakefold.capture._writer import ChangelogWriter
 from lakefold.capture.exceptions import (
@@ -261,6 +262,7 @@ class Capture:
                     if initial_pending:  # an initial snapshot interrupted by a crash
                         _resnapshot.resume(self.config, listener=self._listener,
                                            kinds=("initial",))
+                        reread_queued(self.config)  # rows queued by an earlier run
                         initial_pending = False
                     self._session(control.session_stop(), until_lsn, counters)
                     if control.paused and not stop.is_set() and not (

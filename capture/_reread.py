@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, Final
 import psycopg
 
 from lakefold.capture._resnapshot import lock_table, send_row
+from lakefold.capture._snapshot import source_connection
 from lakefold.capture._tables import find_table
 from lakefold.capture._types import StreamSchema
 from lakefold.capture._writer import split_key
@@ -39,6 +40,16 @@ WHERE r.slot_name = %s ORDER BY r.requested_at LIMIT %s
 """
 
 
+def reread_queued(config: CaptureConfig) -> None:
+    """Read every row the capture has queued (``reread_rows`` over new connections); a
+    capture does this when it starts, its side thread while it runs."""
+    with psycopg.connect(config.resolved_store_dsn, autocommit=True,
+                         connect_timeout=10) as store, \
+            source_connection(config.source_dsn, autocommit=True) as source:
+        while reread_rows(source, store, config) == _BATCH:
+            pass
+
+
 def reread_rows(source: psycopg.Connection[Any], store: psycopg.Connection[Any],
                 config: CaptureConfig) -> int:
     """Read the capture's queued rows again, in-band; returns how many requests were done.
@@ -49,8 +60,15 @@ def reread_rows(source: psycopg.Connection[Any], store: psycopg.Connection[Any],
         names = [c.name for c in StreamSchema.columns_from_json(columns) if c.key]
         texts = [None if v is None else bytes(v).decode() for v in split_key(bytes(key))]
         try:
+            relid = find_table(source, f"{schema}.{table}")
+        except SourceConfigurationError as e:  # the table is gone: nothing to read
+            log.warning("cannot read a row of %s.%s again: %s", schema, table, e)
+            relid = None
+        if relid is not None:
+            # Errors here (a lock timeout, a missing privilege) keep the request: the side
+            # thread logs them and tries again.
             with source.transaction():
-                shape = lock_table(source, find_table(source, f"{schema}.{table}"), timeout)
+                shape = lock_table(source, relid, timeout)
                 by_name = dict(zip(names, texts, strict=True))
                 if set(by_name) != set(shape.order_key) or None in texts:
                     log.warning("cannot read a row of %s.%s again: its key (%s) is no longer "
@@ -59,8 +77,6 @@ def reread_rows(source: psycopg.Connection[Any], store: psycopg.Connection[Any],
                 else:
                     send_row(source, shape, config, 0,
                              tuple(str(by_name[k]) for k in shape.order_key))
-        except SourceConfigurationError as e:  # the table is gone: nothing to read
-            log.warning("cannot read a row of %s.%s again: %s", schema, table, e)
         store.execute("DELETE FROM lakefold.capture_rereads WHERE slot_name = %s "
                       "AND stream_id = %s AND key = %s", (config.slot, stream_id, key))
     return len(rows)
