@@ -14,12 +14,13 @@ workers build the source from string options: the module must be importable ther
 from __future__ import annotations
 
 import importlib
-import io
 import json
 from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.json as pajson
 from pydantic import BaseModel
 
@@ -92,30 +93,49 @@ class PayloadDecoder:
                 data[name] = json.dumps(data[name], separators=(",", ":"))
         return json.dumps(data, separators=(",", ":"))
 
+    def _rewritten_rows(self, types: pa.Array, versions: pa.Array) -> pa.Array:
+        """Indices of the rows whose payload goes through Python: stored at an older version of
+        a registered type (upcast), or of a type with shapeless fields (kept as JSON text)."""
+        mask = pa.nulls(len(types), pa.bool_()).fill_null(False)
+        for name, version in self.versions.items():
+            rows = pc.equal(types, name)
+            if not self.text_fields[name]:
+                rows = pc.and_(rows, pc.not_equal(versions, version))
+            mask = pc.or_(mask, rows.fill_null(False))
+        return pc.indices_nonzero(mask)
+
     def decode(self, types: pa.Array, versions: pa.Array, data: pa.Array) -> pa.StructArray:
-        """One struct per event; fields a type lacks are null."""
+        """One struct per event; fields a type lacks are null. Payloads at their type's current
+        version never become Python objects: Arrow's JSON reader parses them in bulk."""
         if len(data) == 0:
             return pa.array([], type=self.struct_type)
-        texts: list[str] = data.to_pylist()
-        type_list = types.to_pylist()
-        version_list = versions.to_pylist()
-        for i, (type_name, version) in enumerate(zip(type_list, version_list, strict=True)):
-            if type_name in self.models and (
-                version != self.versions[type_name] or self.text_fields[type_name]
-            ):
-                texts[i] = self._rewrite(type_name, version, texts[i])
-        payload = "\n".join(t.replace("\n", " ") for t in texts).encode()
+        rewritten = self._rewritten_rows(types, versions).to_pylist()
+        if rewritten:
+            texts: list[str] = data.to_pylist()
+            type_list = types.to_pylist()
+            version_list = versions.to_pylist()
+            for i in rewritten:
+                texts[i] = self._rewrite(type_list[i], version_list[i], texts[i])
+            data = pa.array(texts, pa.string())
+        # One JSON document per line: JSON text has newlines only as whitespace (never raw in a
+        # string), so they can become spaces; each payload gets its line end, and the array's
+        # character data is then the newline-delimited input of the reader.
+        lines = pc.binary_join_element_wise(pc.replace_substring(data, "\n", " "), "", "\n")
+        _, offsets, chars = lines.buffers()
+        width = np.int64 if pa.types.is_large_string(lines.type) else np.int32
+        bounds = np.frombuffer(offsets, dtype=width)[[lines.offset, lines.offset + len(lines)]]
+        payload = chars.slice(int(bounds[0]), int(bounds[1] - bounds[0]))
         table = pajson.read_json(
-            io.BytesIO(payload),
+            pa.BufferReader(payload),
             read_options=pajson.ReadOptions(block_size=max(1 << 20, len(payload) + 1),
                                             use_threads=False),  # one core per Spark task
             parse_options=pajson.ParseOptions(
                 explicit_schema=self.schema, unexpected_field_behavior="ignore"
             ),
         )
-        if table.num_rows != len(texts):
+        if table.num_rows != len(data):
             raise SparkLayerError(
-                f"decoding {len(texts)} event payloads produced {table.num_rows} rows"
+                f"decoding {len(data)} event payloads produced {table.num_rows} rows"
             )
         columns = [table.column(f.name).combine_chunks() for f in self.schema]
         return pa.StructArray.from_arrays(columns, fields=list(self.schema))
