@@ -1,49 +1,53 @@
-"""``lakefold demo``: a database write, captured, projected by Spark into Delta, queried back.
+"""``lakefold demo``: database writes, captured, projected by Spark into four views, rebuilt,
+queried back.
 
-Steps: start (or reach) PostgreSQL, create a fresh ``lakefold_demo`` database with the shop
-schema, attach a capture (slot + publication), run the workload, capture it into changelog
-streams, project revenue per customer with Spark into a Delta table through the exactly-once
-sink, then read the table back and compare it with the same aggregate computed by SQL.
-Everything it starts is stopped before it returns, and it can run again right away.
+Steps: start (or reach) PostgreSQL and Redis, create a fresh ``lakefold_demo`` database with the
+shop schema, attach a capture (slot + publication), run the workload, capture it into changelog
+streams, then run the demo shop's four projections (revenue per customer in Delta, a customer
+cache in Redis, a product search index, an SCD2 price history in Delta), show them, rebuild one
+with a generation switch, and compare every view with the same data computed by SQL on the
+source (``lakefold._demo_views``). Everything it starts is stopped before it returns, and it
+can run again right away.
 """
 
 from __future__ import annotations
 
-import shutil
 import time
 from contextlib import ExitStack
 from dataclasses import dataclass
 from decimal import Decimal
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import psycopg
 from psycopg import sql
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-from rich.table import Table
 
 from lakefold import _shop
+from lakefold._demo_views import REBUILT, show_views
 from lakefold.dsn import mask_dsn
 from lakefold.exceptions import ConfigurationError, LakefoldError
-from lakefold.local import LocalPostgres
+from lakefold.local import LocalPostgres, LocalRedis
 from lakefold.settings import Settings
-
-if TYPE_CHECKING:
-    from pyspark.sql import DataFrame, SparkSession
 
 DEMO_DATABASE = "lakefold_demo"
 DEMO_SLOT = "lakefold_demo"
-PROJECTION = "revenue_per_customer"
+PROJECTION = REBUILT
+#: products whose price changes after the workload, so price_history has closed versions
+PRICE_CHANGES = 5
 
 
 @dataclass(frozen=True)
 class DemoResult:
-    """What the demo produced: the Delta table's rows and whether they equal the source."""
+    """What the demo produced: the revenue view's live Delta table and rows, whether each
+    view equals the source, and the rebuilt view's generations (before, after)."""
 
     table_path: Path
     rows: list[tuple[int, str, int, Decimal]]
     matches_source: bool
+    views: dict[str, bool]
+    generations: tuple[int, int]
     changes: int
     seconds: float
 
@@ -76,60 +80,16 @@ def _fresh_database(admin_dsn: str) -> str:
     return psycopg.conninfo.make_conninfo(admin_dsn, dbname=DEMO_DATABASE)
 
 
-def project_revenue(spark: SparkSession, store_dsn: str, table_path: Path) -> None:
-    """Revenue per customer from the orders and customers changelog streams into Delta.
-
-    Reads both streams through the ``lakefold_changelog`` Spark source, keeps the latest record
-    per key (dropping deleted keys), aggregates, and overwrites the table in one Delta
-    transaction whose app transaction version is the orders stream's head: re-running it for
-    the same head is a no-op. (``lakefold run`` keeps such views up to date continuously.)
-    """
-    from pyspark.sql import functions as F
-
-    from lakefold.capture import ChangelogStore
-    from lakefold.spark import DeltaTarget, WriteMode, register_sources, write_batch
-
-    register_sources(spark)
-    with ChangelogStore(store_dsn) as store:
-        orders_head = store.head("shop.orders")
-    orders, customers = (_current_rows(spark, store_dsn, f"shop.{name}", key="id")
-                         for name in ("orders", "customers"))
-    revenue = (
-        orders.groupBy("customer_id")
-        .agg(F.count("id").cast("int").alias("orders"), F.sum("amount").alias("revenue"))
-        .join(customers.select(F.col("id").alias("customer_id"), "name"), "customer_id")
-        .select("customer_id", "name", "orders", "revenue")
-    )
-    target = DeltaTarget(path=str(table_path), mode=WriteMode.OVERWRITE,
-                         app_id=f"{PROJECTION}@1", name=PROJECTION)
-    write_batch(revenue, target, batch_id=orders_head)
-
-
-def _current_rows(spark: SparkSession, store_dsn: str, stream: str, *, key: str) -> DataFrame:
-    """The stream's latest record per key, without deleted keys, as a DataFrame."""
-    from pyspark.sql import Window
-    from pyspark.sql import functions as F
-
-    from lakefold.spark import CHANGELOG_SOURCE
-
-    frame = (spark.read.format(CHANGELOG_SOURCE).option("stream", stream)
-             .option("dsn", store_dsn).load())
-    latest = Window.partitionBy(key).orderBy(F.col("_position").desc())
-    return (frame.withColumn("_rank", F.row_number().over(latest))
-            .where((F.col("_rank") == 1) & (F.col("_op") != "delete"))
-            .drop("_rank"))
-
-
 def run_demo(settings: Settings, *, orders: int = 2_000, console: Console | None = None
              ) -> DemoResult:
-    """Run the whole demo and print the Delta table; see the module docstring."""
+    """Run the whole demo and print its views; see the module docstring."""
     from lakefold.capture import Capture, CaptureConfig
-    from lakefold.spark import read_delta, session_from_settings
+    from lakefold.projections._runner import RUNNER_SPARK_CONF
+    from lakefold.spark import spark_session
 
     console = console or Console()
     started = time.monotonic()
     workload = _shop.Workload(orders=orders)
-    table_path = (settings.lake_path / "demo" / PROJECTION).resolve()
     with ExitStack() as stack:
         admin_dsn = settings.source_dsn()
         if admin_dsn is None:
@@ -138,9 +98,13 @@ def run_demo(settings: Settings, *, orders: int = 2_000, console: Console | None
                 server.start()
             admin_dsn = server.dsn()
             console.print(f"PostgreSQL running at {mask_dsn(admin_dsn)}")
+        redis_url = _redis_url(settings, stack, console)
         demo_dsn = _fresh_database(admin_dsn)
         with connect(demo_dsn) as conn:
             _shop.create_schema(conn)
+            # a deleted order must carry its customer_id for revenue_per_customer's fold
+            conn.execute(sql.SQL("ALTER TABLE {}.orders REPLICA IDENTITY FULL").format(
+                sql.Identifier(_shop.SCHEMA)))
         capture = Capture(CaptureConfig(source_dsn=demo_dsn, schema=_shop.SCHEMA,
                                         slot=DEMO_SLOT, publication=DEMO_SLOT))
         capture.setup()
@@ -148,35 +112,50 @@ def run_demo(settings: Settings, *, orders: int = 2_000, console: Console | None
 
         with connect(demo_dsn) as conn, _progress(console) as progress:
             total = workload.customers + workload.products + workload.orders \
-                + workload.orders // 5 + workload.orders // 20
+                + workload.orders // 5 + workload.orders // 20 + PRICE_CHANGES
             task = progress.add_task("writing the shop workload", total=total)
             changes = _shop.run_workload(conn, workload,
                                          progress=lambda n: progress.update(task, completed=n))
+            conn.execute(sql.SQL("UPDATE {}.products SET price = price + 1 WHERE id <= %s")
+                         .format(sql.Identifier(_shop.SCHEMA)), (PRICE_CHANGES,))
+            changes += PRICE_CHANGES
+            progress.update(task, completed=changes)
             end_lsn = _current_lsn(conn)
         with console.status(f"capturing {changes:,} changes into changelog streams"):
             stats = capture.run(until_lsn=end_lsn)
         console.print(f"captured {stats.records:,} records into the changelog in "
                       f"{stats.elapsed_s:.1f} s (slot confirmed at {stats.flushed_lsn_text})")
 
-        if table_path.exists():
-            shutil.rmtree(table_path)
-        with console.status("starting Spark and projecting revenue per customer into Delta"):
-            spark = session_from_settings(settings)
+        with console.status("starting Spark"):
+            spark = spark_session(settings.spark_master, app_name="lakefold-demo", conf={
+                **RUNNER_SPARK_CONF, "spark.sql.shuffle.partitions": "2",
+                **settings.spark_conf})
             stack.callback(spark.stop)
-            project_revenue(spark, demo_dsn, table_path)
-            frame = read_delta(spark, str(table_path)).orderBy("customer_id")
-            rows = [(int(r["customer_id"]), str(r["name"]), int(r["orders"]),
-                     Decimal(r["revenue"])) for r in frame.collect()]
-        with connect(demo_dsn) as conn:
-            expected = _shop.revenue_per_customer(conn)
-    result = DemoResult(table_path=table_path, rows=rows, matches_source=rows == expected,
-                        changes=changes, seconds=time.monotonic() - started)
-    _print_result(console, result)
+        views = show_views(spark, demo_dsn, home=settings.home / "demo",
+                           lake=settings.lake_path / "demo", redis_url=redis_url,
+                           console=console)
+    result = DemoResult(table_path=Path(views.revenue_path), rows=views.revenue_rows,
+                        matches_source=all(views.matches.values()), views=views.matches,
+                        generations=views.generations, changes=changes,
+                        seconds=time.monotonic() - started)
+    console.print(f"{len(views.matches)} views checked against the source "
+                  f"({result.changes:,} changes, {result.seconds:.1f} s)")
     if not result.matches_source:
+        differ = ", ".join(v for v, ok in views.matches.items() if not ok)
         raise DemoMismatchError(
-            "the Delta table differs from the aggregate computed on the source; "
-            f"inspect {table_path} and report this as a bug")
+            f"the views {differ} differ from the same data computed on the source; "
+            "report this as a bug")
     return result
+
+
+def _redis_url(settings: Settings, stack: ExitStack, console: Console) -> str:
+    """The configured Redis, or a throwaway local one (stopped with ``stack``)."""
+    if settings.redis_url is not None:
+        return settings.redis_url.get_secret_value()
+    server = stack.enter_context(LocalRedis())
+    with console.status("starting a throwaway Redis"):
+        server.start()
+    return server.url
 
 
 class DemoMismatchError(LakefoldError):
@@ -193,17 +172,3 @@ def _current_lsn(conn: psycopg.Connection[Any]) -> int:
 def _progress(console: Console) -> Progress:
     return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                     TimeElapsedColumn(), console=console, transient=False)
-
-
-def _print_result(console: Console, result: DemoResult) -> None:
-    table = Table(title=f"Delta table {PROJECTION} ({len(result.rows)} customers, top 10 by "
-                        f"revenue) at {result.table_path}")
-    for column, justify in (("customer", "right"), ("name", "left"), ("orders", "right"),
-                            ("revenue", "right")):
-        table.add_column(column, justify=justify)  # type: ignore[arg-type]
-    for row in sorted(result.rows, key=lambda r: r[3], reverse=True)[:10]:
-        table.add_row(str(row[0]), row[1], str(row[2]), f"{row[3]:,.2f}")
-    console.print(table)
-    verdict = "[green]equals[/]" if result.matches_source else "[red]DIFFERS FROM[/]"
-    console.print(f"Delta table {verdict} the same aggregate computed by SQL on the source "
-                  f"({result.changes:,} changes, {result.seconds:.1f} s)")

@@ -1,5 +1,7 @@
-"""`lakefold demo` end to end: twice in a row on the embedded default, nothing left running,
-and the Delta table (read by an independent reader) equals the aggregate computed on the source."""
+"""`lakefold demo` end to end on the embedded default: over the leftovers of an earlier run
+(its database, replication slot and sinks), it shows the four views, rebuilds one with a
+generation switch, leaves nothing running, and the rebuilt Delta table (read by an independent
+reader) equals the aggregate computed on the source."""
 
 import os
 import subprocess
@@ -11,12 +13,15 @@ import psutil
 import psycopg
 import pytest
 from deltalake import DeltaTable
+from psycopg import sql
 
 from lakefold import _shop
-from lakefold._demo import DEMO_DATABASE, PROJECTION
+from lakefold._demo import DEMO_DATABASE, DEMO_SLOT, PROJECTION
 from lakefold.local import LocalPostgres
+from lakefold.projections import Catalog
 
 LAKEFOLD = str(Path(sys.executable).parent / "lakefold")
+VIEWS = ("revenue_per_customer", "customer_cache", "product_search", "price_history")
 
 
 def _processes_mentioning(text: str) -> list[psutil.Process]:
@@ -29,25 +34,49 @@ def _processes_mentioning(text: str) -> list[psutil.Process]:
     return found
 
 
-@pytest.mark.timeout(400)
-def test_demo_twice_matches_the_source_and_leaves_nothing_running(tmp_path: Path) -> None:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("LAKEFOLD_")}
-    env["LAKEFOLD_HOME"] = str(tmp_path / "home")
-    for _ in range(2):
-        out = subprocess.run([LAKEFOLD, "demo", "--rows", "800"], capture_output=True, text=True,
-                             env=env, cwd=tmp_path, timeout=180)
-        assert out.returncode == 0, out.stderr[-3000:]
-        assert "equals the same aggregate computed by SQL on the source" in out.stdout
-        assert not _processes_mentioning(str(tmp_path)), "the demo left processes behind"
-
-    table = DeltaTable(str(tmp_path / "home" / "lake" / "demo" / PROJECTION))
-    delta_rows = sorted(
-        (int(r["customer_id"]), r["name"], int(r["orders"]), Decimal(r["revenue"]))
-        for r in table.to_pyarrow_table().to_pylist()
-    )
-    with LocalPostgres(tmp_path / "home" / "postgres", durable=False) as server:
+def _leave_an_earlier_run(home: Path) -> None:
+    """What a finished earlier run leaves: the demo database with its slot, and sinks
+    (a corrupt Delta log and Spark checkpoint, which a rerun must not pick up)."""
+    with LocalPostgres(home / "postgres", durable=False) as server:
         server.start()
+        with psycopg.connect(server.dsn(), autocommit=True) as conn:
+            conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(DEMO_DATABASE)))
+        with psycopg.connect(server.dsn(DEMO_DATABASE), autocommit=True) as conn:
+            conn.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')",
+                         (DEMO_SLOT,))
+    delta_log = home / "lake" / "demo" / PROJECTION / "g1" / "_delta_log"
+    for stale in (delta_log / ("0" * 20 + ".json"),
+                  home / "demo" / "checkpoints" / PROJECTION / "g1" / "offsets" / "0"):
+        stale.parent.mkdir(parents=True, exist_ok=True)
+        stale.write_text("left by an earlier run")
+
+
+@pytest.mark.timeout(400)
+def test_demo_shows_rebuilds_and_checks_every_view_after_an_earlier_run(tmp_path: Path
+                                                                        ) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LAKEFOLD_")}
+    home = tmp_path / "home"
+    env["LAKEFOLD_HOME"] = str(home)
+    _leave_an_earlier_run(home)
+
+    out = subprocess.run([LAKEFOLD, "demo", "--rows", "800"], capture_output=True, text=True,
+                         env=env, cwd=tmp_path, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    for view in VIEWS:
+        assert f"{view} equals the same data computed by SQL on the source" in out.stdout
+    assert "generation 1 -> 2" in out.stdout
+    assert not _processes_mentioning(str(tmp_path)), "the demo left processes behind"
+
+    with LocalPostgres(home / "postgres", durable=False) as server:
+        server.start()
+        with Catalog(server.dsn(DEMO_DATABASE)) as catalog:
+            live = catalog.current(PROJECTION)
         with psycopg.connect(server.dsn(DEMO_DATABASE)) as conn:
             expected = _shop.revenue_per_customer(conn)
+    assert live.generation == 2
+    delta_rows = sorted(
+        (int(r["customer_id"]), r["name"], int(r["orders"]), Decimal(r["revenue"]))
+        for r in DeltaTable(live.delta_path).to_pyarrow_table().to_pylist()
+    )
     assert delta_rows == expected
     assert len(expected) > 100
