@@ -332,6 +332,8 @@ class Capture:
                                      slot=cfg.slot, dsn=store_dsn,
                                      flushed=state.checkpoint.flush_lsn)
             _Loop(self, repl, decoder, pipeline, side, stop, until_lsn, counters).run()
+            repl.close()
+            _wait_released(side, cfg.slot)
         except psycopg.Error as e:
             raise translate_store_error(
                 e, f"the source ({mask_dsn(cfg.source_dsn)}) or the store", "keep capturing") from e
@@ -368,6 +370,20 @@ class Capture:
         # Always: snapshot chunks and heartbeats arrive as logical decoding messages (_inband).
         options["messages"] = "true"
         return options
+
+
+def _wait_released(side: psycopg.Connection[Any], slot: str, timeout: float = 5.0) -> None:
+    """Wait until the server's walsender has let go of ``slot`` (it notices the closed
+    connection on its own), so that the slot is free for the next run when ``run`` returns."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        row = side.execute("SELECT active FROM pg_replication_slots WHERE slot_name = %s",
+                           (slot,)).fetchone()
+        if row is None or not row[0]:
+            return
+        time.sleep(0.01)
+    log.warning("slot %s is still held by its walsender %.0f s after the capture closed its "
+                "connection", slot, timeout)
 
 
 class _Loop:
