@@ -18,10 +18,20 @@ Public interface (see each docstring for guarantees):
   commits with your writes (exactly-once effect over at-least-once delivery).
 - ``read_events_range(dsn, start, end, category=..., types=...)`` yields Arrow record batches
   (``EVENTS_ARROW_SCHEMA``) for Spark workers; ``head_position(dsn)`` gives the range's end.
+  Bulk consumers that move rows themselves (``COPY ... TO STDOUT``) take the same read as one
+  literal SELECT from ``events_range_select(conn, start, end, ...)``.
+- ``list_categories(dsn)`` and ``list_event_types(dsn, category)``: what the store holds, for
+  checking names before reading.
 - Ports: ``EventRecorder`` with ``PostgresRecorder`` and ``InMemoryRecorder``.
 """
 
-from lakefold.eventstore._arrow import EVENTS_ARROW_SCHEMA, head_position, read_events_range
+from lakefold.eventstore._arrow import (
+    EVENTS_ARROW_SCHEMA,
+    events_range_select,
+    head_position,
+    read_events_range,
+)
+from lakefold.eventstore._inventory import list_categories, list_event_types
 from lakefold.eventstore._memory import InMemoryRecorder
 from lakefold.eventstore._model import (
     ANY,
@@ -85,7 +95,10 @@ __all__: list[str] = [
     "WatermarkHeld",
     "WatermarkHolder",
     "WrongExpectedVersion",
+    "events_range_select",
     "head_position",
+    "list_categories",
+    "list_event_types",
     "read_events_range",
     "save_checkpoint",
 ]

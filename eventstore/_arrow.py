@@ -6,6 +6,10 @@ one short-lived connection, reads positions ``[start, end)`` (1-based, ``start``
 It reads only sequenced positions, so a range below ``head_position(dsn) + 1`` is final: the
 same call returns the same events every time (unless streams in it are deleted meanwhile).
 Payloads stay JSON text (``data``, ``metadata``), so nothing is decoded row by row in Python.
+
+``events_range_select(conn, start, end)`` is the same read as one literal SELECT, for bulk
+consumers that move the rows themselves (``COPY (...) TO STDOUT``, Spark's reader): it follows
+the store's tables, so they never need its private statements.
 """
 
 from __future__ import annotations
@@ -20,8 +24,8 @@ from psycopg import sql
 from lakefold.dsn import mask_dsn
 from lakefold.eventstore._model import check_category, check_limit, check_position, check_types
 from lakefold.eventstore._postgres import translate_errors
-from lakefold.eventstore._reads import log_statement
-from lakefold.eventstore._sequencer import sequence_once
+from lakefold.eventstore._reads import log_statement, page_end
+from lakefold.eventstore._sequencer import one_row, sequence_once
 from lakefold.schemas.events import STREAM_DELETED_TYPE
 
 #: The columns of every batch ``read_events_range`` yields.
@@ -40,11 +44,15 @@ EVENTS_ARROW_SCHEMA: Final = pa.schema([
     pa.field("recorded_at", pa.timestamp("us", tz="UTC"), nullable=False),
 ])
 
+#: The columns of ``EVENTS_ARROW_SCHEMA``, in its order (``recorded_at`` a timestamptz).
 _COLUMNS: Final = sql.SQL(
     "b.first_position + e.ordinal, e.event_id::text, e.stream_id, e.stream_version, "
     "e.category, e.type, e.schema_version, e.data::text, e.metadata::text, "
     "e.correlation_id::text, e.causation_id::text, e.recorded_at"
 )
+
+
+_CURSOR: Final = "SELECT last_position FROM lakefold.event_sequencer"
 
 
 def _batch(rows: list[tuple[Any, ...]]) -> pa.RecordBatch:
@@ -54,6 +62,35 @@ def _batch(rows: list[tuple[Any, ...]]) -> pa.RecordBatch:
             columns, EVENTS_ARROW_SCHEMA, strict=True)],
         schema=EVENTS_ARROW_SCHEMA,
     )
+
+
+def _type_filter(types: Sequence[str] | None) -> list[str] | None:
+    """The checked types plus the deletion record (once), or None for no type filter."""
+    checked = check_types(types)
+    return None if checked is None else list(dict.fromkeys([*checked, STREAM_DELETED_TYPE]))
+
+
+def events_range_select(conn: psycopg.Connection[Any], start: int, end: int, *,
+                        category: str | None = None, types: Sequence[str] | None = None,
+                        include_deleted: bool = False) -> sql.Composed:
+    """One SELECT, its parameters inlined as literals (so it can be wrapped in ``COPY (...) TO
+    STDOUT``, which takes no bind parameters), of what ``read_events_range`` reads: the events
+    at positions ``[start, end)`` in position order, with the same filters, and columns named
+    and ordered like ``EVENTS_ARROW_SCHEMA`` (``recorded_at`` a ``timestamptz``). It reads
+    only sequenced positions. ``conn`` only quotes the literals; nothing runs on it."""
+    check_position(start, "start")
+    check_position(end, "end")
+    category = None if category is None else check_category(category)
+    type_list = _type_filter(types)
+    statement = log_statement(_COLUMNS, category=category is not None,
+                              types=type_list is not None, include_deleted=include_deleted,
+                              bounded=True)
+    params = {"from": max(start, 1), "to": max(end, start), "limit": max(end - start, 1),
+              "category": category, "types": type_list}
+    literal = psycopg.ClientCursor(conn).mogrify(statement, params)
+    return sql.SQL("SELECT * FROM ({select}) AS s({names})").format(
+        select=sql.SQL(literal),  # mogrify quoted every value
+        names=sql.SQL(", ").join(sql.Identifier(n) for n in EVENTS_ARROW_SCHEMA.names))
 
 
 def read_events_range(dsn: str, start: int, end: int, *, category: str | None = None,
@@ -69,23 +106,30 @@ def read_events_range(dsn: str, start: int, end: int, *, category: str | None = 
     check_position(end, "end")
     check_limit(batch_size)
     category = None if category is None else check_category(category)
-    checked = check_types(types)
-    type_list = None if checked is None else [*checked, STREAM_DELETED_TYPE]
+    type_list = _type_filter(types)
     if end <= start:
         return
+    unfiltered = category is None and type_list is None
     statement = log_statement(_COLUMNS, category=category is not None,
                               types=type_list is not None, include_deleted=include_deleted,
                               bounded=True)
-    params: dict[str, Any] = {"from": max(start, 1), "to": end, "limit": batch_size,
-                              "category": category, "types": type_list}
+    position = max(start, 1)
     with translate_errors(mask_dsn(dsn)), psycopg.connect(dsn, autocommit=True) as conn:
-        while True:
-            rows = conn.execute(statement, params, binary=True).fetchall()
+        if unfiltered:  # pages of positions: stop at the sequencer's cursor, not at ``end``
+            end = min(end, int(one_row(conn.execute(_CURSOR).fetchone())[0]) + 1)
+        while position < end:
+            to = page_end(position, batch_size, end) if unfiltered else end
+            rows = conn.execute(statement, {
+                "from": position, "to": to, "limit": batch_size, "category": category,
+                "types": type_list}, binary=True).fetchall()
             if rows:
                 yield _batch(rows)
-            if len(rows) < batch_size:
+            if unfiltered:
+                position = to
+            elif len(rows) < batch_size:
                 return
-            params["from"] = rows[-1][0] + 1
+            else:
+                position = rows[-1][0] + 1
 
 
 def head_position(dsn: str) -> int:

@@ -88,8 +88,11 @@ def _loads(data: str | bytes) -> Any:
 
 
 def configure_connection(conn: psycopg.Connection[Any]) -> None:
-    """Per-connection setup for the store's connections: the fast jsonb decoder."""
+    """Per-connection setup for the store's connections: the fast jsonb decoder, and the
+    session time zone UTC (``recorded_at`` comes back in UTC whatever the server's zone, and
+    psycopg builds UTC datetimes about twice as fast as zoned ones)."""
     psycopg.types.json.set_json_loads(_loads, conn)
+    conn.execute("SET TIME ZONE 'UTC'")
 
 
 def append_params(appends: Sequence[StreamAppend]) -> tuple[Any, ...]:

@@ -2,11 +2,15 @@
 
 An event's global position is ``first_position`` of its transaction's row in
 ``lakefold.event_positions`` plus its ``ordinal``, and positions follow ``(xid, ordinal)``
-order. So a position range is a key range of the events' primary key: a read turns its bounds
-into ``(xid, ordinal)`` keys (one index probe each) and walks an index from there. Unfiltered
-reads walk the primary key; category and type reads walk ``events_category_idx`` /
-``events_type_idx``; their cost follows what they return. Global reads stop at the sequencer's
-cursor, so they never see an event that is not final (see ``_sequencer.py``).
+order. Reads of the whole log take a *position range* ``[from, to)``: they walk
+``event_positions`` from the run that holds ``from`` to ``to`` and read each transaction's
+events by one range of the events' primary key, so the work is one index probe per
+transaction plus the rows themselves, whatever the planner's statistics say (a page bounded
+by a row LIMIT over an open key range let the planner pick a bitmap scan of everything after
+``from`` plus a sort: every page cost the rest of the log). Category and type reads walk
+``events_category_idx`` / ``events_type_idx`` from the key of ``from``; their cost follows
+what they return. Global reads see only sequenced positions, so never an event that is not
+final (see ``_sequencer.py``).
 
 Envelopes are built by psycopg row factories, straight from the driver's values, and payloads
 stay JSON text until ``EventEnvelope.data`` is used.
@@ -14,11 +18,15 @@ stay JSON text until ``EventEnvelope.data`` is used.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from typing import Any, Final
+import functools
+import json
+import uuid
+from typing import Final
 
 import psycopg
 from psycopg import sql
+from psycopg.abc import Buffer
+from psycopg.adapt import Loader
 from psycopg.rows import TupleRow
 
 from lakefold.eventstore._model import LogQuery, StreamQuery
@@ -33,12 +41,19 @@ from lakefold.schemas.events import (
 Conn = psycopg.Connection[TupleRow]
 
 _NO_END: Final = 2**63 - 1
+_DECODER: Final = json.JSONDecoder()
 
-#: What envelope rows select (empty metadata comes back as NULL: nothing to decode).
+#: What envelope rows select: ``EventEnvelope``'s fields in order, so a row *is* an envelope
+#: (no per-row Python beyond the driver's loaders). Metadata arrives as ``json``: ``{}`` when
+#: empty, else ``[correlation_id, causation_id, extra]``, turned into ``EventMetadata`` by
+#: ``_MetadataLoader``; the payload is ``text``.
 ENVELOPE_COLUMNS: Final = sql.SQL(
-    "b.first_position + e.ordinal, e.event_id, e.stream_id, e.stream_version, e.type, "
-    "e.schema_version, e.data::text, NULLIF(e.metadata, '{}'::jsonb), e.correlation_id, "
-    "e.causation_id, e.recorded_at"
+    "e.event_id, e.stream_id, e.stream_version, b.first_position + e.ordinal, e.type, "
+    "e.schema_version, e.data::text, "
+    "CASE WHEN e.correlation_id IS NULL AND e.causation_id IS NULL "
+    "AND e.metadata = '{}'::jsonb THEN '{}'::json "
+    "ELSE json_build_array(e.correlation_id, e.causation_id, e.metadata) END, "
+    "e.recorded_at, NULL"
 )
 
 _READ_STREAM: Final = sql.SQL(
@@ -61,20 +76,46 @@ _POSITION_OF: Final = sql.SQL(
 def _key(param: str) -> sql.Composed:
     """The ``(xid, ordinal)`` key of the position in parameter ``param``: the transaction
     whose run of positions holds it, and the offset into that run."""
+    # max() is one probe of the primary key's end; an ORDER BY over a UNION would read (and
+    # sort) every transaction's row below the position.
     return sql.SQL(
         "(SELECT z.xid, z.ordinal FROM ("
-        " SELECT xid, {p} - first_position AS ordinal, first_position"
-        " FROM lakefold.event_positions WHERE first_position <= {p}"
-        " UNION ALL SELECT '0'::xid8, 0, 0) AS z"
-        " ORDER BY z.first_position DESC LIMIT 1)"
+        " SELECT xid, {p} - first_position AS ordinal FROM lakefold.event_positions"
+        " WHERE first_position = (SELECT max(first_position) FROM lakefold.event_positions"
+        "   WHERE first_position <= {p})"
+        " UNION ALL SELECT '0'::xid8, 0 WHERE NOT EXISTS ("
+        "   SELECT FROM lakefold.event_positions WHERE first_position <= {p})) AS z)"
     ).format(p=sql.Placeholder(param))
+
+
+def _range_statement(columns: sql.Composable, *, include_deleted: bool) -> sql.Composed:
+    # OFFSET 0 keeps the lateral subquery a per-transaction index range (never flattened into
+    # a join over the whole events table).
+    return sql.SQL(
+        "SELECT {columns} FROM lakefold.event_positions b "
+        "CROSS JOIN LATERAL (SELECT * FROM lakefold.events e WHERE e.xid = b.xid "
+        "  AND e.ordinal >= %(from)s - b.first_position "
+        "  AND e.ordinal < %(to)s - b.first_position {deleted} "
+        "  ORDER BY e.ordinal OFFSET 0) AS e "
+        "WHERE b.first_position >= (SELECT coalesce(max(r.first_position), 0) "
+        "  FROM lakefold.event_positions r WHERE r.first_position <= %(from)s) "
+        "  AND b.first_position < %(to)s "
+        "ORDER BY b.first_position, e.ordinal LIMIT %(limit)s"
+    ).format(columns=columns,
+             deleted=sql.SQL("") if include_deleted else sql.SQL("AND NOT e.deleted"))
 
 
 def log_statement(columns: sql.Composable, *, category: bool, types: bool,
                   include_deleted: bool, bounded: bool) -> sql.Composed:
     """A read of the global log from position ``%(from)s`` (inclusive) to ``%(to)s``
-    (exclusive, when ``bounded``), at most ``%(limit)s`` rows in position order, optionally
-    for ``%(category)s`` and/or the types in ``%(types)s``."""
+    (exclusive), at most ``%(limit)s`` rows in position order, optionally for
+    ``%(category)s`` and/or the types in ``%(types)s``.
+
+    Without a filter the read is a position range and ``%(to)s`` is always required (see
+    ``page_end``): a short result then means holes or the head, not the end of the log.
+    With a filter ``%(to)s`` is used only when ``bounded``."""
+    if not category and not types:
+        return _range_statement(columns, include_deleted=include_deleted)
     where: list[sql.Composable] = [
         sql.SQL("(e.xid, e.ordinal) >= ") + _key("from"),
         sql.SQL("e.xid <= (SELECT last_xid FROM lakefold.event_sequencer)"),
@@ -103,15 +144,34 @@ def log_statement(columns: sql.Composable, *, category: bool, types: bool,
     ).format(columns=columns, conditions=conditions, positions=_POSITION_OF)
 
 
-def _envelope_rows(cursor: Any) -> Callable[[Sequence[Any]], EventEnvelope]:
-    """Rows of ``ENVELOPE_COLUMNS`` as envelopes: one object per event, not three."""
+def page_end(position: int, limit: int, end: int | None) -> int:
+    """The ``%(to)s`` of an unfiltered page from ``position``: at most ``limit`` positions,
+    never past ``end`` (exclusive; None: no end)."""
+    return min(_NO_END if end is None else end, position + limit, _NO_END)
 
-    def make(v: Sequence[Any]) -> EventEnvelope:
-        metadata = EMPTY_METADATA if v[7] is None and v[8] is None and v[9] is None \
-            else EventMetadata(v[8], v[9], v[7] or {})
-        return EventEnvelope(v[1], v[2], v[3], v[0], v[4], v[5], v[6], metadata, v[10])
 
-    return make
+class _MetadataLoader(Loader):
+    """``json`` values of ``ENVELOPE_COLUMNS`` as ``EventMetadata`` (json's binary form is its
+    text)."""
+
+    format = psycopg.pq.Format.BINARY
+
+    def load(self, data: Buffer) -> EventMetadata:
+        if data == b"{}":
+            return EMPTY_METADATA
+        correlation, causation, extra = _DECODER.decode(bytes(data).decode())
+        return EventMetadata(None if correlation is None else uuid.UUID(correlation),
+                             None if causation is None else uuid.UUID(causation), extra)
+
+
+#: Rows of ``ENVELOPE_COLUMNS`` as envelopes, built by ``tuple.__new__`` itself.
+_envelope_row: Final = functools.partial(tuple.__new__, EventEnvelope)
+
+
+def _envelope_cursor(conn: Conn) -> psycopg.Cursor[EventEnvelope]:
+    cursor = conn.cursor(row_factory=lambda _cursor: _envelope_row)
+    cursor.adapters.register_loader("json", _MetadataLoader)
+    return cursor
 
 
 def read_stream_on(conn: Conn, stream_id: str, query: StreamQuery) -> list[EventEnvelope]:
@@ -130,28 +190,43 @@ def read_stream_on(conn: Conn, stream_id: str, query: StreamQuery) -> list[Event
     )
     params = {"stream": stream_id, "version": start,
               "limit": _NO_END if query.limit is None else query.limit}
-    with conn.cursor(row_factory=_envelope_rows) as cursor:
+    with _envelope_cursor(conn) as cursor:
         return cursor.execute(statement, params, prepare=True, binary=True).fetchall()
 
 
 def read_log_on(conn: Conn, query: LogQuery) -> list[EventEnvelope]:
-    """Read the global log on ``conn`` (see ``LogQuery``); when the first read comes up short,
-    run one sequencing round and read on, so that ``head()``-fresh events are included."""
-    types = None if query.types is None else [*query.types, STREAM_DELETED_TYPE]
+    """Read the global log on ``conn`` (see ``LogQuery``). Unfiltered reads go page by page
+    of positions until ``limit`` events, ``to_position`` or the head; when a read comes up
+    short, one sequencing round runs first, so that ``head()``-fresh events are included."""
+    types = None if query.types is None else list(
+        dict.fromkeys([*query.types, STREAM_DELETED_TYPE]))
+    unfiltered = query.category is None and types is None
     statement = log_statement(
         ENVELOPE_COLUMNS, category=query.category is not None, types=types is not None,
         include_deleted=query.include_deleted, bounded=query.to_position is not None)
-    params: dict[str, Any] = {
-        "from": max(query.from_position, 1), "to": query.to_position,
-        "limit": query.limit, "category": query.category, "types": types}
-    with conn.cursor(row_factory=_envelope_rows) as cursor:
-        found = cursor.execute(statement, params, prepare=True, binary=True).fetchall()
-        if len(found) < query.limit:
-            last = found[-1].position if found else None
-            head = sequence_once(conn).head
-            if head >= (params["from"] if last is None else last + 1):
-                params["from"] = params["from"] if last is None else last + 1
-                params["limit"] = query.limit - len(found)
-                found += cursor.execute(statement, params, prepare=True,
-                                        binary=True).fetchall()
-    return found
+    end = query.to_position
+    position = max(query.from_position, 1)
+    found: list[EventEnvelope] = []
+    head: int | None = None
+    with _envelope_cursor(conn) as cursor:
+        while True:
+            limit = query.limit - len(found)
+            page_to = page_end(position, limit, end)
+            rows = cursor.execute(statement, {
+                "from": position, "to": page_to if unfiltered else end, "limit": limit,
+                "category": query.category, "types": types}, prepare=True, binary=True).fetchall()
+            found += rows
+            if len(found) >= query.limit:
+                return found
+            if head is None:
+                # Positions after the last row read may have been sequenced since: read on
+                # from there, up to a head that covers everything committed before now.
+                last = rows[-1].position if rows else None
+                position = position if last is None else last + 1
+                head = sequence_once(conn).head
+            elif unfiltered:
+                position = page_to  # every position below page_to was final: holes
+            else:
+                return found
+            if (end is not None and position >= end) or position > head:
+                return found

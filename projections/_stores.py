@@ -16,11 +16,10 @@ All functions take plain arguments (a DSN, names) so they run in Spark's Python 
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import psycopg
-import psycopg.errors
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -52,42 +51,25 @@ def _connect(dsn: str) -> psycopg.Connection[Any]:
 
 def event_categories(dsn: str) -> list[str]:
     """Categories that have at least one stream in the event store."""
-    with _connect(dsn) as conn:
-        if not _has_table(conn, "streams"):
-            return []
-        rows = conn.execute("SELECT DISTINCT category FROM lakefold.streams ORDER BY 1")
-        return [str(r[0]) for r in rows.fetchall()]
+    from lakefold.eventstore import list_categories
+
+    return _ask_events(list_categories, dsn)
 
 
 def event_types(dsn: str, category: str | None) -> list[str] | None:
-    """Event types present in the store (in one category, or anywhere); None when this
-    version of the event store cannot be asked (then types are not checked)."""
-    with _connect(dsn) as conn:
-        if not _has_table(conn, "events"):
-            return []
-        # a skip scan over the (type, ...) index: one probe per distinct type
-        distinct = (
-            "WITH RECURSIVE t(type) AS ("
-            " (SELECT type FROM lakefold.events ORDER BY type LIMIT 1)"
-            " UNION ALL SELECT (SELECT e.type FROM lakefold.events e"
-            "   WHERE e.type > t.type ORDER BY e.type LIMIT 1) FROM t WHERE t.type IS NOT NULL"
-            ") SELECT type FROM t WHERE type IS NOT NULL")
-        try:
-            if category is None:
-                rows = conn.execute(distinct)
-            else:
-                rows = conn.execute(
-                    f"SELECT d.type FROM ({distinct}) d WHERE EXISTS (SELECT 1 FROM "  # noqa: S608 - constant text
-                    "lakefold.events e WHERE e.type = d.type AND e.category = %s)",
-                    (category,))
-            return [str(r[0]) for r in rows.fetchall()]
-        except (psycopg.errors.UndefinedColumn, psycopg.errors.UndefinedTable):
-            return None
+    """Event types present in the store (in one category, or anywhere)."""
+    from lakefold.eventstore import list_event_types
+
+    return _ask_events(list_event_types, dsn, category)
 
 
-def _has_table(conn: psycopg.Connection[Any], table: str) -> bool:
-    row = conn.execute("SELECT to_regclass(%s) IS NOT NULL", (f"lakefold.{table}",)).fetchone()
-    return bool(row and row[0])
+def _ask_events(question: Callable[..., list[str]], dsn: str, *args: Any) -> list[str]:
+    from lakefold.eventstore import EventStoreUnavailable
+
+    try:
+        return question(dsn, *args)
+    except EventStoreUnavailable as e:
+        raise CatalogUnavailable(f"{e}; check the store DSN") from e
 
 
 _handles: dict[tuple[str, str], Any] = {}

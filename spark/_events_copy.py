@@ -7,16 +7,15 @@ server, no CSV parsing, no per-row Python).
 rows, same ``EVENTS_ARROW_SCHEMA``, same filters and semantics: positions ``[start, end)``,
 only sequenced positions, soft-deleted events hidden, deletion records passing a type filter),
 several times faster, because the store's per-row Python conversion is the bottleneck of a
-Spark read. It runs the store's own SELECT (``log_statement``), so it follows the store's
-tables; a test compares the two readers row for row. Asking for fewer ``columns`` makes the
-server format and send less (5 of the 12 columns read ~3x faster).
+Spark read. It runs the store's own SELECT (its public ``events_range_select``), so it
+follows the store's tables; a test compares the two readers row for row. Asking for fewer
+``columns`` makes the server format and send less (5 of the 12 columns read ~3x faster).
 """
 
 from __future__ import annotations
 
-import importlib
-from collections.abc import Callable, Iterator, Sequence
-from typing import Any, Final
+from collections.abc import Iterator, Sequence
+from typing import Any
 
 import adbc_driver_manager as adbc_errors
 import psycopg
@@ -25,25 +24,8 @@ from adbc_driver_postgresql import dbapi as adbc
 from psycopg import sql
 
 from lakefold.dsn import mask_dsn
-from lakefold.eventstore import EVENTS_ARROW_SCHEMA, read_events_range
-from lakefold.schemas.events import STREAM_DELETED_TYPE
+from lakefold.eventstore import EVENTS_ARROW_SCHEMA, events_range_select
 from lakefold.spark.exceptions import SourceUnavailable, SparkLayerError
-
-
-# The store's own read of the global log (its columns and WHERE clause), so that this reader
-# follows the store's tables; wrapped in a SELECT of the wanted columns. If the store's
-# internals move, the import fails and reads fall back to its public row reader, slower but
-# right.
-def _store_sql() -> tuple[sql.Composable, Callable[..., sql.Composed]] | None:
-    try:
-        arrow = importlib.import_module("lakefold.eventstore._arrow")
-        reads = importlib.import_module("lakefold.eventstore._reads")
-        return arrow._COLUMNS, reads.log_statement
-    except (ImportError, AttributeError):  # pragma: no cover - the store's private layout
-        return None
-
-
-_STORE_SQL: Final = _store_sql()
 
 
 def events_schema(columns: Sequence[str] | None = None) -> pa.Schema:
@@ -63,21 +45,9 @@ def store_log_select(conn: psycopg.Connection[Any], lo: int, hi: int, *,
                      category: str | None = None, types: list[str] | None = None
                      ) -> sql.Composed:
     """The store's own read of positions ``[lo, hi)`` as one literal SELECT whose columns are
-    named like ``EVENTS_ARROW_SCHEMA`` (``recorded_at`` still a timestamptz)."""
-    if _STORE_SQL is None:  # pragma: no cover - see _store_sql
-        raise SparkLayerError("the event store's log statement is not available")
-    columns, log_statement = _STORE_SQL
-    inner = log_statement(
-        columns, category=category is not None, types=types is not None,
-        include_deleted=False, bounded=True,
-    )
-    params = {"from": lo, "to": hi, "limit": max(hi - lo, 1), "category": category,
-              "types": types}
-    literal = psycopg.ClientCursor(conn).mogrify(inner, params)
-    return sql.SQL("SELECT * FROM ({inner}) AS s({names})").format(
-        inner=sql.SQL(literal),
-        names=sql.SQL(", ").join(sql.Identifier(n) for n in EVENTS_ARROW_SCHEMA.names),
-    )
+    named like ``EVENTS_ARROW_SCHEMA`` (``recorded_at`` still a timestamptz); deletion
+    records pass a type filter."""
+    return events_range_select(conn, lo, hi, category=category, types=types)
 
 
 def _select_text(dsn: str, lo: int, hi: int, category: str | None, types: list[str] | None,
@@ -153,11 +123,7 @@ def copy_events_range(dsn: str, start: int, end: int, *, category: str | None = 
     schema = events_schema(columns)
     if end <= start:
         return
-    if _STORE_SQL is None:  # pragma: no cover - see the import above
-        for batch in read_events_range(dsn, start, end, category=category, types=types):
-            yield batch.select(schema.names)
-        return
-    type_list = [*types, STREAM_DELETED_TYPE] if types else None
+    type_list = list(types) if types else None
     pages = [(lo, min(end, lo + page_positions))
              for lo in range(max(start, 1), end, max(page_positions, 1))]
     yield from _fetch(dsn, (_select_text(dsn, lo, hi, category, type_list, schema)

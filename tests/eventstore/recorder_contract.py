@@ -227,6 +227,28 @@ class RecorderContract:
         assert hard.data["mode"] == "hard" and hard.stream_version == 4
         assert store.stream_state("user-1").deleted == "hard"
 
+    def test_pages_fill_up_across_hidden_and_erased_events(self, store: EventStore) -> None:
+        store.append("user-1", [ev("user.joined") for _ in range(3)])
+        store.append("gone-1", [ev("user.joined") for _ in range(4)])
+        store.append("hidden-1", [ev("user.joined") for _ in range(5)])
+        store.append("user-2", [ev("user.joined") for _ in range(3)])
+        assert store.head() == 15  # positions first: erased events leave holes
+        store.delete_stream("gone-1", hard=True)
+        store.delete_stream("hidden-1")
+        assert store.head() == 17
+        visible = [1, 2, 3, 13, 14, 15, 16, 17]  # 4-7 erased, 8-12 hidden; 16, 17 deletions
+        assert [e.position for e in store.read_all(0, 100)] == visible
+        pages, position = [], 0
+        while True:
+            page = store.read_all(position, 2)
+            pages.append([e.position for e in page])
+            if len(page) < 2:
+                break
+            position = (page[-1].position or 0) + 1
+        assert pages == [[1, 2], [3, 13], [14, 15], [16, 17], []]
+        assert [e.position for e in store.read_all(2, 3, to_position=14)] == [2, 3, 13]
+        assert len(store.read_all(0, 100, include_deleted=True)) == 13
+
     def test_hard_delete_erases(self, store: EventStore) -> None:
         first = [ev("user.joined", email="ann@example.com")]
         store.append("user-7", first)

@@ -1,4 +1,5 @@
-"""read_events_range: position ranges as Arrow batches, from plain arguments (Spark workers)."""
+"""read_events_range: position ranges as Arrow batches, from plain arguments (Spark workers);
+the same read as one SELECT for bulk consumers; what the store holds."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import pickle
 import uuid
 from collections.abc import Iterable
 
+import psycopg
 import pyarrow as pa
 import pytest
 
@@ -15,7 +17,10 @@ from lakefold.eventstore import (
     EVENTS_ARROW_SCHEMA,
     EventStore,
     InvalidRequest,
+    events_range_select,
     head_position,
+    list_categories,
+    list_event_types,
     read_events_range,
 )
 from lakefold.schemas import EventMetadata, NewEvent
@@ -89,3 +94,33 @@ def test_is_picklable_and_runs_in_spark_workers(filled: str, spark) -> None:
     ranges = [(1, 8), (8, 15), (15, 22)]
     rows = spark.sparkContext.parallelize(ranges, len(ranges)).flatMap(count).sum()
     assert rows == _table(read_events_range(filled, 1, 22)).num_rows == 18
+
+
+def test_range_select_reads_what_read_events_range_reads(filled: str) -> None:
+    with psycopg.connect(filled, autocommit=True) as conn:
+        for start, end, category, types in ((1, 22, None, None), (3, 17, "order", None),
+                                            (1, 22, None, ["invoice.sent"]),
+                                            (2, 20, "order", ["order.placed"])):
+            cursor = conn.execute(events_range_select(conn, start, end, category=category,
+                                                      types=types))
+            assert [d.name for d in cursor.description or ()] == EVENTS_ARROW_SCHEMA.names
+            rows = cursor.fetchall()
+            expected = _table(read_events_range(filled, start, end, category=category,
+                                                types=types))
+            assert [r[0] for r in rows] == expected.column("position").to_pylist()
+            assert [r[1] for r in rows] == expected.column("event_id").to_pylist()
+    # deletion records pass a type filter: asking for them too returns them once
+    with psycopg.connect(filled, autocommit=True) as conn:
+        types = conn.execute(events_range_select(
+            conn, 1, 22, types=["$stream.deleted", "order.placed"])).fetchall()
+    assert [r[5] for r in types].count("$stream.deleted") == 1
+
+
+def test_lists_categories_and_types(filled: str, pg: TestDatabase) -> None:
+    assert list_categories(filled) == ["invoice", "order"]
+    assert list_event_types(filled) == ["$stream.deleted", "invoice.sent", "order.placed"]
+    assert list_event_types(filled, "invoice") == ["invoice.sent"]
+    assert list_event_types(filled, "nothing") == []
+    with psycopg.connect(pg.dsn, autocommit=True) as conn:
+        conn.execute("DROP SCHEMA lakefold CASCADE")
+    assert list_categories(pg.dsn) == [] and list_event_types(pg.dsn) == []

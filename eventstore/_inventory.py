@@ -1,0 +1,50 @@
+"""What the event store holds: its categories and event types, for callers that check names
+(a projection's sources) before reading.
+
+Both answers are read from indexes: categories from ``lakefold.streams``, types by a skip
+scan over ``events_type_idx`` (one probe per distinct type, not a pass over the events). A
+database where the store is not installed holds nothing: both return ``[]``.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+import psycopg
+
+from lakefold.dsn import mask_dsn
+from lakefold.eventstore._model import check_category
+from lakefold.eventstore._postgres import translate_errors
+
+_INSTALLED: Final = "SELECT to_regclass('lakefold.events') IS NOT NULL"
+_CATEGORIES: Final = "SELECT DISTINCT category FROM lakefold.streams ORDER BY 1"
+_TYPES: Final = (
+    "WITH RECURSIVE t(type) AS ("
+    " (SELECT type FROM lakefold.events ORDER BY type LIMIT 1)"
+    " UNION ALL SELECT (SELECT e.type FROM lakefold.events e"
+    "   WHERE e.type > t.type ORDER BY e.type LIMIT 1) FROM t WHERE t.type IS NOT NULL"
+    ") SELECT t.type FROM t WHERE t.type IS NOT NULL"
+    " AND (%(category)s::text IS NULL OR EXISTS (SELECT 1 FROM lakefold.events e"
+    "      WHERE e.type = t.type AND e.category = %(category)s::text))"
+    " ORDER BY 1"
+)
+
+
+def _read(dsn: str, statement: str, params: dict[str, str | None]) -> list[str]:
+    with translate_errors(mask_dsn(dsn)), psycopg.connect(dsn, autocommit=True) as conn:
+        row = conn.execute(_INSTALLED).fetchone()
+        if not (row and row[0]):
+            return []
+        return [str(r[0]) for r in conn.execute(statement, params).fetchall()]
+
+
+def list_categories(dsn: str) -> list[str]:
+    """The categories with at least one stream (deleted streams included), sorted."""
+    return _read(dsn, _CATEGORIES, {})
+
+
+def list_event_types(dsn: str, category: str | None = None) -> list[str]:
+    """The event types stored anywhere, or in ``category`` only, sorted; deletion records
+    (``$stream.deleted``) included when present."""
+    category = None if category is None else check_category(category)
+    return _read(dsn, _TYPES, {"category": category})
