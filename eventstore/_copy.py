@@ -5,13 +5,19 @@ before the server starts and the server parses every row before it inserts: the 
 turn. For appends of ``COPY_THRESHOLD`` events or more, ``copy_append`` instead reserves the
 stream versions and the transaction's ordinals (``lakefold.reserve_versions`` and
 ``lakefold.take_ordinals``, with the same checks and errors as ``append_events``) and then
-streams the rows with binary ``COPY``, so client and server work at the same time, on the two
-cores of a small machine. It must run inside a transaction: a failure anywhere rolls the whole
-append back.
+streams the rows with ``COPY``, in chunks, so client and server work at the same time, on the
+two cores of a small machine. It must run inside a transaction: a failure anywhere rolls the
+whole append back.
+
+The rows go in COPY's text format, built with one f-string per event: the JSON payloads are
+already text, the per-stream fields are escaped once per append, and ids go as 32 hex digits
+(which ``uuid`` accepts). That is about three times less Python per event than handing each
+field to a binary dumper (``write_row``); the server's work is the same.
 """
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Sequence
 from typing import Final
 
@@ -29,14 +35,24 @@ _RESERVE: Final = (
 )
 _COPY: Final = (
     "COPY lakefold.events (ordinal, event_id, stream_id, stream_version, category, type, "
-    "schema_version, data, metadata, correlation_id, causation_id) FROM STDIN (FORMAT BINARY)"
+    "schema_version, data, metadata, correlation_id, causation_id) FROM STDIN"
 )
-# Binary COPY has no per-field types: each field is read by its column's receive function.
-# json's binary form is its text, and jsonb's is a version byte (1) and its text, so the
-# payloads already encoded as JSON go out as "text" and "bytea" without being re-encoded.
-_TYPES: Final = ["int4", "uuid", "text", "int8", "text", "text", "int4", "text", "bytea",
-                 "uuid", "uuid"]
-_EMPTY_JSONB: Final = b"\x01{}"
+#: Events per chunk handed to the server while the next chunk is built.
+_CHUNK: Final = 256
+_NULL: Final = "\\N"
+
+
+def _escape(text: str) -> str:
+    """``text`` as a field of COPY's text format (backslash, newline, CR and tab escaped)."""
+    if "\\" in text:
+        text = text.replace("\\", "\\\\")
+    if "\n" in text or "\r" in text or "\t" in text:
+        text = text.replace("\n", "\\n").replace("\r", "\\r").replace("\t", "\\t")
+    return text
+
+
+def _uuid_field(value: uuid.UUID | None) -> str:
+    return _NULL if value is None else f"{value.int:032x}"
 
 
 def expected_code(expected: ExpectedVersion) -> int | None:
@@ -64,19 +80,30 @@ def copy_append(conn: psycopg.Connection[TupleRow], appends: Sequence[StreamAppe
         raise psycopg.DataError("reserving versions returned no row")
     prev_versions: list[int] = row[0]
     ordinal: int = row[1]
+    types: dict[str, str] = {}
+    rows: list[str] = []
     with conn.cursor().copy(_COPY) as copy:
-        copy.set_types(_TYPES)
-        write = copy.write_row
         for append, prev in zip(appends, prev_versions, strict=True):
-            stream_id, category, version = append.stream_id, append.category, prev
+            stream = f"{_escape(append.stream_id)}\t"
+            category = f"\t{_escape(append.category)}\t"
+            version = prev
             for encoded in append.events:
                 event = encoded.event
                 meta = event.metadata
+                type_field = types.get(event.type)
+                if type_field is None:
+                    type_field = types[event.type] = _escape(event.type)
                 version += 1
-                metadata = _EMPTY_JSONB if encoded.metadata_json == "{}" else (
-                    b"\x01" + encoded.metadata_json.encode())
-                write((ordinal, event.event_id, stream_id, version, category, event.type,
-                       event.schema_version, encoded.data_json, metadata, meta.correlation_id,
-                       meta.causation_id))
+                metadata = encoded.metadata_json
+                rows.append(
+                    f"{ordinal}\t{event.event_id.int:032x}\t{stream}{version}{category}"
+                    f"{type_field}\t{event.schema_version}\t{_escape(encoded.data_json)}\t"
+                    f"{metadata if metadata == '{}' else _escape(metadata)}\t"
+                    f"{_uuid_field(meta.correlation_id)}\t{_uuid_field(meta.causation_id)}\n")
                 ordinal += 1
+                if len(rows) == _CHUNK:
+                    copy.write("".join(rows))
+                    rows.clear()
+        if rows:
+            copy.write("".join(rows))
     return prev_versions

@@ -18,6 +18,7 @@ from __future__ import annotations
 import functools
 import json
 import os
+import threading
 import time
 import uuid
 from collections.abc import Mapping
@@ -33,9 +34,31 @@ SYSTEM_PREFIX: Final = "$"
 _DECODER: Final = json.JSONDecoder()
 _VERSION_7: Final = 0x7 << 76
 _VARIANT_RFC4122: Final = 0x2 << 62
-_RANDOM_80: Final = (1 << 80) - 1
 _VERSION_MASK: Final = ~(0xF << 76)
 _VARIANT_MASK: Final = ~(0x3 << 62)
+_ENTROPY_BLOCK: Final = 10 * 256
+_new_object: Final = object.__new__
+_set_attribute: Final = object.__setattr__
+
+
+class _Entropy(threading.local):
+    """Random bytes read from the OS in blocks, one block per thread (one ``os.urandom`` call
+    per 256 ids instead of one per id)."""
+
+    def __init__(self) -> None:
+        self.block = b""
+        self.offset = 0
+
+
+_entropy = _Entropy()
+
+
+def _forget_entropy() -> None:
+    global _entropy  # a forked child must never reuse its parent's bytes
+    _entropy = _Entropy()
+
+
+os.register_at_fork(after_in_child=_forget_entropy)
 
 
 def new_event_id() -> uuid.UUID:
@@ -43,9 +66,21 @@ def new_event_id() -> uuid.UUID:
 
     Time-ordered ids keep the store's unique index on event ids append-mostly, which makes
     large appends markedly cheaper than with random UUIDv4s; any UUID is accepted, though.
+    The random bits come from ``os.urandom`` (per thread, never shared across a fork).
     """
-    value = (time.time_ns() // 1_000_000) << 80 | int.from_bytes(os.urandom(10)) & _RANDOM_80
-    return uuid.UUID(int=(value & _VERSION_MASK & _VARIANT_MASK) | _VERSION_7 | _VARIANT_RFC4122)
+    entropy = _entropy
+    offset = entropy.offset
+    if offset >= len(entropy.block):
+        entropy.block, offset = os.urandom(_ENTROPY_BLOCK), 0
+    entropy.offset = offset + 10
+    value = (time.time_ns() // 1_000_000) << 80 | int.from_bytes(
+        entropy.block[offset:offset + 10])
+    # uuid.UUID(int=...) re-checks the range in Python; this is the same object, built directly.
+    result = _new_object(uuid.UUID)
+    _set_attribute(result, "int", (value & _VERSION_MASK & _VARIANT_MASK) | _VERSION_7
+                   | _VARIANT_RFC4122)
+    _set_attribute(result, "is_safe", uuid.SafeUUID.unknown)
+    return result
 
 
 def category_of(stream_id: str) -> str:
