@@ -28,7 +28,7 @@ import subprocess
 import sys
 import threading
 import time
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import psycopg
 import typer
@@ -36,9 +36,11 @@ from psycopg import sql
 
 from lakefold._bench import bench_app
 from lakefold._bench.report import Report
-from lakefold.capture import Capture, CaptureConfig, ChangelogStore, parse_lsn
 from lakefold.exceptions import LocalServiceError
 from lakefold.local import LocalPostgres, embedded_postgres_bin_dir
+
+if TYPE_CHECKING:  # lakefold.capture (pyarrow and all) is imported when a benchmark runs,
+    from lakefold.capture import CaptureConfig  # not when the CLI starts
 
 _TABLE_DDL = ("CREATE TABLE {} (id bigint PRIMARY KEY, a int, b text, c timestamptz, "
               "d numeric(12, 2))")
@@ -49,6 +51,8 @@ _SPILLING_OPTIONS = ("-o", "proto_version=1")
 
 
 def _lsn(conn: psycopg.Connection[Any]) -> int:
+    from lakefold.capture import parse_lsn
+
     row = conn.execute("SELECT pg_current_wal_insert_lsn()::text").fetchone()
     return parse_lsn(str(row[0]) if row else "0/0")
 
@@ -58,6 +62,8 @@ def _prepare(dsn: str, name: str, *, streaming: bool = False,
     """A table, ``twins`` lakefold captures of it (slots ``lf_<name>_<i>``, streams prefixed
     ``<i>:`` so they do not collide) and as many slots for the baseline (``rl_<name>_<i>``),
     all created before the workload."""
+    from lakefold.capture import Capture, CaptureConfig
+
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute(sql.SQL(_TABLE_DDL).format(sql.Identifier(name)))
     configs = [CaptureConfig(source_dsn=dsn, tables=(name,), slot=f"lf_{name}_{i}",
@@ -125,6 +131,8 @@ def _throughput(dsn: str, name: str, changes: int, per_transaction: int, *,
     """(lakefold changes/s, pg_recvlogical changes/s) for one backlog, both with the same
     protocol options. Each drains it twice from its own slots, in the order lakefold,
     baseline, baseline, lakefold, so that changing machine load hits both alike."""
+    from lakefold.capture import Capture
+
     configs = _prepare(dsn, name, streaming=streaming, twins=2)
     end = _write(dsn, name, changes, per_transaction)
     ours = baseline = 0.0
@@ -144,6 +152,8 @@ def _throughput(dsn: str, name: str, changes: int, per_transaction: int, *,
 
 def _latency(dsn: str, rate: int, seconds: float) -> tuple[float, float]:
     """(p50, p99) ms from source commit to readable in the changelog at ``rate`` changes/s."""
+    from lakefold.capture import Capture, ChangelogStore
+
     name = "latency"
     per_transaction = 100
     config = _prepare(dsn, name)[0]
