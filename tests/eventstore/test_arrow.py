@@ -111,9 +111,9 @@ def test_range_select_reads_what_read_events_range_reads(filled: str) -> None:
             assert [r[1] for r in rows] == expected.column("event_id").to_pylist()
     # deletion records pass a type filter: asking for them too returns them once
     with psycopg.connect(filled, autocommit=True) as conn:
-        types = conn.execute(events_range_select(
+        rows = conn.execute(events_range_select(
             conn, 1, 22, types=["$stream.deleted", "order.placed"])).fetchall()
-    assert [r[5] for r in types].count("$stream.deleted") == 1
+    assert [r[5] for r in rows].count("$stream.deleted") == 1
 
 
 def test_lists_categories_and_types(filled: str, pg: TestDatabase) -> None:
