@@ -189,27 +189,49 @@ class GenerationSink:
 
     def _write_delta(self, df: DataFrame, batch_id: int, retried: list[DeadLetter],
                      records: int) -> list[NewDeadLetter]:
+        assert self._delta is not None  # noqa: S101
+        if self._delta.spec.mode == "append":
+            return self._write_delta_distributed(df, batch_id, retried)
+        if records <= DRIVER_MERGE_ROWS:
+            return self._write_delta_from_driver(df, batch_id, retried)
+        # A large input batch (a rebuild's) often folds into few output rows (an aggregate
+        # over few keys): compute it once, and merge it from the driver when it is small, which
+        # spares the sink's distributed staging round trip.
+        df = df.persist()
+        try:
+            if df.count() <= DRIVER_MERGE_ROWS:
+                return self._write_delta_from_driver(df, batch_id, retried)
+            return self._write_delta_distributed(df, batch_id, retried)
+        finally:
+            df.unpersist()
+
+    def _write_delta_from_driver(self, df: DataFrame, batch_id: int,
+                                 retried: list[DeadLetter]) -> list[NewDeadLetter]:
+        """One Spark job: collect, split off dead letters, merge from the driver."""
+        assert self._delta is not None  # noqa: S101
+        letters: list[NewDeadLetter] = []
+        table = df.toArrow()
+        if DEAD_LETTER_COLUMN in table.column_names:
+            dead_mask = pc.is_valid(table.column(DEAD_LETTER_COLUMN))
+            letters += self._fold_letters(table.filter(dead_mask).column(
+                DEAD_LETTER_COLUMN).to_pylist())
+            table = table.filter(pc.invert(dead_mask)).drop_columns([DEAD_LETTER_COLUMN])
+        if retried:
+            rows = [_codec.loads(_codec.dumps(d.record["row"])) for d in retried]
+            table = pa.concat_tables([table, pa.Table.from_pylist(rows, schema=table.schema)])
+        if self._delta.spec.mode == "scd2":
+            self._delta.write_scd2(table, batch_id)
+        else:
+            self._delta.write_arrow(table, batch_id)
+        return letters
+
+    def _write_delta_distributed(self, df: DataFrame, batch_id: int,
+                                 retried: list[DeadLetter]) -> list[NewDeadLetter]:
+        """Through the Spark sink: tasks write the files, the driver commits them."""
         from pyspark.sql import functions as F
 
         assert self._delta is not None  # noqa: S101
         letters: list[NewDeadLetter] = []
-        if self._delta.spec.mode != "append" and records <= DRIVER_MERGE_ROWS:
-            # one Spark job: collect, split off dead letters, merge from the driver
-            table = df.toArrow()
-            if DEAD_LETTER_COLUMN in table.column_names:
-                dead_mask = pc.is_valid(table.column(DEAD_LETTER_COLUMN))
-                letters += self._fold_letters(table.filter(dead_mask).column(
-                    DEAD_LETTER_COLUMN).to_pylist())
-                table = table.filter(pc.invert(dead_mask)).drop_columns([DEAD_LETTER_COLUMN])
-            if retried:
-                rows = [_codec.loads(_codec.dumps(d.record["row"])) for d in retried]
-                table = pa.concat_tables([table, pa.Table.from_pylist(rows,
-                                                                      schema=table.schema)])
-            if self._delta.spec.mode == "scd2":
-                self._delta.write_scd2(table, batch_id)
-            else:
-                self._delta.write_arrow(table, batch_id)
-            return letters
         if DEAD_LETTER_COLUMN in df.columns:
             df = df.persist()
             try:

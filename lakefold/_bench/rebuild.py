@@ -132,7 +132,7 @@ def run(events: int, customers: int, batch: int, store_dsn: str | None = None) -
 def rebuild(
     events: Annotated[int, typer.Option(help="Events in the history.")] = 10_000_000,
     customers: Annotated[int, typer.Option(help="Distinct aggregate keys.")] = DEFAULT_CUSTOMERS,
-    batch: Annotated[int, typer.Option(help="Records per rebuild micro-batch.")] = 1_000_000,
+    batch: Annotated[int, typer.Option(help="Records per rebuild micro-batch.")] = 2_000_000,
     store_dsn: StoreDsnOption = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
 ) -> None:
