@@ -15,14 +15,14 @@ import json
 import sys
 from dataclasses import asdict
 from enum import StrEnum
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
-import pyarrow as pa
 import typer
 from rich.console import Console
 from rich.table import Table
 
-from lakefold.settings import load_settings
+if TYPE_CHECKING:  # pyarrow is imported by the commands that use it, not at CLI start
+    import pyarrow as pa
 
 
 class OutputFormat(StrEnum):
@@ -93,6 +93,7 @@ def query(
              "for small interactive queries).")] = EngineChoice.SPARK,
 ) -> None:
     """Run SQL over every materialized table, each registered under its name."""
+    from lakefold.settings import load_settings
     from lakefold.spark._catalog import catalog_for
     from lakefold.spark._query import Engine, run_query
 
@@ -117,6 +118,7 @@ def optimize(
     as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False,
 ) -> None:
     """Compact a table's small files into larger ones (no row changes)."""
+    from lakefold.settings import load_settings
     from lakefold.spark._catalog import catalog_for, resolve_table
     from lakefold.spark._delta_maintenance import optimize_table
 
@@ -141,6 +143,7 @@ def vacuum(
     as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False,
 ) -> None:
     """Delete files no table version inside the retention window needs."""
+    from lakefold.settings import load_settings
     from lakefold.spark._catalog import catalog_for, resolve_table
     from lakefold.spark._delta_maintenance import vacuum_table
 

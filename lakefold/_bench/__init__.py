@@ -1,10 +1,12 @@
 """``lakefold bench NAME``: benchmarks that start their own services and print one JSON object.
 
-Each benchmark module adds one command to ``bench_app``; the report shape is fixed by
-``report.Report``.
+Each benchmark module adds one command to ``bench_app`` when ``register_benchmarks`` imports
+it; the report shape is fixed by ``report.Report``.
 """
 
 from __future__ import annotations
+
+import importlib
 
 import typer
 
@@ -13,10 +15,16 @@ bench_app = typer.Typer(
     help="Benchmarks. Each starts throwaway services and prints results with a same-run baseline.",
 )
 
-__all__ = ["bench_app"]
-from lakefold._bench import append as _append  # noqa: E402,F401
-from lakefold._bench import capture as _capture  # noqa: E402,F401
-from lakefold._bench import latency as _latency  # noqa: E402,F401
-from lakefold._bench import rebuild as _rebuild  # noqa: E402,F401
-from lakefold._bench import replay as _replay  # noqa: E402,F401
-from lakefold._bench import snapshot as _snapshot  # noqa: E402,F401
+#: The benchmark modules; each adds its command to ``bench_app`` when imported.
+BENCHMARKS = ("append", "capture", "latency", "rebuild", "replay", "snapshot")
+
+
+def register_benchmarks() -> None:
+    """Import every benchmark module (registering its command). The CLI does this only for
+    ``lakefold bench ...``: the modules import pyarrow, psycopg and the stores, which would
+    otherwise slow every ``lakefold`` command's start."""
+    for name in BENCHMARKS:
+        importlib.import_module(f"lakefold._bench.{name}")
+
+
+__all__ = ["BENCHMARKS", "bench_app", "register_benchmarks"]
