@@ -9,6 +9,12 @@ streams the rows with ``COPY``, in chunks, so client and server work at the same
 two cores of a small machine. It must run inside a transaction: a failure anywhere rolls the
 whole append back.
 
+The events arrive in ``StreamedEvents`` (see ``_model.build_appends``): each is validated and
+encoded just before its row is built, so the client's encoding overlaps the server's inserts
+too. An invalid event raises in the middle of the stream; psycopg then ends the COPY with an
+error, the server discards every row of it, and the caller's transaction rolls back, so
+nothing of the append is written and the caller gets the validation error itself.
+
 The rows go in COPY's text format, built with one f-string per event: the JSON payloads are
 already text, the per-stream fields are escaped once per append, and ids go as 32 hex digits
 (which ``uuid`` accepts). That is about three times less Python per event than handing each

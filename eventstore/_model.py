@@ -8,10 +8,10 @@ import enum
 import json
 import math
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, Final
+from typing import Any, Final, overload
 
 from lakefold.eventstore.exceptions import InvalidRequest
 from lakefold.schemas.events import (
@@ -214,12 +214,74 @@ def encode_event(event: object, index: int) -> EncodedEvent:
                         metadata_json)
 
 
+class StreamedEvents(Sequence[EncodedEvent]):
+    """A large append's events, validated and encoded while they are consumed.
+
+    ``build_appends(..., stream_from=n)`` leaves the events of an append of ``n`` events or
+    more in one of these, so a recorder that writes them as a stream (COPY) encodes each
+    event just before sending it, while the server inserts the ones before: client and server
+    work at the same time instead of in turn. The first iteration validates and encodes (with
+    the same checks and errors as ``encode_event``, and the check that no event id appears
+    twice in the call); later ones reuse its result. A recorder that takes these must consume
+    every event before it commits, so an invalid event still means nothing is written.
+    """
+
+    __slots__ = ("_convert", "_encoded", "_raw", "_seen", "_start")
+
+    def __init__(self, raw: Sequence[object], *, start: int, seen: dict[int, int],
+                 convert: Callable[[object], object] | None) -> None:
+        self._raw = raw
+        self._start = start
+        self._seen = seen
+        self._convert = convert
+        self._encoded: tuple[EncodedEvent, ...] | None = None
+
+    def __len__(self) -> int:
+        return len(self._raw)
+
+    def __iter__(self) -> Iterator[EncodedEvent]:
+        if self._encoded is not None:
+            yield from self._encoded
+            return
+        done: list[EncodedEvent] = []
+        convert, seen = self._convert, self._seen
+        for index, event in enumerate(self._raw, start=self._start):
+            encoded = encode_event(event if convert is None else convert(event), index)
+            _check_unique_id(encoded, index, seen)
+            done.append(encoded)
+            yield encoded
+        self._encoded = tuple(done)
+
+    @overload
+    def __getitem__(self, item: int) -> EncodedEvent: ...
+    @overload
+    def __getitem__(self, item: slice) -> Sequence[EncodedEvent]: ...
+    def __getitem__(self, item: int | slice) -> EncodedEvent | Sequence[EncodedEvent]:
+        if self._encoded is None:
+            for _ in self:
+                pass
+        assert self._encoded is not None  # noqa: S101 - set by the loop above
+        return self._encoded[item]
+
+
+def _check_unique_id(encoded: EncodedEvent, index: int, seen: dict[int, int]) -> None:
+    """Record ``encoded``'s id as event #``index``'s; an id used by another event of the same
+    call is an error (``seen`` maps ids to the index that claimed them, so encoding an event
+    again is not a duplicate)."""
+    if seen.setdefault(encoded.event.event_id.int, index) != index:
+        raise InvalidRequest(
+            f"event id {encoded.event.event_id} appears twice in one append; every event "
+            "needs its own id"
+        )
+
+
 @dataclass(frozen=True, slots=True)
 class StreamAppend:
-    """Events to append to one stream, with the stream's expected version."""
+    """Events to append to one stream, with the stream's expected version. ``events`` is a
+    tuple, or ``StreamedEvents`` for a large append (see ``build_appends``)."""
 
     stream_id: str
-    events: tuple[EncodedEvent, ...]
+    events: Sequence[EncodedEvent]
     expected_version: ExpectedVersion = ANY
 
     @property
@@ -227,14 +289,21 @@ class StreamAppend:
         return category_of(self.stream_id)
 
 
-def build_appends(items: Sequence[tuple[object, object, object]]) -> tuple[StreamAppend, ...]:
+def build_appends(items: Sequence[tuple[object, object, object]], *,
+                  convert: Callable[[object], object] | None = None,
+                  stream_from: int | None = None) -> tuple[StreamAppend, ...]:
     """Validate ``(stream_id, events, expected_version)`` triples into ``StreamAppend``s: each
-    stream at most once, at least one event each, event ids unique across the call."""
+    stream at most once, at least one event each, event ids unique across the call.
+    ``convert`` turns each event into a ``NewEvent`` first (a registry's encoding).
+
+    With ``stream_from``, the events of a call of that many events or more are left in
+    ``StreamedEvents``: validated and encoded while the recorder consumes them (the caller's
+    recorder must consume them all before committing). Otherwise every event is validated
+    here, before anything touches the store."""
     if not items:
         raise InvalidRequest("nothing to append: pass at least one stream with events")
-    appends: list[StreamAppend] = []
+    checked: list[tuple[str, Sequence[object], ExpectedVersion]] = []
     seen_streams: set[str] = set()
-    seen_ids: set[int] = set()
     total = 0
     for stream_id, events, expected in items:
         sid = check_stream_id(stream_id)
@@ -249,21 +318,21 @@ def build_appends(items: Sequence[tuple[object, object, object]]) -> tuple[Strea
             raise InvalidRequest(f"events for stream {sid!r} must be a list of events")
         if not events:
             raise InvalidRequest(f"no events to append to stream {sid!r}")
-        encoded = tuple(encode_event(e, total + i) for i, e in enumerate(events))
-        for item in encoded:
-            key = item.event.event_id.int
-            if key in seen_ids:
-                raise InvalidRequest(
-                    f"event id {item.event.event_id} appears twice in one append; every event "
-                    "needs its own id"
-                )
-            seen_ids.add(key)
-        total += len(encoded)
-        appends.append(StreamAppend(sid, encoded, normalise_expected(expected)))
+        checked.append((sid, events, normalise_expected(expected)))
+        total += len(events)
     if total > MAX_EVENTS_PER_APPEND:
         raise InvalidRequest(
             f"{total} events in one append; the limit is {MAX_EVENTS_PER_APPEND}: split it"
         )
+    seen_ids: dict[int, int] = {}
+    appends: list[StreamAppend] = []
+    start = 0
+    for sid, events, expected in checked:
+        streamed = StreamedEvents(events, start=start, seen=seen_ids, convert=convert)
+        start += len(events)
+        appends.append(StreamAppend(
+            sid, streamed if stream_from is not None and total >= stream_from
+            else tuple(streamed), expected))
     return tuple(appends)
 
 

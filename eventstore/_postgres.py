@@ -146,6 +146,9 @@ class PostgresRecorder(EventRecorder):
     ``pool_size`` connections are shared by threads; a background thread sequences events
     shortly after appends (see ``_sequencer.BackgroundSequencer``)."""
 
+    # Large appends are COPYed, and copy_append encodes each event just before it sends it.
+    streams_appends_from = COPY_THRESHOLD
+
     def __init__(self, dsn: str, *, pool_size: int = 10, connect_timeout_s: float = 10.0,
                  sequence_interval_s: float = 0.005, watermark_threshold_s: float = 5.0,
                  application_name: str = "lakefold-eventstore") -> None:

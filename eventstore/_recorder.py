@@ -50,6 +50,11 @@ class Waiter(ABC):
 class EventRecorder(ABC):
     """Stores and reads events; see the module docstring for the guarantees."""
 
+    #: Appends of at least this many events may come with their events in ``StreamedEvents``
+    #: (validated while consumed; see ``build_appends``); None: every event arrives validated.
+    #: A recorder that sets it must consume every event of an append before committing it.
+    streams_appends_from: int | None = None
+
     @abstractmethod
     def install(self) -> None:
         """Create what the recorder needs (idempotent)."""

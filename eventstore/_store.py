@@ -200,11 +200,16 @@ class EventStore:
         for entry in streams:
             if not isinstance(entry, StreamEvents):
                 raise InvalidRequest(f"{entry!r} is not a StreamEvents")
-            events = entry.events
-            if isinstance(events, Sequence) and not isinstance(events, str | bytes):
-                events = [self._to_new_event(e, metadata) for e in events]  # type: ignore[misc]
-            items.append((entry.stream_id, events, entry.expected_version))
-        return build_appends(items)
+            items.append((entry.stream_id, entry.events, entry.expected_version))
+        registry = self.registry
+
+        def convert(event: object) -> object:
+            if registry is None and type(event) is NewEvent:
+                return event
+            return self._to_new_event(event, metadata)
+
+        return build_appends(items, convert=convert,
+                             stream_from=self.recorder.streams_appends_from)
 
     def append(self, stream_id: str, events: Sequence[NewEvent | BaseModel], *,
                expected_version: ExpectedVersion = ANY,

@@ -24,6 +24,7 @@ from lakefold.eventstore import (
     EventStoreNotInstalled,
     EventStoreUnavailable,
     IdempotencyConflict,
+    InvalidRequest,
     StoreOptions,
     StreamEvents,
     SubscriptionOptions,
@@ -400,3 +401,29 @@ def test_large_appends_by_copy_keep_every_guarantee(store: EventStore) -> None:
     assert [e.data["i"] for e in events[:250]] == list(range(250))
     assert events[1].metadata == meta and events[0].metadata == EventMetadata()
     assert store.read_stream("order-5")[-1].stream_version == 300
+
+
+def test_an_invalid_event_in_the_middle_of_a_copy_stream_writes_nothing(
+        store: EventStore, pg: TestDatabase) -> None:
+    # Large appends are validated while COPY streams them: event 700 fails after hundreds of
+    # rows reached the server, and the whole append (every stream of it) must still vanish.
+    store.append("order-0", [ev(i=0)])
+    good = [ev(i=i) for i in range(1000)]
+    bad_data = [*good[:700], NewEvent("order.placed", {"bad": {1, 2}}), *good[701:]]
+    with pytest.raises(InvalidRequest, match=r"event #700 \(order\.placed\) data is not JSON"):
+        store.append("order-1", bad_data)
+    repeated_id = [*good[:500], NewEvent("order.placed", {}, event_id=good[3].event_id)]
+    with pytest.raises(InvalidRequest, match=f"event id {good[3].event_id} appears twice"):
+        store.append_streams([StreamEvents("order-2", good[:300]),
+                              StreamEvents("order-3", repeated_id[300:])])
+    with store.transaction() as tx:  # under the caller's savepoint, which stays usable
+        with pytest.raises(InvalidRequest, match="event #999 is a str"):
+            tx.append("order-4", [*good[:999], "not an event"])  # type: ignore[list-item]
+        tx.append("order-5", [ev(i=i) for i in range(3)])
+    with psycopg.connect(pg.dsn) as conn:
+        rows = conn.execute("SELECT stream_id, count(*) FROM lakefold.events "
+                            "GROUP BY stream_id ORDER BY 1").fetchall()
+        streams = conn.execute("SELECT stream_id FROM lakefold.streams ORDER BY 1").fetchall()
+    assert rows == [("order-0", 1), ("order-5", 3)]
+    assert streams == [("order-0",), ("order-5",)]
+    assert store.append("order-1", good).stream_versions == {"order-1": 1000}  # ids unused
