@@ -25,7 +25,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from lakefold import _shop
-from lakefold._demo_views import REBUILT, show_views
+from lakefold._demo_views import REVENUE, show_views
 from lakefold.dsn import mask_dsn
 from lakefold.exceptions import ConfigurationError, LakefoldError
 from lakefold.local import LocalPostgres, LocalRedis
@@ -33,7 +33,7 @@ from lakefold.settings import Settings
 
 DEMO_DATABASE = "lakefold_demo"
 DEMO_SLOT = "lakefold_demo"
-PROJECTION = REBUILT
+PROJECTION = REVENUE
 #: products whose price changes after the workload, so price_history has closed versions
 PRICE_CHANGES = 5
 
