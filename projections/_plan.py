@@ -26,6 +26,7 @@ from lakefold.projections._model import (
     RedisCacheTarget,
     SearchIndexTarget,
 )
+from lakefold.projections._pruning import event_columns_read
 from lakefold.projections._source import source_frame, spark_schema
 from lakefold.projections.exceptions import (
     IncompatibleTargetError,
@@ -69,9 +70,16 @@ def is_stateful(df: DataFrame) -> bool:
 
 
 def build(spark: SparkSession, projection: Projection, dsn: str, *, max_records: int,
-          retries: DataFrame | None = None) -> Plan:
-    """The streaming output of ``projection`` reading ``dsn``'s stores."""
-    frames = {s.alias: source_frame(spark, dsn, s, max_records=max_records)
+          retries: DataFrame | None = None, prune: bool = False) -> Plan:
+    """The streaming output of ``projection`` reading ``dsn``'s stores. With ``prune`` (a
+    rebuild), event sources fetch only the columns the transform reads (see ``_pruning``)."""
+    columns: dict[str, tuple[str, ...]] = {}
+    if prune:
+        columns = event_columns_read(
+            spark, projection, {s.alias: spark_schema(dsn, s) for s in projection.sources},
+            _call_transform, _stores.event_columns())
+    frames = {s.alias: source_frame(spark, dsn, s, max_records=max_records,
+                                    columns=columns.get(s.alias))
               for s in projection.sources}
     if projection.fold is not None:
         output = apply_fold(projection, fold_input(projection, frames, retries))

@@ -71,6 +71,8 @@ class ProjectionSourceReader(DataSourceStreamReader):
         self.partition_records = int(options.get("partition_records",
                                                  str(DEFAULT_PARTITION_RECORDS)))
         self.start_position = int(options.get("start_position", "0"))
+        columns = options.get("columns")
+        self.columns = tuple(columns.split(",")) if columns else None
         from pyspark.sql.pandas.types import to_arrow_schema
 
         self.arrow_schema = to_arrow_schema(schema, timezone="UTC")
@@ -103,11 +105,25 @@ class ProjectionSourceReader(DataSourceStreamReader):
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         start, end = partition.value
-        for batch in _stores.read(self.dsn, self.source, int(start), int(end)):
+        for batch in _stores.read(self.dsn, self.source, int(start), int(end),
+                                  columns=self.columns):
             yield _conform(batch, self.arrow_schema)
 
     def commit(self, end: dict[str, Any]) -> None:
         """Nothing to release: the stores keep every record (the log is the buffer)."""
+
+
+def _placeholder(field: pa.Field, rows: int) -> pa.Array:
+    """A column the reader did not fetch: nulls, or zero values where nulls are not allowed
+    (a pruned column nothing reads; Spark refuses nulls in a non-nullable column)."""
+    column = pa.nulls(rows, field.type)
+    if field.nullable:
+        return column
+    if pa.types.is_string(field.type):
+        return column.fill_null("")
+    if pa.types.is_boolean(field.type):
+        return column.fill_null(False)
+    return column.fill_null(pa.scalar(0, pa.int64()).cast(field.type))
 
 
 def _conform(batch: pa.RecordBatch, schema: pa.Schema) -> pa.RecordBatch:
@@ -115,7 +131,7 @@ def _conform(batch: pa.RecordBatch, schema: pa.Schema) -> pa.RecordBatch:
     columns = []
     for field in schema:
         index = batch.schema.get_field_index(field.name)
-        column = batch.column(index) if index >= 0 else pa.nulls(batch.num_rows, field.type)
+        column = batch.column(index) if index >= 0 else _placeholder(field, batch.num_rows)
         if column.type != field.type:
             column = column.cast(field.type)
         columns.append(column)
@@ -189,16 +205,20 @@ def range_frame(spark: SparkSession, dsn: str, source: Source, start: int, end: 
 
 
 def source_frame(spark: SparkSession, dsn: str, source: Source, *, max_records: int,
-                 partition_records: int = DEFAULT_PARTITION_RECORDS) -> DataFrame:
-    """A streaming DataFrame over one source, with the projection metadata columns."""
+                 partition_records: int = DEFAULT_PARTITION_RECORDS,
+                 columns: tuple[str, ...] | None = None) -> DataFrame:
+    """A streaming DataFrame over one source, with the projection metadata columns; with
+    ``columns``, only those event columns are fetched (the others stay null)."""
     register(spark)
-    return (spark.readStream.format(FORMAT)
-            .schema(spark_schema(dsn, source))
-            .option("dsn", dsn)
-            .option("source", source_to_json(source))
-            .option("max_records", str(max_records))
-            .option("partition_records", str(partition_records))
-            .load())
+    reader = (spark.readStream.format(FORMAT)
+              .schema(spark_schema(dsn, source))
+              .option("dsn", dsn)
+              .option("source", source_to_json(source))
+              .option("max_records", str(max_records))
+              .option("partition_records", str(partition_records)))
+    if columns is not None:
+        reader = reader.option("columns", ",".join(columns))
+    return reader.load()
 
 
 # ------------------------------------------------------------------------- dead-letter retries

@@ -109,18 +109,27 @@ def events_head(dsn: str) -> int:
             raise
 
 
-def read_events(dsn: str, source: EventSource, start: int, end: int
-                ) -> Iterator[pa.RecordBatch]:
-    """Events at positions ``[start, end)`` of ``source`` with the metadata columns.
+def read_events(dsn: str, source: EventSource, start: int, end: int, *,
+                columns: Sequence[str] | None = None) -> Iterator[pa.RecordBatch]:
+    """Events at positions ``[start, end)`` of ``source`` with the metadata columns; with
+    ``columns``, only those event columns (they must include what the metadata columns are
+    made from: position, recorded_at, type, stream_id).
 
     Spark's bulk reader returns what the store's ``read_events_range`` returns, without its
     per-row Python (a rebuild replays the whole log through here)."""
     from lakefold.spark import copy_events_range
 
     for batch in copy_events_range(dsn, max(start, 1), end, category=source.category,
-                                   types=list(source.types) or None,
+                                   types=list(source.types) or None, columns=columns,
                                    page_positions=max(end - start, 1)):
         yield _event_meta(batch)
+
+
+def event_columns() -> tuple[str, ...]:
+    """The event store's columns, as ``read_events`` returns them after the metadata."""
+    from lakefold.eventstore import EVENTS_ARROW_SCHEMA
+
+    return tuple(EVENTS_ARROW_SCHEMA.names)
 
 
 def events_arrow_schema() -> pa.Schema:
@@ -206,9 +215,11 @@ def head(dsn: str, source: Source) -> int:
     return changelog_head(dsn, source.table)
 
 
-def read(dsn: str, source: Source, start: int, end: int) -> Iterator[pa.RecordBatch]:
+def read(dsn: str, source: Source, start: int, end: int, *,
+         columns: Sequence[str] | None = None) -> Iterator[pa.RecordBatch]:
+    """Records at ``[start, end)`` of a source; ``columns`` prunes event columns."""
     if isinstance(source, EventSource):
-        return read_events(dsn, source, start, end)
+        return read_events(dsn, source, start, end, columns=columns)
     return read_changelog(dsn, source, start, end)
 
 

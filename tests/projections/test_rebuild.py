@@ -19,6 +19,7 @@ from lakefold.projections import (
     Runner,
     RunnerConfig,
     SinkRoots,
+    _batch,
     load_projections,
 )
 from lakefold.projections._stores import events_head
@@ -37,7 +38,11 @@ def revenue_of(dsn: str) -> dict[str, Decimal]:
     return {r["customer"]: r["revenue"] for r in rows}
 
 
-def test_rebuild_while_writing_switches_without_a_gap(pg, spark, redis_url, tmp_path):
+def test_rebuild_while_writing_switches_without_a_gap(pg, spark, redis_url, tmp_path,
+                                                      monkeypatch):
+    # Batches above this many input records take the large-batch path (computed once, merged
+    # from the driver when the output is small), as a rebuild's million-record batches do.
+    monkeypatch.setattr(_batch, "DRIVER_MERGE_ROWS", 10)
     rng = random.Random(3)
     store = EventStore(pg.dsn)
     store.install()
