@@ -28,6 +28,7 @@ from collections.abc import Sequence
 from typing import Final
 
 import psycopg
+from psycopg import sql
 from psycopg.rows import TupleRow
 
 from lakefold.eventstore._model import Expected, ExpectedVersion, StreamAppend
@@ -35,10 +36,12 @@ from lakefold.eventstore._model import Expected, ExpectedVersion, StreamAppend
 #: Appends of at least this many events go through COPY.
 COPY_THRESHOLD: Final = 200
 
-_RESERVE: Final = (
-    "SELECT lakefold.reserve_versions(%b::text[], %b::text[], %b::bigint[], %b::integer[]), "
-    "lakefold.take_ordinals(%b::integer)"
+_RESERVE: Final = sql.SQL(
+    "SELECT lakefold.reserve_versions({}::text[], {}::text[], {}::bigint[], {}::integer[]), "
+    "lakefold.take_ordinals({}::integer)"
 )
+# Inside a caller's transaction: parameters, after the savepoint ``append_on`` opened.
+_RESERVE_PARAMS: Final = _RESERVE.format(*[sql.Placeholder(format="b")] * 5).as_string()
 _COPY: Final = (
     "COPY lakefold.events (ordinal, event_id, stream_id, stream_version, category, type, "
     "schema_version, data, metadata, correlation_id, causation_id) FROM STDIN"
@@ -72,16 +75,27 @@ def expected_code(expected: ExpectedVersion) -> int | None:
     return expected
 
 
-def copy_append(conn: psycopg.Connection[TupleRow], appends: Sequence[StreamAppend]
-                ) -> list[int]:
-    """Append by COPY on ``conn``, which must be inside a transaction; returns each stream's
-    version before the append. Raises the same psycopg errors as ``append_events``."""
-    total = sum(len(a.events) for a in appends)
-    row = conn.execute(_RESERVE, (
+def copy_append(conn: psycopg.Connection[TupleRow], appends: Sequence[StreamAppend], *,
+                begin: bool) -> list[int]:
+    """Append by COPY on ``conn``; returns each stream's version before the append. Raises
+    the same psycopg errors as ``append_events``.
+
+    ``begin=False``: ``conn`` is inside a transaction already. ``begin=True``: ``conn`` is
+    idle, and the transaction starts with the reservation, in the same round trip (``BEGIN``
+    and the reservation as one simple query, with the arguments as literals); the caller then
+    commits, or rolls back on any error."""
+    args = (
         [a.stream_id for a in appends], [a.category for a in appends],
         [expected_code(a.expected_version) for a in appends], [len(a.events) for a in appends],
-        total,
-    )).fetchone()
+        sum(len(a.events) for a in appends),
+    )
+    if begin:
+        cursor = conn.execute(
+            sql.SQL("BEGIN; {}").format(_RESERVE.format(*map(sql.Literal, args))))
+        cursor.nextset()  # the reservation's result follows BEGIN's
+        row = cursor.fetchone()
+    else:
+        row = conn.execute(_RESERVE_PARAMS, args).fetchone()
     if row is None:  # pragma: no cover - a SELECT of two functions returns one row
         raise psycopg.DataError("reserving versions returned no row")
     prev_versions: list[int] = row[0]
