@@ -209,16 +209,7 @@ class GenerationSink:
                                  retried: list[DeadLetter]) -> list[NewDeadLetter]:
         """One Spark job: collect, split off dead letters, merge from the driver."""
         assert self._delta is not None  # noqa: S101
-        letters: list[NewDeadLetter] = []
-        table = df.toArrow()
-        if DEAD_LETTER_COLUMN in table.column_names:
-            dead_mask = pc.is_valid(table.column(DEAD_LETTER_COLUMN))
-            letters += self._fold_letters(table.filter(dead_mask).column(
-                DEAD_LETTER_COLUMN).to_pylist())
-            table = table.filter(pc.invert(dead_mask)).drop_columns([DEAD_LETTER_COLUMN])
-        if retried:
-            rows = [_codec.loads(_codec.dumps(d.record["row"])) for d in retried]
-            table = pa.concat_tables([table, pa.Table.from_pylist(rows, schema=table.schema)])
+        table, letters = self._collect(df, retried)
         if self._delta.spec.mode == "scd2":
             self._delta.write_scd2(table, batch_id)
         else:
@@ -247,16 +238,10 @@ class GenerationSink:
             self._delta.write(self._with_retried_rows(df, retried), batch_id)
         return letters
 
-    def _with_retried_rows(self, df: DataFrame, retried: list[DeadLetter]) -> DataFrame:
-        if not retried:
-            return df
-        rows = [_codec.loads(_codec.dumps(d.record["row"])) for d in retried]
-        extra = df.sparkSession.createDataFrame(
-            [tuple(r.get(c) for c in df.columns) for r in rows], df.schema)
-        return df.unionByName(extra)
-
-    def _write_rows(self, df: DataFrame, batch_id: int, batch_position: int,
-                    retried: list[DeadLetter]) -> list[NewDeadLetter]:
+    def _collect(self, df: DataFrame, retried: list[DeadLetter]
+                 ) -> tuple[pa.Table, list[NewDeadLetter]]:
+        """One Spark job: the micro-batch on the driver as Arrow, without the rows that failed
+        (returned as dead letters) and with the rows of retried dead letters added."""
         table = df.toArrow()
         letters: list[NewDeadLetter] = []
         if DEAD_LETTER_COLUMN in table.column_names:
@@ -267,6 +252,19 @@ class GenerationSink:
         if retried:
             rows = [_codec.loads(_codec.dumps(d.record["row"])) for d in retried]
             table = pa.concat_tables([table, pa.Table.from_pylist(rows, schema=table.schema)])
+        return table, letters
+
+    def _with_retried_rows(self, df: DataFrame, retried: list[DeadLetter]) -> DataFrame:
+        if not retried:
+            return df
+        rows = [_codec.loads(_codec.dumps(d.record["row"])) for d in retried]
+        extra = df.sparkSession.createDataFrame(
+            [tuple(r.get(c) for c in df.columns) for r in rows], df.schema)
+        return df.unionByName(extra)
+
+    def _write_rows(self, df: DataFrame, batch_id: int, batch_position: int,
+                    retried: list[DeadLetter]) -> list[NewDeadLetter]:
+        table, letters = self._collect(df, retried)
         rejected: list[tuple[dict[str, Any], str]] = []
         target = self.projection.target
         if isinstance(target, RedisCacheTarget):
