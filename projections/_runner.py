@@ -57,16 +57,13 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
-#: Spark settings for a runner's session.
-#: - A loaded machine can take longer than Spark's default 15 s to start a Python worker,
-#:   which would fail a micro-batch for nothing.
-#: - Every micro-batch writes two checkpoint files (the offset log before it runs, the commit
-#:   log after). The default manager goes through Hadoop's FileContext API, which took 50-185
-#:   ms per file here; the FileSystem-based one takes 10-20 ms. Both write a temporary file
-#:   and rename it into place (refusing to overwrite a batch file), so a crash leaves either
-#:   the whole file or none, and recovery is the same (tests/projections/test_crash.py).
+#: Spark settings for a runner's session (on top of lakefold.spark's defaults).
+#: Every micro-batch writes two checkpoint files (the offset log before it runs, the commit
+#: log after). The default manager goes through Hadoop's FileContext API, which took 50-185
+#: ms per file here; the FileSystem-based one takes 10-20 ms. Both write a temporary file
+#: and rename it into place (refusing to overwrite a batch file), so a crash leaves either
+#: the whole file or none, and recovery is the same (tests/projections/test_crash.py).
 RUNNER_SPARK_CONF = {
-    "spark.python.authenticate.socketTimeout": "120s",
     "spark.sql.streaming.checkpointFileManagerClass":
         "org.apache.spark.sql.execution.streaming.checkpointing."
         "FileSystemBasedCheckpointFileManager",
