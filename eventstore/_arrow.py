@@ -24,9 +24,8 @@ from psycopg import sql
 from lakefold.dsn import mask_dsn
 from lakefold.eventstore._model import check_category, check_limit, check_position, check_types
 from lakefold.eventstore._postgres import translate_errors
-from lakefold.eventstore._reads import log_statement, page_end
+from lakefold.eventstore._reads import log_statement, page_end, with_deletion_records
 from lakefold.eventstore._sequencer import one_row, sequence_once
-from lakefold.schemas.events import STREAM_DELETED_TYPE
 
 #: The columns of every batch ``read_events_range`` yields.
 EVENTS_ARROW_SCHEMA: Final = pa.schema([
@@ -64,10 +63,18 @@ def _batch(rows: list[tuple[Any, ...]]) -> pa.RecordBatch:
     )
 
 
-def _type_filter(types: Sequence[str] | None) -> list[str] | None:
-    """The checked types plus the deletion record (once), or None for no type filter."""
-    checked = check_types(types)
-    return None if checked is None else list(dict.fromkeys([*checked, STREAM_DELETED_TYPE]))
+def _checked_read(start: int, end: int, category: str | None, types: Sequence[str] | None,
+                  include_deleted: bool) -> tuple[str | None, list[str] | None, sql.Composed]:
+    """The checked category and type filter (deletion records added) of a range read, and
+    its statement."""
+    check_position(start, "start")
+    check_position(end, "end")
+    category = None if category is None else check_category(category)
+    type_list = with_deletion_records(check_types(types))
+    statement = log_statement(_COLUMNS, category=category is not None,
+                              types=type_list is not None, include_deleted=include_deleted,
+                              bounded=True)
+    return category, type_list, statement
 
 
 def events_range_select(conn: psycopg.Connection[Any], start: int, end: int, *,
@@ -78,13 +85,8 @@ def events_range_select(conn: psycopg.Connection[Any], start: int, end: int, *,
     at positions ``[start, end)`` in position order, with the same filters, and columns named
     and ordered like ``EVENTS_ARROW_SCHEMA`` (``recorded_at`` a ``timestamptz``). It reads
     only sequenced positions. ``conn`` only quotes the literals; nothing runs on it."""
-    check_position(start, "start")
-    check_position(end, "end")
-    category = None if category is None else check_category(category)
-    type_list = _type_filter(types)
-    statement = log_statement(_COLUMNS, category=category is not None,
-                              types=type_list is not None, include_deleted=include_deleted,
-                              bounded=True)
+    category, type_list, statement = _checked_read(start, end, category, types,
+                                                   include_deleted)
     params = {"from": max(start, 1), "to": max(end, start), "limit": max(end - start, 1),
               "category": category, "types": type_list}
     literal = psycopg.ClientCursor(conn).mogrify(statement, params)
@@ -102,17 +104,12 @@ def read_events_range(dsn: str, start: int, end: int, *, category: str | None = 
 
     Positions are 1-based and dense; erased (hard-deleted) and hidden (soft-deleted) events
     leave holes, so a batch may hold fewer rows than its position span."""
-    check_position(start, "start")
-    check_position(end, "end")
+    category, type_list, statement = _checked_read(start, end, category, types,
+                                                   include_deleted)
     check_limit(batch_size)
-    category = None if category is None else check_category(category)
-    type_list = _type_filter(types)
     if end <= start:
         return
     unfiltered = category is None and type_list is None
-    statement = log_statement(_COLUMNS, category=category is not None,
-                              types=type_list is not None, include_deleted=include_deleted,
-                              bounded=True)
     position = max(start, 1)
     with translate_errors(mask_dsn(dsn)), psycopg.connect(dsn, autocommit=True) as conn:
         if unfiltered:  # pages of positions: stop at the sequencer's cursor, not at ``end``

@@ -21,6 +21,7 @@ from __future__ import annotations
 import functools
 import json
 import uuid
+from collections.abc import Sequence
 from typing import Final
 
 import psycopg
@@ -144,6 +145,12 @@ def log_statement(columns: sql.Composable, *, category: bool, types: bool,
     ).format(columns=columns, conditions=conditions, positions=_POSITION_OF)
 
 
+def with_deletion_records(types: Sequence[str] | None) -> list[str] | None:
+    """A type filter's types plus the deletion record (once: deletion records always pass a
+    type filter), or None for no type filter."""
+    return None if types is None else list(dict.fromkeys([*types, STREAM_DELETED_TYPE]))
+
+
 def page_end(position: int, limit: int, end: int | None) -> int:
     """The ``%(to)s`` of an unfiltered page from ``position``: at most ``limit`` positions,
     never past ``end`` (exclusive; None: no end)."""
@@ -198,8 +205,7 @@ def read_log_on(conn: Conn, query: LogQuery) -> list[EventEnvelope]:
     """Read the global log on ``conn`` (see ``LogQuery``). Unfiltered reads go page by page
     of positions until ``limit`` events, ``to_position`` or the head; when a read comes up
     short, one sequencing round runs first, so that ``head()``-fresh events are included."""
-    types = None if query.types is None else list(
-        dict.fromkeys([*query.types, STREAM_DELETED_TYPE]))
+    types = with_deletion_records(query.types)
     unfiltered = query.category is None and types is None
     statement = log_statement(
         ENVELOPE_COLUMNS, category=query.category is not None, types=types is not None,
