@@ -212,18 +212,19 @@ def _check_published(src: psycopg.Connection[Any], publication: str, relid: int,
     row = src.execute("SELECT 1 FROM pg_publication_tables WHERE pubname = %s "
                       "AND schemaname = %s AND tablename = %s",
                       (publication, schema, table)).fetchone()
+    if row is not None:
+        return
     root = src.execute(
         "SELECT format('%%I.%%I', n.nspname, c.relname) FROM pg_partition_root(%s::regclass) r "
         "JOIN pg_class c ON c.oid = r JOIN pg_namespace n ON n.oid = c.relnamespace "
         "WHERE r <> %s::regclass", (relid, relid)).fetchone()
-    if row is None and root is not None:
+    if root is not None:
         raise CaptureError(
             f"table {schema}.{table} is a partition of {root[0]}, whose stream holds its rows "
             f"(partitions are captured via their root); re-snapshot {root[0]}")
-    if row is None:
-        raise CaptureError(
-            f"table {schema}.{table} is not captured (not in publication {publication!r}); "
-            "re-snapshot only tables the capture covers")
+    raise CaptureError(
+        f"table {schema}.{table} is not captured (not in publication {publication!r}); "
+        "re-snapshot only tables the capture covers")
 
 
 def _table(src: psycopg.Connection[Any], store: psycopg.Connection[Any], config: CaptureConfig,
