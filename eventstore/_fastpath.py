@@ -17,7 +17,8 @@ import psycopg
 from psycopg import sql
 from psycopg.rows import TupleRow
 
-from lakefold.eventstore._model import Expected, StreamAppend
+from lakefold.eventstore._copy import expected_code
+from lakefold.eventstore._model import StreamAppend
 
 # The stream-row step for each kind of expected version; each yields the version before.
 _STREAM_STEP: Final = {
@@ -66,14 +67,9 @@ _STATEMENTS: Final = {
 }
 
 
-def _kind(expected: object) -> str:
-    if expected is Expected.ANY:
-        return "any"
-    if expected is Expected.NO_STREAM:
-        return "new"
-    if expected is Expected.STREAM_EXISTS:
-        return "exists"
-    return "exact"
+# The stream step for each SQL code of an expected version (``expected_code``); any other
+# code is an exact version.
+_KIND_OF_CODE: Final = {None: "any", -1: "new", -2: "exists"}
 
 
 def fast_append(conn: psycopg.Connection[TupleRow], append: StreamAppend) -> int | None:
@@ -103,6 +99,7 @@ def fast_append(conn: psycopg.Connection[TupleRow], append: StreamAppend) -> int
             data=encoded.data_json,
             metadata=None if encoded.metadata_json == "{}" else encoded.metadata_json,
             correlation=event.metadata.correlation_id, causation=event.metadata.causation_id)
-    statement = _STATEMENTS[(_kind(append.expected_version), many)]
+    kind = _KIND_OF_CODE.get(expected_code(append.expected_version), "exact")
+    statement = _STATEMENTS[(kind, many)]
     row = conn.execute(statement, params, prepare=True).fetchone()
     return None if row is None else int(row[0])
