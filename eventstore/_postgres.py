@@ -1,5 +1,6 @@
 """The PostgreSQL recorder: appends through ``lakefold.append_events`` (one round trip, no global
-lock) or, for large appends, binary COPY (``_copy.py``); reads in ``_reads.py`` (only sequenced
+lock), one plain statement for a single stream outside a transaction (``_fastpath.py``) or, for
+large appends, text-format COPY (``_copy.py``); reads in ``_reads.py`` (only sequenced
 events; see ``_sequencer.py`` for why that makes the global order gap-free); a pool of
 autocommit connections shared by threads; a background sequencer.
 
