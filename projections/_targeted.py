@@ -39,7 +39,7 @@ from lakefold.projections._model import (
     RedisCacheTarget,
     SearchIndexTarget,
 )
-from lakefold.projections._plan import is_stateful
+from lakefold.projections._plan import _call_transform, is_stateful
 from lakefold.projections._redis import RedisCacheWriter, key_text
 from lakefold.projections._search import IndexLayout, SearchIndexWriter
 from lakefold.projections._source import range_frame
@@ -103,13 +103,7 @@ def _output(spark: SparkSession, projection: Projection, dsn: str,
         if stream is not None:
             frame = frame.filter(frame["_stream"] == stream)
         frames[source.alias] = frame
-    transform = projection.transform
-    assert transform is not None  # noqa: S101 - folds were refused
-    if len(projection.sources) == 1:
-        output = transform(frames[projection.sources[0].alias])
-    else:
-        output = transform(**frames)
-    result: DataFrame = output
+    result: DataFrame = _call_transform(projection, frames)  # folds were refused
     if is_stateful(result):
         raise ProjectionStateError(
             f"projection {projection.name} aggregates, deduplicates or joins across records: "
@@ -173,10 +167,8 @@ def rebuild_part(spark: SparkSession, catalog: Catalog, projection: Projection, 
 
 
 def _with_deletes(table: pa.Table, key: str, stale: list[Any], position: int) -> pa.Table:
-    rows: list[dict[str, Any]] = [{key: value, DELETED_COLUMN: True} for value in stale]
-    for row in rows:
-        if POSITION_COLUMN in table.column_names:
-            row[POSITION_COLUMN] = position
+    extra_columns = {POSITION_COLUMN: position} if POSITION_COLUMN in table.column_names else {}
+    rows = [{key: value, DELETED_COLUMN: True, **extra_columns} for value in stale]
     extra = pa.Table.from_pylist(rows, schema=_with_deleted(table.schema))
     base = table if DELETED_COLUMN in table.column_names else table.append_column(
         DELETED_COLUMN, pa.array([False] * table.num_rows, pa.bool_()))
