@@ -56,7 +56,7 @@ def event_categories(dsn: str) -> list[str]:
     return _ask_events(list_categories, dsn)
 
 
-def event_types(dsn: str, category: str | None) -> list[str] | None:
+def event_types(dsn: str, category: str | None) -> list[str]:
     """Event types present in the store (in one category, or anywhere)."""
     from lakefold.eventstore import list_event_types
 
@@ -254,9 +254,8 @@ def check_sources_exist(dsn: str, sources: Sequence[Source], *, projection: str,
                     f"projection {projection}: no event category {source.category!r} in the "
                     f"event store; known categories: {', '.join(categories) or 'none'}"
                 )
-        present = event_types(dsn, source.category) if source.types else None
-        if source.types and present is not None:
-            known = set(present) | set(registered_types)
+        if source.types:
+            known = set(event_types(dsn, source.category)) | set(registered_types)
             unknown = [t for t in source.types if t not in known]
             if unknown:
                 where = f"category {source.category!r}" if source.category else "the store"
