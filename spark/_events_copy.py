@@ -15,7 +15,6 @@ follows the store's tables; a test compares the two readers row for row. Asking 
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from typing import Any
 
 import adbc_driver_manager as adbc_errors
 import psycopg
@@ -41,15 +40,6 @@ def events_schema(columns: Sequence[str] | None = None) -> pa.Schema:
     return pa.schema([f for f in EVENTS_ARROW_SCHEMA if f.name in set(columns)])
 
 
-def store_log_select(conn: psycopg.Connection[Any], lo: int, hi: int, *,
-                     category: str | None = None, types: list[str] | None = None
-                     ) -> sql.Composed:
-    """The store's own read of positions ``[lo, hi)`` as one literal SELECT whose columns are
-    named like ``EVENTS_ARROW_SCHEMA`` (``recorded_at`` still a timestamptz); deletion
-    records pass a type filter."""
-    return events_range_select(conn, lo, hi, category=category, types=types)
-
-
 def _select_text(dsn: str, lo: int, hi: int, category: str | None, types: list[str] | None,
                  schema: pa.Schema) -> str:
     """The store's log read of ``[lo, hi)`` as literal SQL text selecting ``schema``'s columns
@@ -62,7 +52,7 @@ def _select_text(dsn: str, lo: int, hi: int, category: str | None, types: list[s
             "check the DSN and that the server runs"
         ) from e
     with conn:
-        select = store_log_select(conn, lo, hi, category=category, types=types)
+        select = events_range_select(conn, lo, hi, category=category, types=types)
         return sql.SQL("SELECT {columns} FROM ({select}) AS s").format(
             columns=sql.SQL(", ").join(sql.Identifier("s", n) for n in schema.names),
             select=select,
