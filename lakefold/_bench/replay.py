@@ -1,3 +1,24 @@
+"""``lakefold bench replay``: the event store into Spark, and replayed into a Delta aggregate.
+
+Set-up: the shared bench history (``history.py``: ``--events`` deposits, ``--per-stream``
+events per stream) in a throwaway PostgreSQL (fsync on) or ``--store-dsn``; then, in one Spark
+session (``local[*]``):
+
+- ``results.read_events_per_s``: a batch read of every event through the ``lakefold_events``
+  source into Spark (all columns materialized by Spark's ``noop`` sink), interleaved with the
+  baseline (best round of each; every round in ``params``);
+- ``results.replay_events_per_s``: the end-to-end replay of a projection: a streaming query over
+  ``lakefold_events`` (only the columns the fold uses, typed payloads through the event
+  registry, ``--batch-events`` per micro-batch) that folds each micro-batch into per-stream
+  totals (events, sum of amounts, last position) and upserts them into a Delta table through
+  the exactly-once sink; the table is checked against the expected totals afterwards;
+- ``baseline.jdbc_read_events_per_s``: Spark's own JDBC reader (``spark.read.jdbc``
+  partitioned on the indexed ``first_position``, as many partitions as the lakefold source
+  uses) over the store's tables, through the same ``noop`` sink. The PostgreSQL JDBC driver
+  jar comes from the ``wbjdbc`` wheel (a dev dependency), Debian's ``libpostgresql-jdbc-java``,
+  or ``--jdbc-jar``.
+"""
+
 from __future__ import annotations
 
 import importlib.util
