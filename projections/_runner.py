@@ -135,7 +135,7 @@ class GenerationQuery:
         plan = runner.take_prepared_plan(projection.name, generation.generation, self.role)
         if plan is None:
             plan = runner.plan(projection, generation.generation, max_records=max_records,
-                               prune=self.role == "rebuild")
+                               rebuild=self.role == "rebuild")
         from pyspark.sql.pandas.types import to_arrow_schema
 
         self.sink = GenerationSink(
@@ -233,15 +233,15 @@ class Runner:
         return selected
 
     def plan(self, projection: Projection, generation: int, *, max_records: int,
-             prune: bool = False) -> Plan:
-        """The output plan of one generation of ``projection`` (not started); ``prune``: fetch
-        only the event columns the transform reads (a rebuild's full replay)."""
+             rebuild: bool = False) -> Plan:
+        """The output plan of one generation of ``projection`` (not started); ``rebuild``: a
+        rebuild's full replay (see ``_plan.build``)."""
         retries = None
         if projection.fold is not None:
             retries = retry_frame(self.spark, self.config.store_dsn, projection.name,
                                   generation)
         return build(self.spark, projection, self.config.store_dsn, max_records=max_records,
-                     retries=retries, prune=prune)
+                     retries=retries, rebuild=rebuild)
 
     def take_prepared_plan(self, name: str, generation: int, role: str) -> Plan | None:
         """The plan ``prepare`` validated for the live generation (used once)."""

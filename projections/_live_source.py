@@ -1,0 +1,95 @@
+"""The streaming source of a *live* generation: small micro-batches read on the driver.
+
+A live projection follows the head in batches of at most ``max_records_per_batch`` records
+(20,000 by default, a few hundred at a steady 1,000 changes/s), where the fixed cost of a
+Spark task dominates: with the partitioned source (``_source``) every micro-batch sends the
+reader to a Python worker in a task, which reads its range there. This source is Spark's
+``SimpleDataSourceStreamReader``: when Spark asks for the latest offset, the source's driver
+process reads the next range at once (the same ranges and records as the partitioned source,
+through ``ProjectionSourceReader``), and the batch's task only scans what Spark cached. An
+isolated trial (three queries, ~200 records per batch, load 3-4) took a batch's
+``toArrow()`` from ~120 ms to ~55 ms.
+
+Offsets are the partitioned source's (``{"source": alias, "position": next}``), so a
+checkpoint written by either reads back with the other. A batch that Spark replays after a
+crash (in its offset log, not committed) is read again by ``readBetweenOffsets`` in a task:
+reads below the head are final, so it holds exactly the records it held the first time.
+A rebuild's large batches keep the partitioned source (parallel reads, one per core).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+import pyarrow as pa
+from pyspark.sql.datasource import DataSource, SimpleDataSourceStreamReader
+from pyspark.sql.streaming.datasource import ReadMaxRows
+
+from lakefold.projections._model import Source
+from lakefold.projections._source import (
+    ProjectionSourceReader,
+    _Range,
+    source_from_json,
+    source_to_json,
+    spark_schema,
+)
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql.types import StructType
+
+FORMAT = "lakefold_projection_live_source"
+
+
+class LiveSourceReader(SimpleDataSourceStreamReader):
+    """Reads ``[start, min(head + 1, start + max_records))`` when Spark plans a batch."""
+
+    def __init__(self, options: dict[str, str], schema: StructType) -> None:
+        self._ranges = ProjectionSourceReader(options, schema)
+
+    def initialOffset(self) -> dict[str, Any]:
+        return self._ranges.initialOffset()
+
+    def read(self, start: dict[str, Any]) -> tuple[Iterator[pa.RecordBatch], dict[str, Any]]:
+        end = self._ranges.latestOffset(start, ReadMaxRows(self._ranges.max_records))
+        # Spark keeps the batches until the micro-batch runs, copying the iterator: read now.
+        return iter(list(self.readBetweenOffsets(start, end))), end
+
+    def readBetweenOffsets(self, start: dict[str, Any], end: dict[str, Any]
+                           ) -> Iterator[pa.RecordBatch]:
+        begin, stop = int(start["position"]), int(end["position"])
+        if stop <= begin:  # Spark refuses anything, even an empty batch, for an empty range
+            return iter(())
+        return self._ranges.read(_Range(begin, stop))
+
+    def commit(self, end: dict[str, Any]) -> None:
+        """Nothing to release: the stores keep every record (the log is the buffer)."""
+
+
+class LiveProjectionSource(DataSource):
+    """``spark.readStream.format("lakefold_projection_live_source")``: the options of
+    ``lakefold_projection_source``; streaming only."""
+
+    @classmethod
+    def name(cls) -> str:
+        return FORMAT
+
+    def schema(self) -> StructType:
+        return spark_schema(self.options["dsn"], source_from_json(self.options["source"]))
+
+    def simpleStreamReader(self, schema: StructType) -> SimpleDataSourceStreamReader:
+        return LiveSourceReader(dict(self.options), schema)
+
+
+def live_frame(spark: SparkSession, dsn: str, source: Source, *, max_records: int
+               ) -> DataFrame:
+    """A streaming DataFrame over one source for a live generation (see the module
+    docstring): the columns of ``_source.source_frame``, at most ``max_records`` per batch."""
+    spark.dataSource.register(LiveProjectionSource)
+    return (spark.readStream.format(FORMAT)
+            .schema(spark_schema(dsn, source))
+            .option("dsn", dsn)
+            .option("source", source_to_json(source))
+            .option("max_records", str(max_records))
+            .load())
