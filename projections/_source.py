@@ -92,7 +92,10 @@ class ProjectionSourceReader(DataSourceStreamReader):
         if not isinstance(limit, ReadAllAvailable):
             max_rows = getattr(limit, "max_rows", None) or getattr(limit, "maxRows", None)
             if max_rows:
-                end = min(end, begin + int(max_rows))
+                # Position 0 holds no record (the first batch starts there so that an empty
+                # source still runs one batch): it does not count against the limit, or
+                # every build would end with a one-record batch.
+                end = min(end, max(begin, 1) + int(max_rows))
         return self._offset(end)
 
     def reportLatestOffset(self) -> dict[str, Any] | None:

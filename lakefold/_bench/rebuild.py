@@ -3,15 +3,17 @@ aggregate, while the old generation stays live, and switch.
 
 Set-up: the shared bench history (``history.py``: ``--events`` deposits ``{"customer":
 "c<k>", "amount": n}`` of ``--customers`` customers, 1,000 events per stream) in a throwaway
-PostgreSQL (fsync on) or ``--store-dsn``, local Spark, and one projection,
+PostgreSQL (fsync on) or ``--store-dsn`` (the projection is removed from its catalog first, so
+every run builds generation 1 from nothing), local Spark, and one projection,
 ``sales_by_customer``: a streaming aggregation (sum of amounts and count per customer) upserted
-into Delta.
+into Delta. A runner runs it in the background, as ``lakefold run`` does.
 
-- ``params.initial_build_events_per_s``: generation 1 built from nothing (``lakefold run
-  --until-caught-up``), for reference;
-- ``results.rebuild_events_per_s``: ``lakefold rebuild``: generation 2 replays the whole
-  history in batches of ``--batch`` records and the catalog switches to it; events divided by
-  the time from the request to the switch. The table is checked against the expected sums.
+- ``params.initial_build_events_per_s``: generation 1 built from nothing (runner start to
+  caught up), for reference;
+- ``results.rebuild_events_per_s``: what ``lakefold rebuild NAME`` asks of the running runner:
+  generation 2 replays the whole history in batches of ``--batch`` records beside the live
+  generation, and the catalog switches to it; events divided by the time from the request to
+  the switch. The table is checked against the expected sums.
 - ``baseline.batch_aggregate_events_per_s``: the same aggregate as one plain Spark batch job
   over the ``lakefold_events`` source (no streaming, state store, checkpoints or Delta), same
   run, same data: what Spark itself costs.
@@ -21,7 +23,9 @@ from __future__ import annotations
 
 import shutil
 import tempfile
+import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -48,6 +52,9 @@ def expected_sums(events: int, customers: int) -> dict[str, tuple[int, int]]:
     return sums
 
 
+NAME = "sales_by_customer"
+
+
 def _registry(batch: int) -> Any:
     from pyspark.sql import functions as F
 
@@ -64,7 +71,7 @@ def _registry(batch: int) -> Any:
     options = ProjectionOptions(trigger_seconds=0.5, max_records_per_batch=batch,
                                 rebuild_records_per_batch=batch, keep_generations=1)
     with registering_into(registry):
-        @projection("sales_by_customer", sources=[events(CATEGORY)],
+        @projection(NAME, sources=[events(CATEGORY)],
                     target=delta_table("upsert", keys=["customer"]), options=options)
         def sales_by_customer(sales: Any) -> Any:
             return (sales
@@ -75,12 +82,76 @@ def _registry(batch: int) -> Any:
     return registry
 
 
+class _Background:
+    """A runner running in a thread until ``close`` (its failure re-raised by ``wait``)."""
+
+    def __init__(self, runner: Any) -> None:
+        self.stop = threading.Event()
+        self.error: BaseException | None = None
+        self.thread = threading.Thread(target=self._run, args=(runner,), daemon=True)
+        self.thread.start()
+
+    def _run(self, runner: Any) -> None:
+        try:
+            runner.run(stop=self.stop)
+        except BaseException as e:
+            self.error = e
+
+    def wait(self, done: Callable[[], bool], what: str) -> None:
+        while not done():
+            if not self.thread.is_alive():
+                raise LakefoldError(f"the runner stopped before {what}") from self.error
+            time.sleep(0.05)
+
+    def close(self) -> None:
+        self.stop.set()
+        self.thread.join()
+
+
+def _build_and_rebuild(report: Report, spark: Any, dsn: str, scratch: Path, events: int,
+                       batch: int) -> str:
+    """Generation 1 from nothing, then a rebuild into generation 2; the new table's path."""
+    from lakefold.projections import Catalog, Runner, RunnerConfig, SinkRoots
+
+    roots = SinkRoots.under(scratch)
+    catalog = Catalog(dsn, roots)  # what a `lakefold rebuild` process opens
+    try:
+        catalog.install()
+        catalog.forget(NAME)  # left by an earlier run on this store; its sinks are gone
+        runner = Runner(spark, _registry(batch), RunnerConfig(store_dsn=dsn, roots=roots,
+                                                              poll_seconds=0.1))
+        began = time.perf_counter()
+        background = _Background(runner)
+        try:
+            background.wait(lambda: _caught_up(catalog, events), "generation 1 caught up")
+            report.params["initial_build_events_per_s"] = round(
+                events / (time.perf_counter() - began))
+            began = time.perf_counter()
+            generation = catalog.begin_rebuild(NAME).generation
+            background.wait(lambda: catalog.current(NAME).generation == generation,
+                            "the switch")
+            report.results["rebuild_events_per_s"] = round(
+                events / (time.perf_counter() - began))
+        finally:
+            background.close()
+            runner.close()
+        return catalog.current(NAME).delta_path
+    finally:
+        catalog.close()
+
+
+def _caught_up(catalog: Any, events: int) -> bool:
+    try:
+        return bool(catalog.current(NAME).position.get(CATEGORY, 0) > events)
+    except LakefoldError:  # not registered yet: the runner is still preparing
+        return False
+
+
 def run(events: int, customers: int, batch: int, store_dsn: str | None = None) -> Report:
     """Run the benchmark on throwaway services; see the module docstring."""
     from deltalake import DeltaTable
     from pyspark.sql import functions as F
 
-    from lakefold.projections import Catalog, Runner, RunnerConfig, SinkRoots
     from lakefold.projections._runner import RUNNER_SPARK_CONF
     from lakefold.spark import register_sources, spark_session
 
@@ -92,29 +163,11 @@ def run(events: int, customers: int, batch: int, store_dsn: str | None = None) -
             spark = spark_session(conf={**RUNNER_SPARK_CONF,
                                         "spark.sql.shuffle.partitions": "2"},
                                   app_name="lakefold-bench-rebuild")
-            runner = Runner(spark, _registry(batch), RunnerConfig(
-                store_dsn=dsn, roots=SinkRoots.under(scratch), poll_seconds=0.1))
-            try:
-                began = time.perf_counter()
-                runner.run(until_caught_up=True)
-                report.params["initial_build_events_per_s"] = round(
-                    events / (time.perf_counter() - began))
-                began = time.perf_counter()
-                generation = runner.request_rebuild("sales_by_customer")
-                runner.run(until_caught_up=True)
-                elapsed = time.perf_counter() - began
-                catalog = Catalog(dsn)
-                current = catalog.current("sales_by_customer")
-                catalog.close()
-                if current.generation != generation.generation:
-                    raise LakefoldError("the rebuild did not switch to the new generation")
-                report.results["rebuild_events_per_s"] = round(events / elapsed)
-                rows = DeltaTable(current.delta_path).to_pyarrow_table().to_pylist()
-                got = {r["customer"]: (r["amount"], r["events"]) for r in rows}
-                if got != expected_sums(events, customers):
-                    raise LakefoldError("the rebuilt aggregate differs from the expected sums")
-            finally:
-                runner.close()
+            path = _build_and_rebuild(report, spark, dsn, scratch, events, batch)
+            rows = DeltaTable(path).to_pyarrow_table().to_pylist()
+            got = {r["customer"]: (r["amount"], r["events"]) for r in rows}
+            if got != expected_sums(events, customers):
+                raise LakefoldError("the rebuilt aggregate differs from the expected sums")
             register_sources(spark)
             frame = spark.read.format("lakefold_events").option("dsn", dsn).load()
             began = time.perf_counter()
