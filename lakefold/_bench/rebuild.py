@@ -9,7 +9,7 @@ every run builds generation 1 from nothing), local Spark, and one projection,
 into Delta. A runner runs it in the background, as ``lakefold run`` does.
 
 - ``params.initial_build_events_per_s``: generation 1 built from nothing (runner start to
-  caught up), for reference;
+  caught up, batches of at most ``LIVE_BATCH`` records), for reference;
 - ``results.rebuild_events_per_s``: what ``lakefold rebuild NAME`` asks of the running runner:
   generation 2 replays the whole history in batches of ``--batch`` records beside the live
   generation, and the catalog switches to it; events divided by the time from the request to
@@ -53,6 +53,10 @@ def expected_sums(events: int, customers: int) -> dict[str, tuple[int, int]]:
 
 
 NAME = "sales_by_customer"
+#: Records per batch of the live generation (generation 1's build): a live generation reads
+#: each batch on the driver (``projections._live_source``), and 2M-record batches ran the
+#: driver's 1 GiB heap out of memory; the rebuild's batches (``--batch``) are read in tasks.
+LIVE_BATCH = 200_000
 
 
 def _registry(batch: int) -> Any:
@@ -68,7 +72,7 @@ def _registry(batch: int) -> Any:
     )
 
     registry = Registry()
-    options = ProjectionOptions(trigger_seconds=0.5, max_records_per_batch=batch,
+    options = ProjectionOptions(trigger_seconds=0.5, max_records_per_batch=min(batch, LIVE_BATCH),
                                 rebuild_records_per_batch=batch, keep_generations=1)
     with registering_into(registry):
         @projection(NAME, sources=[events(CATEGORY)],
