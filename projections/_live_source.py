@@ -40,6 +40,9 @@ if TYPE_CHECKING:
     from pyspark.sql.types import StructType
 
 FORMAT = "lakefold_projection_live_source"
+#: Largest live batch read on the driver; larger ones use the partitioned source (2M-record
+#: batches ran the driver's default 1 GiB heap out of memory).
+LIVE_READ_MAX = 100_000
 
 
 class LiveSourceReader(SimpleDataSourceStreamReader):

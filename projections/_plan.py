@@ -17,7 +17,7 @@ from lakefold.projections import _stores
 from lakefold.projections._api import STREAM_KEY, Projection, Registry
 from lakefold.projections._delta import check_columns
 from lakefold.projections._fold import DEAD_LETTER_COLUMN, apply_fold, fold_input
-from lakefold.projections._live_source import live_frame
+from lakefold.projections._live_source import LIVE_READ_MAX, live_frame
 from lakefold.projections._model import (
     DELETED_COLUMN,
     POSITION_COLUMN,
@@ -75,11 +75,14 @@ def build(spark: SparkSession, projection: Projection, dsn: str, *, max_records:
     """The streaming output of ``projection`` reading ``dsn``'s stores. A live generation's
     small batches are read on the driver (``_live_source``); a ``rebuild``'s large ones in
     parallel tasks (``_source``), and its event sources fetch only the columns the transform
-    reads (see ``_pruning``)."""
-    if rebuild:
-        columns = event_columns_read(
-            spark, projection, {s.alias: spark_schema(dsn, s) for s in projection.sources},
-            _call_transform, _stores.event_columns())
+    reads (see ``_pruning``). Live batches larger than ``LIVE_READ_MAX`` are read in tasks too:
+    a driver-side read holds the whole batch in the driver's memory."""
+    if rebuild or max_records > LIVE_READ_MAX:
+        columns: dict[str, tuple[str, ...]] = {}
+        if rebuild:
+            columns = event_columns_read(
+                spark, projection, {s.alias: spark_schema(dsn, s) for s in projection.sources},
+                _call_transform, _stores.event_columns())
         frames = {s.alias: source_frame(spark, dsn, s, max_records=max_records,
                                         columns=columns.get(s.alias))
                   for s in projection.sources}
