@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from typing import Any
 
 import pytest
 
@@ -17,8 +18,8 @@ from lakefold.projections._source import source_frame
 pytestmark = pytest.mark.timeout(120)
 
 
-def _stream(frame, checkpoint) -> list[list[object]]:
-    seen: list[list[object]] = []
+def _stream(frame, checkpoint) -> list[list[Any]]:
+    seen: list[list[Any]] = []
     query = (frame.writeStream.foreachBatch(lambda df, i: seen.append(df.collect()))
              .option("checkpointLocation", str(checkpoint))
              .trigger(processingTime="100 milliseconds").start())
