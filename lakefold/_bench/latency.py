@@ -2,9 +2,12 @@
 Redis and in the search index, at a steady rate of changes.
 
 Set-up (all throwaway: PostgreSQL with fsync on, Redis, a local Spark session): a
-``customers`` table of ``--rows`` rows is captured into the changelog (capture runs in a
-thread), and three projections of it run in one runner: a Delta upsert, a Redis cache and a
-Tantivy index, each with a ``--trigger`` processing-time trigger.
+``customers`` table of ``--rows`` rows is captured into the changelog, and three projections of
+it run in one runner: a Delta upsert, a Redis cache and a Tantivy index, each with a
+``--trigger`` processing-time trigger. As in a deployment, the capture (``lakefold capture
+run``), the runner (``lakefold run``, this process) and the application that writes and reads
+(the load and the pollers below) are three processes, so none of them waits for another's
+Python interpreter lock.
 
 Load: one writer commits ``--rate`` row updates per second to random customers, as one
 transaction of ``rate/100`` updates every 10 ms.
@@ -19,20 +22,27 @@ i.e. the floor under every target.
 
 from __future__ import annotations
 
+import multiprocessing
 import shutil
 import statistics
 import tempfile
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import ProcessPoolExecutor
+from contextlib import ExitStack, closing
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
 from lakefold._bench import bench_app
 from lakefold._bench.report import Report
 from lakefold.exceptions import LakefoldError
+
+if TYPE_CHECKING:
+    from lakefold.capture import CaptureConfig
 
 _TABLE = "public.customers"
 
@@ -138,25 +148,156 @@ def _projections() -> Any:
     return registry
 
 
-def run(seconds: float, rate: int, rows: int, probes_per_s: float, warmup: float,
-        trigger: float) -> Report:
-    """Run the benchmark on throwaway services; see the module docstring."""
-    import random
+@dataclass(frozen=True)
+class _Workload:
+    """What the application process writes and watches."""
 
-    import psycopg
+    dsn: str
+    redis_url: str
+    seconds: float
+    rate: int
+    rows: int
+    probes_per_s: float
+    warmup: float
+
+
+def _capture_main(config: CaptureConfig, stop: Any) -> None:
+    """The capture process: captures until ``stop`` (a multiprocessing Event) is set."""
+    from lakefold.capture import Capture
+
+    local = threading.Event()
+
+    def relay() -> None:
+        stop.wait()
+        local.set()
+
+    threading.Thread(target=relay, daemon=True).start()
+    Capture(config).run(stop=local)
+
+
+def _readers(work: _Workload, stack: ExitStack) -> dict[str, Callable[[], object]]:
+    """Per target, a function returning customer 0's name as that target shows it now."""
     import pyarrow.dataset as ds
     from deltalake import DeltaTable
 
+    from lakefold.capture import ChangelogStore
+    from lakefold.projections import Catalog, RedisCacheReader, SearchIndexReader
+
+    catalog = stack.enter_context(closing(Catalog(work.dsn)))
+    cache = stack.enter_context(closing(RedisCacheReader(work.redis_url, pointer_ttl=60)))
+    search = SearchIndexReader(lambda view: catalog.current(view).index_dir, pointer_ttl=60)
+    log_store = stack.enter_context(ChangelogStore(work.dsn))
+    delta_path = catalog.current("customers_delta").delta_path
+    table: list[DeltaTable] = []
+    last_seen = [0]
+
+    def read_delta() -> object:
+        if not table:
+            table.append(DeltaTable(delta_path))
+        else:
+            table[0].update_incremental()
+        found = table[0].to_pyarrow_dataset().to_table(
+            filter=ds.field("id") == 0, columns=["name"]).column("name").to_pylist()
+        return found[0] if found else None
+
+    def read_redis() -> object:
+        return (cache.get("customers_cache", 0) or {}).get("name")
+
+    def read_search() -> object:
+        return (search.get("customers_search", 0) or {}).get("name")
+
+    def read_changelog() -> object:
+        batch = log_store.read(_TABLE, from_position=last_seen[0] + 1, limit=100_000)
+        if batch.num_rows == 0:
+            return None
+        last_seen[0] = batch.column("_position")[-1].as_py()
+        names = [n for n, i in zip(batch.column("name").to_pylist(),
+                                   batch.column("id").to_pylist(), strict=True)
+                 if i == 0 and isinstance(n, str) and n.startswith("probe-")]
+        return names[-1] if names else None
+
+    return {"delta": read_delta, "redis": read_redis, "search": read_search,
+            "changelog": read_changelog}
+
+
+def _application_main(work: _Workload) -> dict[str, Any]:
+    """The application process: waits until every view holds the initial rows, then commits
+    the load with its probes while one poller per target watches customer 0; returns the
+    achieved rate, the probe count and each target's latencies (ms)."""
+    import random
+
+    import psycopg
+
+    stop = threading.Event()
+    with ExitStack() as stack:
+        readers = _readers(work, stack)
+
+        def ready(reader: Callable[[], object]) -> bool:
+            try:
+                return reader() == "name 0"
+            except Exception:
+                return False
+
+        deadline = time.monotonic() + 300
+        while not all(ready(readers[name]) for name in ("delta", "redis", "search")):
+            if time.monotonic() > deadline:
+                raise LakefoldError("the projections did not catch up within 300 s")
+            time.sleep(0.2)
+        began = time.perf_counter()
+        probes = _Probes(warmup_until=began + work.warmup)
+        # Poll intervals bound each figure's resolution; they are kept coarse enough that
+        # the pollers do not take the 2 cores away from what they measure.
+        pollers = [threading.Thread(target=_poll, args=(name, readers[name], probes, stop,
+                                                        interval), daemon=True)
+                   for name, interval in (("delta", 0.05), ("redis", 0.01), ("search", 0.02),
+                                          ("changelog", 0.02))]
+        for poller in pollers:
+            poller.start()
+        rng = random.Random(42)  # noqa: S311 - a reproducible workload, not secrets
+        changes = 0
+        probe = 0
+        next_probe = began
+        tick = 0.01  # one transaction of rate/100 updates every 10 ms
+        per_tick = max(1, round(work.rate * tick))
+        cities = ["Oslo", "Lyon", "Porto", "Turku"]
+        with psycopg.connect(work.dsn, autocommit=True) as conn:
+            end = began + work.warmup + work.seconds
+            ticks = 0
+            while (now := time.perf_counter()) < end:
+                if now >= next_probe:
+                    probe += 1
+                    conn.execute("UPDATE customers SET name = %s WHERE id = 0",
+                                 (f"probe-{probe}",))
+                    probes.commit(probe, time.perf_counter())
+                    changes += 1
+                    next_probe += 1.0 / work.probes_per_s
+                with conn.transaction(), conn.cursor() as cursor:
+                    cursor.executemany(
+                        "UPDATE customers SET city = %s WHERE id = %s",
+                        [(rng.choice(cities), rng.randrange(1, work.rows))
+                         for _ in range(per_tick)])
+                changes += per_tick
+                ticks += 1
+                pause = began + ticks * tick - time.perf_counter()
+                if pause > 0:
+                    time.sleep(pause)
+            elapsed = time.perf_counter() - began
+        time.sleep(3)  # let the last probes arrive
+        stop.set()
+        for poller in pollers:
+            poller.join(timeout=10)
+    return {"achieved_rate": round(changes / elapsed), "probes": probe,
+            "latencies": {name: probes.latencies(name) for name in readers}}
+
+
+def run(seconds: float, rate: int, rows: int, probes_per_s: float, warmup: float,
+        trigger: float) -> Report:
+    """Run the benchmark on throwaway services; see the module docstring."""
+    import psycopg
+
     from lakefold.capture import Capture, CaptureConfig, ChangelogStore
     from lakefold.local import LocalPostgres, LocalRedis
-    from lakefold.projections import (
-        Catalog,
-        RedisCacheReader,
-        Runner,
-        RunnerConfig,
-        SearchIndexReader,
-        SinkRoots,
-    )
+    from lakefold.projections import Runner, RunnerConfig, SinkRoots
     from lakefold.projections._runner import RUNNER_SPARK_CONF
     from lakefold.spark import spark_session
 
@@ -164,8 +305,9 @@ def run(seconds: float, rate: int, rows: int, probes_per_s: float, warmup: float
                                 "probes_per_s": probes_per_s, "warmup_s": warmup,
                                 "trigger_s": trigger})
     scratch = Path(tempfile.mkdtemp(prefix="lakefold-bench-latency-"))
+    spawn = multiprocessing.get_context("spawn")
+    capture_stop = spawn.Event()
     stop = threading.Event()
-    threads: list[threading.Thread] = []
     try:
         with LocalPostgres(durable=True) as server, LocalRedis() as redis_server:
             server.start()
@@ -181,10 +323,9 @@ def run(seconds: float, rate: int, rows: int, probes_per_s: float, warmup: float
                 with cursor.copy("COPY customers FROM STDIN") as copy:
                     for i in range(rows):
                         copy.write_row((i, f"name {i}", f"c{i}@example.com", "Oslo"))
-            capture = threading.Thread(target=Capture(capture_config).run,
-                                       kwargs={"stop": stop}, daemon=True)
+            capture = spawn.Process(target=_capture_main, args=(capture_config, capture_stop),
+                                    daemon=True)
             capture.start()
-            threads.append(capture)
             spark = spark_session("local[2]", conf={**RUNNER_SPARK_CONF,
                                                     "spark.sql.shuffle.partitions": "2"},
                                   app_name="lakefold-bench-latency")
@@ -193,7 +334,7 @@ def run(seconds: float, rate: int, rows: int, probes_per_s: float, warmup: float
                 with ChangelogStore(dsn) as store:
                     if any(s.name == _TABLE and s.head >= rows for s in store.streams()):
                         break
-                if time.monotonic() > deadline:
+                if time.monotonic() > deadline or not capture.is_alive():
                     raise LakefoldError("capture did not deliver the initial rows in 120 s")
                 time.sleep(0.1)
             runner = Runner(spark, _projections(), RunnerConfig(
@@ -203,120 +344,32 @@ def run(seconds: float, rate: int, rows: int, probes_per_s: float, warmup: float
             run_thread = threading.Thread(target=runner.run, kwargs={"stop": stop},
                                           daemon=True)
             run_thread.start()
-            threads.append(run_thread)
-
-            catalog = Catalog(dsn)
-            cache = RedisCacheReader(redis_server.url, pointer_ttl=60)
-            search = SearchIndexReader(lambda view: catalog.current(view).index_dir,
-                                       pointer_ttl=60)
-            delta_path = catalog.current("customers_delta").delta_path
-            table: list[DeltaTable] = []
-
-            def read_delta() -> object:
-                if not table:
-                    table.append(DeltaTable(delta_path))
-                else:
-                    table[0].update_incremental()
-                found = table[0].to_pyarrow_dataset().to_table(
-                    filter=ds.field("id") == 0, columns=["name"]).column("name").to_pylist()
-                return found[0] if found else None
-
-            def read_redis() -> object:
-                return (cache.get("customers_cache", 0) or {}).get("name")
-
-            def read_search() -> object:
-                return (search.get("customers_search", 0) or {}).get("name")
-
-            log_store = ChangelogStore(dsn)
-            last_seen = [0]
-
-            def read_changelog() -> object:
-                batch = log_store.read(_TABLE, from_position=last_seen[0] + 1, limit=100_000)
-                if batch.num_rows == 0:
-                    return None
-                last_seen[0] = batch.column("_position")[-1].as_py()
-                names = [n for n, i in zip(batch.column("name").to_pylist(),
-                                           batch.column("id").to_pylist(), strict=True)
-                         if i == 0 and isinstance(n, str) and n.startswith("probe-")]
-                return names[-1] if names else None
-
-            # every view has the initial rows before the clock starts
-            def ready(reader: Callable[[], object]) -> bool:
-                try:
-                    return reader() == "name 0"
-                except Exception:
-                    return False
-
-            deadline = time.monotonic() + 300
-            while not all(ready(reader) for reader in (read_delta, read_redis, read_search)):
-                if time.monotonic() > deadline:
-                    raise LakefoldError("the projections did not catch up within 300 s")
-                time.sleep(0.2)
-            began = time.perf_counter()
-            probes = _Probes(warmup_until=began + warmup)
-            # Poll intervals bound each figure's resolution; they are kept coarse enough
-            # that the pollers do not take the 2 cores away from what they measure.
-            for name, reader, interval in (("delta", read_delta, 0.05),
-                                           ("redis", read_redis, 0.01),
-                                           ("search", read_search, 0.02),
-                                           ("changelog", read_changelog, 0.02)):
-                poller = threading.Thread(target=_poll, args=(name, reader, probes, stop,
-                                                              interval), daemon=True)
-                poller.start()
-                threads.append(poller)
-
-            rng = random.Random(42)  # noqa: S311 - a reproducible workload, not secrets
-            changes = 0
-            probe = 0
-            next_probe = began
-            tick = 0.01  # one transaction of rate/100 updates every 10 ms
-            per_tick = max(1, round(rate * tick))
-            cities = ["Oslo", "Lyon", "Porto", "Turku"]
-            with psycopg.connect(dsn, autocommit=True) as conn:
-                end = began + warmup + seconds
-                ticks = 0
-                while (now := time.perf_counter()) < end:
-                    if now >= next_probe:
-                        probe += 1
-                        conn.execute("UPDATE customers SET name = %s WHERE id = 0",
-                                     (f"probe-{probe}",))
-                        probes.commit(probe, time.perf_counter())
-                        changes += 1
-                        next_probe += 1.0 / probes_per_s
-                    with conn.transaction(), conn.cursor() as cursor:
-                        cursor.executemany(
-                            "UPDATE customers SET city = %s WHERE id = %s",
-                            [(rng.choice(cities), rng.randrange(1, rows))
-                             for _ in range(per_tick)])
-                    changes += per_tick
-                    ticks += 1
-                    pause = began + ticks * tick - time.perf_counter()
-                    if pause > 0:
-                        time.sleep(pause)
-                elapsed = time.perf_counter() - began
-            time.sleep(3)  # let the last probes arrive
-            report.params["achieved_rate"] = round(changes / elapsed)
-            report.params["probes"] = probe
+            workload = _Workload(dsn, redis_server.url, seconds, rate, rows, probes_per_s,
+                                 warmup)
+            with ProcessPoolExecutor(1, mp_context=spawn) as application:
+                outcome = application.submit(_application_main, workload).result()
+            report.params["achieved_rate"] = outcome["achieved_rate"]
+            report.params["probes"] = outcome["probes"]
+            latencies: dict[str, list[float]] = outcome["latencies"]
             for name in ("delta", "redis", "search"):
-                values = probes.latencies(name)
+                values = latencies[name]
                 report.results[f"{name}_p50_ms"] = round(_percentile(values, 0.50), 1)
                 report.results[f"{name}_p99_ms"] = round(_percentile(values, 0.99), 1)
                 report.params[f"{name}_samples"] = len(values)
                 report.params[f"{name}_mean_ms"] = round(statistics.fmean(values), 1) \
                     if values else None
-            base = probes.latencies("changelog")
+            base = latencies["changelog"]
             report.baseline["changelog_p50_ms"] = round(_percentile(base, 0.50), 1)
             report.baseline["changelog_p99_ms"] = round(_percentile(base, 0.99), 1)
             report.params["batch_phases_p50_ms"] = _batch_phases(runner)
             stop.set()
-            for thread in threads:
-                thread.join(timeout=60)
+            run_thread.join(timeout=60)
             runner.close()
-            cache.close()
-            log_store.close()
-            catalog.close()
+            capture_stop.set()
+            capture.join(timeout=60)
     finally:
         stop.set()
+        capture_stop.set()
         shutil.rmtree(scratch, ignore_errors=True)
     return report
 
