@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import time
+from typing import Any
 
 import pytest
 
@@ -44,7 +45,7 @@ def test_event_source_streams_every_event_once_in_small_batches(pg, spark, tmp_p
 def test_event_source_batches_hold_the_limit_from_the_first(pg, spark, tmp_path):
     load_history(pg.dsn, 30, per_stream=10, customers=3)
     frame = source_frame(spark, pg.dsn, events(CATEGORY), max_records=10)
-    seen: list[list[object]] = []
+    seen: list[list[Any]] = []
     # A processing-time trigger honours the limit (availableNow reads all in one batch).
     query = (frame.writeStream.foreachBatch(lambda df, i: seen.append(df.collect()))
              .option("checkpointLocation", str(tmp_path / "ck"))
