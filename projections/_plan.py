@@ -77,12 +77,10 @@ def build(spark: SparkSession, projection: Projection, dsn: str, *, max_records:
     parallel tasks (``_source``), and its event sources fetch only the columns the transform
     reads (see ``_pruning``). Live batches larger than ``LIVE_READ_MAX`` are read in tasks too:
     a driver-side read holds the whole batch in the driver's memory."""
+    columns = event_columns_read(
+        spark, projection, {s.alias: spark_schema(dsn, s) for s in projection.sources},
+        _call_transform, _stores.event_columns()) if rebuild else {}
     if rebuild or max_records > LIVE_READ_MAX:
-        columns: dict[str, tuple[str, ...]] = {}
-        if rebuild:
-            columns = event_columns_read(
-                spark, projection, {s.alias: spark_schema(dsn, s) for s in projection.sources},
-                _call_transform, _stores.event_columns())
         frames = {s.alias: source_frame(spark, dsn, s, max_records=max_records,
                                         columns=columns.get(s.alias))
                   for s in projection.sources}

@@ -53,9 +53,9 @@ def expected_sums(events: int, customers: int) -> dict[str, tuple[int, int]]:
 
 
 NAME = "sales_by_customer"
-#: Records per batch of the live generation (generation 1's build): a live generation reads
-#: each batch on the driver (``projections._live_source``), and 2M-record batches ran the
-#: driver's 1 GiB heap out of memory; the rebuild's batches (``--batch``) are read in tasks.
+#: Records per batch of the live generation (generation 1's build, for reference); the
+#: rebuild's batches are ``--batch``. Batches above ``LIVE_READ_MAX`` (both, at the defaults)
+#: are read in parallel tasks, not on the driver (``projections._plan.build``).
 LIVE_BATCH = 200_000
 
 

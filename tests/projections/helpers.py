@@ -4,7 +4,10 @@ events in the event store, and fresh computations to compare views with."""
 from __future__ import annotations
 
 import random
+import time
 from decimal import Decimal
+from pathlib import Path
+from typing import Any
 
 import psycopg
 
@@ -121,3 +124,19 @@ def append_orders(dsn: str, rng: random.Random, count: int, *, poison_every: int
             expected[customer] = expected.get(customer, Decimal(0)) + amount
     store.close()
     return expected
+
+
+def stream_batches(frame: Any, checkpoint: Path, records: int) -> list[list[Any]]:
+    """The micro-batches (rows) a streaming ``frame`` delivers under a 100 ms processing-time
+    trigger (which honours read limits; availableNow reads all in one batch) until ``records``
+    have arrived, plus a second in which a trailing batch would run."""
+    seen: list[list[Any]] = []
+    query = (frame.writeStream.foreachBatch(lambda df, i: seen.append(df.collect()))
+             .option("checkpointLocation", str(checkpoint))
+             .trigger(processingTime="100 milliseconds").start())
+    deadline = time.monotonic() + 60
+    while sum(len(batch) for batch in seen) < records and time.monotonic() < deadline:
+        time.sleep(0.1)
+    time.sleep(1)  # a batch past the end would run within a few triggers
+    query.stop()
+    return seen

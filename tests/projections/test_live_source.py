@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import time
-from typing import Any
-
 import pytest
 
 from lakefold._bench.history import CATEGORY, load_history
@@ -14,28 +11,18 @@ from lakefold.projections._live_source import LIVE_READ_MAX, live_frame
 from lakefold.projections._model import events
 from lakefold.projections._plan import build
 from lakefold.projections._source import source_frame
+from tests.projections import helpers
 
 pytestmark = pytest.mark.timeout(120)
 
 
-def _stream(frame, checkpoint) -> list[list[Any]]:
-    seen: list[list[Any]] = []
-    query = (frame.writeStream.foreachBatch(lambda df, i: seen.append(df.collect()))
-             .option("checkpointLocation", str(checkpoint))
-             .trigger(processingTime="100 milliseconds").start())
-    deadline = time.monotonic() + 60
-    while sum(len(batch) for batch in seen) < 30 and time.monotonic() < deadline:
-        time.sleep(0.1)
-    time.sleep(1)  # a batch past the end would run within a few triggers
-    query.stop()
-    return seen
-
-
 def test_live_source_reads_what_the_partitioned_source_reads(pg, spark, tmp_path):
     load_history(pg.dsn, 30, per_stream=10, customers=3)
-    live = _stream(live_frame(spark, pg.dsn, events(CATEGORY), max_records=10), tmp_path / "a")
-    partitioned = _stream(source_frame(spark, pg.dsn, events(CATEGORY), max_records=10),
-                          tmp_path / "b")
+    source = events(CATEGORY)
+    live = helpers.stream_batches(live_frame(spark, pg.dsn, source, max_records=10),
+                                  tmp_path / "a", 30)
+    partitioned = helpers.stream_batches(source_frame(spark, pg.dsn, source, max_records=10),
+                                         tmp_path / "b", 30)
     assert [len(batch) for batch in live] == [10, 10, 10]
     assert [r["_position"] for batch in live for r in batch] == list(range(1, 31))
     assert [row.asDict() for batch in live for row in batch] == \

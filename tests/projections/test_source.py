@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import json
-import time
-from typing import Any
 
 import pytest
 
@@ -14,6 +12,7 @@ from lakefold.projections import _stores
 from lakefold.projections._model import events
 from lakefold.projections._source import source_frame
 from lakefold.schemas.events import NewEvent
+from tests.projections import helpers
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -41,20 +40,10 @@ def test_event_source_streams_every_event_once_in_small_batches(pg, spark, tmp_p
     assert not any(r["_deleted"] for r in rows)
 
 
-
 def test_event_source_batches_hold_the_limit_from_the_first(pg, spark, tmp_path):
     load_history(pg.dsn, 30, per_stream=10, customers=3)
-    frame = source_frame(spark, pg.dsn, events(CATEGORY), max_records=10)
-    seen: list[list[Any]] = []
-    # A processing-time trigger honours the limit (availableNow reads all in one batch).
-    query = (frame.writeStream.foreachBatch(lambda df, i: seen.append(df.collect()))
-             .option("checkpointLocation", str(tmp_path / "ck"))
-             .trigger(processingTime="100 milliseconds").start())
-    deadline = time.monotonic() + 60
-    while sum(len(batch) for batch in seen) < 30 and time.monotonic() < deadline:
-        time.sleep(0.1)
-    time.sleep(1)  # a one-event batch at the end would run within a few triggers
-    query.stop()
+    seen = helpers.stream_batches(source_frame(spark, pg.dsn, events(CATEGORY), max_records=10),
+                          tmp_path / "ck", 30)
     # Position 0 holds no event: the first batch still gets ten (no one-event batch at the end).
     assert [len(batch) for batch in seen] == [10, 10, 10]
     assert [r["_position"] for batch in seen for r in batch] == list(range(1, 31))
