@@ -33,7 +33,7 @@ from lakefold.eventstore import (
 )
 from lakefold.eventstore._copy import COPY_THRESHOLD
 from lakefold.eventstore._model import build_appends
-from lakefold.eventstore._postgres import _APPEND, append_params
+from lakefold.eventstore._postgres import _APPEND, PostgresRecorder, append_params
 from lakefold.eventstore._reads import ENVELOPE_COLUMNS, log_statement
 from lakefold.local import free_port
 from lakefold.schemas import EventMetadata, NewEvent
@@ -303,6 +303,51 @@ def test_category_and_type_reads_use_their_indexes(store: EventStore, pg: TestDa
         assert max(float(n) for n in re.findall(r"actual rows=([0-9.]+)", "".join(scans))) \
             <= 2, plan
     assert [e.stream_id for e in store.read_category("rare")] == ["rare-1", "rare-1"]
+
+
+@pytest.mark.timeout(120)
+def test_sequencing_rounds_never_scan_the_whole_log(store: EventStore, pg: TestDatabase) -> None:
+    """Under the generic plans PL/pgSQL switches to, a round with nothing to do (the usual
+    case) must not read every event: once it did, at every round, for every writer."""
+    for batch in range(20):
+        store.append(f"bulk-{batch}", [ev() for _ in range(1000)])
+    assert store.head() == 20_000
+    with psycopg.connect(pg.dsn, autocommit=True) as conn:
+        conn.execute("ANALYZE lakefold.events")
+        conn.execute("SET plan_cache_mode = force_generic_plan")
+
+        def scans() -> tuple[int, int]:
+            conn.execute("SELECT pg_stat_force_next_flush()")
+            row = conn.execute("SELECT seq_scan, seq_tup_read FROM pg_stat_user_tables "
+                               "WHERE relid = 'lakefold.events'::regclass").fetchone()
+            assert row is not None
+            return int(row[0]), int(row[1])
+
+        before = scans()
+        for _ in range(10):  # idle rounds, then rounds that sequence one new transaction
+            assert conn.execute("SELECT * FROM lakefold.sequence_events(1000)").fetchone() \
+                == (20_000, False, 0)
+        store.append("bulk-new", [ev()])
+        for _ in range(3):
+            conn.execute("SELECT * FROM lakefold.sequence_events(1000)")
+        assert store.head() == 20_001
+        assert scans() == before
+
+
+def test_the_pool_hands_out_the_connection_returned_last(pg: TestDatabase) -> None:
+    """Once the pool has grown, one caller keeps getting the same (warm) server process
+    instead of going round all of them."""
+    with EventStore(pg.dsn, options=StoreOptions(pool_size=4)) as store:
+        recorder = store.recorder
+        assert isinstance(recorder, PostgresRecorder)
+        with contextlib.ExitStack() as held:  # four callers at once: the pool grows to four
+            pids = {_backend_pid(held.enter_context(recorder.connection())) for _ in range(4)}
+        assert len(pids) == 4
+        with recorder.connection() as conn:
+            last = _backend_pid(conn)
+        for _ in range(6):
+            with recorder.connection() as conn:
+                assert _backend_pid(conn) == last
 
 
 @pytest.mark.timeout(60)
