@@ -77,15 +77,16 @@ _POSITION_OF: Final = sql.SQL(
 def _key(param: str) -> sql.Composed:
     """The ``(xid, ordinal)`` key of the position in parameter ``param``: the transaction
     whose run of positions holds it, and the offset into that run."""
-    # max() is one probe of the primary key's end; an ORDER BY over a UNION would read (and
-    # sort) every transaction's row below the position.
+    # max() and min() are one probe of the primary key each; an ORDER BY over a UNION would
+    # read (and sort) every transaction's row below the position, and NOT EXISTS over a
+    # one-sided range may become a sequential scan under a generic plan.
     return sql.SQL(
         "(SELECT z.xid, z.ordinal FROM ("
         " SELECT xid, {p} - first_position AS ordinal FROM lakefold.event_positions"
         " WHERE first_position = (SELECT max(first_position) FROM lakefold.event_positions"
         "   WHERE first_position <= {p})"
-        " UNION ALL SELECT '0'::xid8, 0 WHERE NOT EXISTS ("
-        "   SELECT FROM lakefold.event_positions WHERE first_position <= {p})) AS z)"
+        " UNION ALL SELECT '0'::xid8, 0 WHERE coalesce("
+        "   (SELECT min(first_position) FROM lakefold.event_positions) > {p}, true)) AS z)"
     ).format(p=sql.Placeholder(param))
 
 
