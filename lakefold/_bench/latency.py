@@ -31,7 +31,7 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
 from contextlib import ExitStack, closing
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -120,8 +120,14 @@ def _batch_phases(runner: Any) -> dict[str, dict[str, float]]:
     return phases
 
 
-def _projections(trigger: float) -> Any:
+def _view(customers: Any) -> Any:
+    """What every target keeps of a customer (the same transform for all three)."""
+    return customers.select("id", "name", "email", "city", "_position", "_deleted")
 
+
+def _projections(trigger: float) -> Any:
+    """The three projections of the customers table: Redis and search at ``trigger``, Delta
+    at ``DELTA_TRIGGER`` or ``trigger``, whichever is longer."""
     from lakefold.projections import (
         ProjectionOptions,
         Registry,
@@ -135,23 +141,14 @@ def _projections(trigger: float) -> Any:
 
     registry = Registry()
     options = ProjectionOptions(trigger_seconds=trigger, max_records_per_batch=50_000)
-    delta_options = ProjectionOptions(trigger_seconds=max(trigger, DELTA_TRIGGER),
-                                      max_records_per_batch=50_000)
+    delta_options = replace(options, trigger_seconds=max(trigger, DELTA_TRIGGER))
     with registering_into(registry):
-        @projection("customers_delta", sources=[changelog(_TABLE)],
-                    target=delta_table("upsert", keys=["id"]), options=delta_options)
-        def customers_delta(customers: Any) -> Any:
-            return customers.select("id", "name", "email", "city", "_position", "_deleted")
-
-        @projection("customers_cache", sources=[changelog(_TABLE)],
-                    target=redis_cache(key="id"), options=options)
-        def customers_cache(customers: Any) -> Any:
-            return customers.select("id", "name", "email", "city", "_position", "_deleted")
-
-        @projection("customers_search", sources=[changelog(_TABLE)],
-                    target=search_index(key="id", text=["name", "city"]), options=options)
-        def customers_search(customers: Any) -> Any:
-            return customers.select("id", "name", "email", "city", "_position", "_deleted")
+        projection("customers_delta", sources=[changelog(_TABLE)],
+                   target=delta_table("upsert", keys=["id"]), options=delta_options)(_view)
+        projection("customers_cache", sources=[changelog(_TABLE)],
+                   target=redis_cache(key="id"), options=options)(_view)
+        projection("customers_search", sources=[changelog(_TABLE)],
+                   target=search_index(key="id", text=["name", "city"]), options=options)(_view)
     return registry
 
 

@@ -42,8 +42,8 @@ def test_event_source_streams_every_event_once_in_small_batches(pg, spark, tmp_p
 
 def test_event_source_batches_hold_the_limit_from_the_first(pg, spark, tmp_path):
     load_history(pg.dsn, 30, per_stream=10, customers=3)
-    seen = helpers.stream_batches(source_frame(spark, pg.dsn, events(CATEGORY), max_records=10),
-                          tmp_path / "ck", 30)
+    frame = source_frame(spark, pg.dsn, events(CATEGORY), max_records=10)
+    seen = helpers.stream_batches(frame, tmp_path / "ck", 30)
     # Position 0 holds no event: the first batch still gets ten (no one-event batch at the end).
     assert [len(batch) for batch in seen] == [10, 10, 10]
     assert [r["_position"] for batch in seen for r in batch] == list(range(1, 31))
