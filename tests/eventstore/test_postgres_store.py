@@ -239,17 +239,18 @@ class _LossyProxy:
 
 
 @pytest.mark.timeout(60)
-def test_idempotent_retry_after_a_lost_acknowledgement(store: EventStore,
-                                                       pg: TestDatabase) -> None:
+@pytest.mark.parametrize("count", [1, 3], ids=["one-event statement", "many-event statement"])
+def test_idempotent_retry_after_a_lost_acknowledgement(store: EventStore, pg: TestDatabase,
+                                                       count: int) -> None:
     assert pg.server.local is not None
     proxy = _LossyProxy(pg.server.local.port)
     via_proxy = pg.dsn.replace(f"port={pg.server.local.port}", f"port={proxy.port}")
     assert via_proxy != pg.dsn
-    events = [ev(n=i) for i in range(3)]
+    events = [ev(n=i) for i in range(count)]
     try:
         with EventStore(via_proxy) as flaky:
-            # prepare the statement on the pooled connection (same parameter types)
-            flaky.append("warm-1", [ev(), ev(), ev()], expected_version=NO_STREAM)
+            # prepare the statement on the pooled connection
+            flaky.append("warm-1", [ev() for _ in range(count)], expected_version=NO_STREAM)
             with flaky.recorder.connection() as conn:  # type: ignore[attr-defined]
                 sock = socket.socket(fileno=os.dup(conn.pgconn.socket))
                 proxy.armed_for = sock.getsockname()[1]
@@ -257,15 +258,40 @@ def test_idempotent_retry_after_a_lost_acknowledgement(store: EventStore,
             with pytest.raises(EventStoreUnavailable):  # the append ran; its answer was lost
                 flaky.append("pay-1", events, expected_version=NO_STREAM)
             assert proxy.dropped.is_set()
-            assert store.stream_state("pay-1").version == 3  # it was committed
+            assert store.stream_state("pay-1").version == count  # it was committed
             retry = flaky.append("pay-1", events, expected_version=NO_STREAM)
     finally:
         proxy.close()
     assert retry.duplicate
     assert [(e.event_id, e.stream_version) for e in retry.events] == [
         (e.event_id, i) for i, e in enumerate(events, start=1)]
-    assert len(store.read_stream("pay-1")) == 3
-    assert store.wait_for_positions(retry).positions == [4, 5, 6]
+    assert len(store.read_stream("pay-1")) == count
+    assert store.wait_for_positions(retry).positions == list(range(count + 1, 2 * count + 1))
+
+
+def test_one_event_appends_prepare_their_statement_again_when_the_server_forgot_it(
+        store: EventStore) -> None:
+    metadata = EventMetadata(correlation_id=uuid.uuid4(), causation_id=uuid.uuid4(),
+                             extra={"user": "ann"})
+    first = store.append("order-9", [ev(n=1)], expected_version=NO_STREAM)
+    with store.recorder.connection() as conn:  # type: ignore[attr-defined]
+        pid = _backend_pid(conn)
+        conn.execute("DEALLOCATE ALL")  # a server that forgot the connection's statements
+    # the pool hands out the connection returned last: the one without statements
+    second = store.append("order-9", [NewEvent("order.paid", {"n": 2}, metadata=metadata)],
+                          expected_version=1)
+    with pytest.raises(WrongExpectedVersion):
+        store.append("order-9", [ev(n=3)], expected_version=1)
+    with store.recorder.connection() as conn:  # type: ignore[attr-defined]
+        assert _backend_pid(conn) == pid
+        prepared = {row[0] for row in conn.execute("SELECT name FROM pg_prepared_statements")}
+    assert "lakefold_append_one_exact" in prepared
+    assert [(e.stream_id, e.stream_version) for e in first.events + second.events] == [
+        ("order-9", 1), ("order-9", 2)]
+    stored = store.read_stream("order-9")
+    assert [(e.type, e.data, e.stream_version) for e in stored] == [
+        ("order.placed", {"n": 1}, 1), ("order.paid", {"n": 2}, 2)]
+    assert stored[1].metadata == metadata
 
 
 def _plan(conn: psycopg.Connection, statement: sql.Composed, params: dict[str, object]) -> str:
