@@ -219,9 +219,15 @@ class PostgresRecorder(EventRecorder):
 
     @contextmanager
     def connection(self) -> Iterator[Conn]:
-        """A pooled autocommit connection, with driver errors translated."""
-        with translate_errors(self._masked), self._pool.connection() as conn:
-            yield conn
+        """A pooled autocommit connection, with driver errors translated. (``getconn`` and
+        ``putconn`` rather than the pool's ``connection()``, which also times the use and
+        commits on the way out: a third of the cost, on every append.)"""
+        with translate_errors(self._masked):
+            conn = self._pool.getconn()
+            try:
+                yield conn
+            finally:
+                self._pool.putconn(conn)
 
     def poke(self) -> None:
         """Ask the background sequencer for a round (after a commit that appended)."""
