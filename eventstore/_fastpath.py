@@ -10,19 +10,24 @@ returns no row; the caller then goes through ``append_events``, which raises the
 
 A one-event append, the commonest call of all, skips psycopg's query machinery too: its
 statement is prepared under a fixed name on each connection the first time it is used there
-(``PREPARE`` by the libpq API), and executed with its arguments already as text. Converting a
-query and adapting a dozen arguments costs ~25 µs of Python per call, as much as the rest of
-the client's round trip, and with many writer threads it is time under the interpreter lock.
+(``PREPARE`` by the libpq API, and again if the server forgot it), and executed by one
+blocking libpq call (``PQexecPrepared``, which releases the interpreter lock while it waits)
+with its arguments already as UTF-8 text. Converting a query and adapting a dozen arguments
+costs ~25 µs of Python per call, as much as the rest of the client's round trip; and psycopg's
+non-blocking wait gives up and retakes the interpreter lock several times per statement, which
+with 16 writer threads costs more than the work itself (16 writers: ~5.5k -> ~6.3k appends/s).
+The price: Ctrl-C reaches a thread blocked in that call only when it returns, which for this
+statement is at once unless another transaction holds the stream's row lock.
 """
 
 from __future__ import annotations
 
 import re
 from collections.abc import Sequence
-from typing import Any, Final
+from typing import Any, Final, cast
 
 import psycopg
-from psycopg import generators, pq, sql
+from psycopg import pq, sql
 from psycopg.rows import TupleRow
 
 from lakefold.eventstore._copy import expected_code
@@ -105,25 +110,33 @@ def _text(value: object) -> bytes | None:
     return None if value is None else str(value).encode()
 
 
+def _checked(pgconn: pq.abc.PGconn, result: pq.abc.PGresult, ok: pq.ExecStatus
+             ) -> pq.abc.PGresult:
+    """``result`` if its status is ``ok``; otherwise the psycopg error it carries (an
+    ``OperationalError`` when the connection is lost, as psycopg itself reports that)."""
+    if result.status == ok:
+        return result
+    error = psycopg.errors.error_from_result(result)
+    if pgconn.status == pq.ConnStatus.BAD:
+        raise psycopg.OperationalError(str(error)) from error
+    raise error
+
+
 def _execute_prepared(conn: psycopg.Connection[TupleRow], name: bytes, text: bytes,
                       args: Sequence[bytes | None]) -> pq.abc.PGresult:
     """Run prepared statement ``name`` (preparing it from ``text`` first when the connection
     does not have it yet); its result, or the psycopg error of a failure."""
     pgconn = conn.pgconn
+    # None is NULL, in both pq implementations (exec_prepared's annotation leaves it out,
+    # send_query_prepared's has it)
+    values = cast("Sequence[bytes]", args)
     with conn.lock:
-        pgconn.send_query_prepared(name, args)
-        result: pq.abc.PGresult = conn.wait(generators.execute(pgconn))[-1]
+        result = pgconn.exec_prepared(name, values)
         if (result.status == pq.ExecStatus.FATAL_ERROR
                 and result.error_field(pq.DiagnosticField.SQLSTATE) == _UNDEFINED_STATEMENT):
-            pgconn.send_prepare(name, text)
-            prepared = conn.wait(generators.execute(pgconn))[-1]
-            if prepared.status != pq.ExecStatus.COMMAND_OK:
-                raise psycopg.errors.error_from_result(prepared)
-            pgconn.send_query_prepared(name, args)
-            result = conn.wait(generators.execute(pgconn))[-1]
-    if result.status != pq.ExecStatus.TUPLES_OK:
-        raise psycopg.errors.error_from_result(result)
-    return result
+            _checked(pgconn, pgconn.prepare(name, text), pq.ExecStatus.COMMAND_OK)
+            result = pgconn.exec_prepared(name, values)
+    return _checked(pgconn, result, pq.ExecStatus.TUPLES_OK)
 
 
 def _append_one(conn: psycopg.Connection[TupleRow], append: StreamAppend, kind: str

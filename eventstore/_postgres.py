@@ -89,11 +89,13 @@ def _loads(data: str | bytes) -> Any:
 
 
 def configure_connection(conn: psycopg.Connection[Any]) -> None:
-    """Per-connection setup for the store's connections: the fast jsonb decoder, and the
-    session time zone UTC (``recorded_at`` comes back in UTC whatever the server's zone, and
-    psycopg builds UTC datetimes about twice as fast as zoned ones)."""
+    """Per-connection setup for the store's connections: the fast jsonb decoder, the session
+    time zone UTC (``recorded_at`` comes back in UTC whatever the server's zone, and psycopg
+    builds UTC datetimes about twice as fast as zoned ones), and UTF-8 as the client encoding
+    (the one-event fast path sends its arguments as UTF-8 text, whatever the DSN asked for)."""
     psycopg.types.json.set_json_loads(_loads, conn)
     conn.execute("SET TIME ZONE 'UTC'")
+    conn.execute("SET client_encoding TO 'UTF8'")
 
 
 def append_params(appends: Sequence[StreamAppend]) -> tuple[Any, ...]:

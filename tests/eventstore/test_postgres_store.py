@@ -498,3 +498,15 @@ def test_an_invalid_event_in_the_middle_of_a_copy_stream_writes_nothing(
     assert rows == [("order-0", 1), ("order-5", 3)]
     assert streams == [("order-0",), ("order-5",)]
     assert store.append("order-1", good).stream_versions == {"order-1": 1000}  # ids unused
+
+
+def test_one_event_appends_store_text_right_whatever_client_encoding_the_dsn_asks_for(
+        pg: TestDatabase) -> None:
+    with EventStore(f"{pg.dsn} client_encoding=LATIN1") as latin:
+        latin.install()
+        latin.append("order-zoë", [ev(name="Zoë pays 5 €")], expected_version=NO_STREAM)
+        [stored] = latin.read_stream("order-zoë")
+    assert (stored.stream_id, stored.data) == ("order-zoë", {"name": "Zoë pays 5 €"})
+    with psycopg.connect(pg.dsn) as conn:  # as any other client sees it
+        row = conn.execute("SELECT stream_id, data->>'name' FROM lakefold.events").fetchone()
+    assert row == ("order-zoë", "Zoë pays 5 €")
