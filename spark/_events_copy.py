@@ -16,10 +16,8 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 
-import adbc_driver_manager as adbc_errors
 import psycopg
 import pyarrow as pa
-from adbc_driver_postgresql import dbapi as adbc
 from psycopg import sql
 
 from lakefold.dsn import mask_dsn
@@ -69,6 +67,11 @@ def _conformed(batch: pa.RecordBatch, schema: pa.Schema) -> pa.RecordBatch:
 def _fetch(dsn: str, statements: Iterator[str], schema: pa.Schema
            ) -> Iterator[pa.RecordBatch]:
     """Run each statement on one ADBC connection; yield its rows as batches of ``schema``."""
+    # Imported here, by the task that reads: ADBC's DB-API module imports pandas and polars
+    # (~1 s in a fresh process), which the Python workers that only plan a read do not need.
+    import adbc_driver_manager as adbc_errors
+    from adbc_driver_postgresql import dbapi as adbc
+
     try:
         conn = adbc.connect(dsn, autocommit=True)
     except adbc_errors.Error as e:
