@@ -16,18 +16,20 @@ with its arguments already as UTF-8 text. Converting a query and adapting a doze
 costs ~25 µs of Python per call, as much as the rest of the client's round trip; and psycopg's
 non-blocking wait gives up and retakes the interpreter lock several times per statement, which
 with 16 writer threads costs more than the work itself (16 writers: ~5.5k -> ~6.3k appends/s).
-The price: Ctrl-C reaches a thread blocked in that call only when it returns, which for this
-statement is at once unless another transaction holds the stream's row lock.
+That is for appends off the main thread (where signals never arrive); on the main thread
+the statement runs through psycopg's wait, so Ctrl-C still interrupts an append that waits
+for another transaction's lock on its stream.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+import threading
+from collections.abc import Callable, Sequence
 from typing import Any, Final, cast
 
 import psycopg
-from psycopg import pq, sql
+from psycopg import generators, pq, sql
 from psycopg.rows import TupleRow
 
 from lakefold.eventstore._copy import expected_code
@@ -122,6 +124,19 @@ def _checked(pgconn: pq.abc.PGconn, result: pq.abc.PGresult, ok: pq.ExecStatus
     raise error
 
 
+def _run(conn: psycopg.Connection[TupleRow], send: Callable[[], None],
+         block: Callable[[], pq.abc.PGresult]) -> pq.abc.PGresult:
+    """One libpq command's result. Off the main thread, one blocking call (``block``), which
+    releases the interpreter lock once while it waits; signals reach only the main thread, so
+    nothing is lost there. On the main thread, ``send`` and psycopg's wait, which Ctrl-C
+    interrupts (cancelling the statement)."""
+    if threading.current_thread() is not threading.main_thread():
+        return block()
+    send()
+    result: pq.abc.PGresult = conn.wait(generators.execute(conn.pgconn))[-1]
+    return result
+
+
 def _execute_prepared(conn: psycopg.Connection[TupleRow], name: bytes, text: bytes,
                       args: Sequence[bytes | None]) -> pq.abc.PGresult:
     """Run prepared statement ``name`` (preparing it from ``text`` first when the connection
@@ -131,11 +146,15 @@ def _execute_prepared(conn: psycopg.Connection[TupleRow], name: bytes, text: byt
     # send_query_prepared's has it)
     values = cast("Sequence[bytes]", args)
     with conn.lock:
-        result = pgconn.exec_prepared(name, values)
+        result = _run(conn, lambda: pgconn.send_query_prepared(name, args),
+                      lambda: pgconn.exec_prepared(name, values))
         if (result.status == pq.ExecStatus.FATAL_ERROR
                 and result.error_field(pq.DiagnosticField.SQLSTATE) == _UNDEFINED_STATEMENT):
-            _checked(pgconn, pgconn.prepare(name, text), pq.ExecStatus.COMMAND_OK)
-            result = pgconn.exec_prepared(name, values)
+            _checked(pgconn, _run(conn, lambda: pgconn.send_prepare(name, text),
+                                  lambda: pgconn.prepare(name, text)),
+                     pq.ExecStatus.COMMAND_OK)
+            result = _run(conn, lambda: pgconn.send_query_prepared(name, args),
+                          lambda: pgconn.exec_prepared(name, values))
     return _checked(pgconn, result, pq.ExecStatus.TUPLES_OK)
 
 

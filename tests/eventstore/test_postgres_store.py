@@ -8,6 +8,7 @@ import json
 import logging
 import os
 import re
+import signal
 import socket
 import threading
 import time
@@ -510,3 +511,37 @@ def test_one_event_appends_store_text_right_whatever_client_encoding_the_dsn_ask
     with psycopg.connect(pg.dsn) as conn:  # as any other client sees it
         row = conn.execute("SELECT stream_id, data->>'name' FROM lakefold.events").fetchone()
     assert row == ("order-zoë", "Zoë pays 5 €")
+
+
+@pytest.mark.timeout(60)
+def test_ctrl_c_interrupts_a_one_event_append_waiting_for_a_lock(store: EventStore,
+                                                                 pg: TestDatabase) -> None:
+    store.append("order-7", [ev(n=1)], expected_version=NO_STREAM)
+    with store.recorder.connection() as conn:  # type: ignore[attr-defined]
+        appender_pid = _backend_pid(conn)  # the connection the next append takes
+    interrupted = threading.Event()
+
+    def interrupt_once_blocked() -> None:
+        with psycopg.connect(pg.dsn, autocommit=True) as watcher:
+            deadline = time.monotonic() + 20
+            while time.monotonic() < deadline:
+                row = watcher.execute("SELECT wait_event_type FROM pg_stat_activity "
+                                      "WHERE pid = %s", (appender_pid,)).fetchone()
+                if row is not None and row[0] == "Lock":
+                    interrupted.set()
+                    os.kill(os.getpid(), signal.SIGINT)
+                    return
+                time.sleep(0.02)
+
+    with psycopg.connect(pg.dsn) as holder:  # another transaction holds the stream's row
+        holder.execute("SELECT 1 FROM lakefold.streams WHERE stream_id = 'order-7' FOR UPDATE")
+        threading.Thread(target=interrupt_once_blocked, daemon=True).start()
+        started = time.monotonic()
+        with pytest.raises(KeyboardInterrupt):
+            store.append("order-7", [ev(n=2)], expected_version=1)
+        assert interrupted.is_set()
+        assert time.monotonic() - started < 15
+        holder.rollback()
+    assert store.stream_state("order-7").version == 1  # the statement was cancelled
+    store.append("order-7", [ev(n=3)], expected_version=1)  # and the store works on
+    assert [e.data for e in store.read_stream("order-7")] == [{"n": 1}, {"n": 3}]
