@@ -245,8 +245,20 @@ class PostgresRecorder(EventRecorder):
     # -- append -------------------------------------------------------------------------------
 
     def append(self, appends: Sequence[StreamAppend]) -> AppendResult:
-        with self.connection() as conn:
-            result = append_on(conn, appends)
+        # connection() spelled out: its two generator-based context managers cost more than
+        # a one-event append's own Python work
+        pool = self._pool
+        try:
+            conn = pool.getconn()
+            try:
+                result = append_on(conn, appends)
+            finally:
+                pool.putconn(conn)
+        except (psycopg.Error, psycopg_pool.PoolTimeout) as e:
+            translated = translated_error(e, self._masked)
+            if translated is None:
+                raise
+            raise translated from e
         if not result.duplicate:
             self._sequencer.poke()
         return result
@@ -334,26 +346,37 @@ def one_line(error: BaseException) -> str:
     return " ".join(str(error).split())
 
 
+def translated_error(error: BaseException, masked_dsn: str) -> Exception | None:
+    """The lakefold error for a connection, pool or missing-schema error (None for others)."""
+    if isinstance(error, psycopg_pool.PoolTimeout):
+        return EventStoreUnavailable(
+            f"no connection to the event store at {masked_dsn} became free or could be opened "
+            "in time; check the server, or raise StoreOptions.pool_size"
+        )
+    if isinstance(error, psycopg.errors.UndefinedTable | psycopg.errors.UndefinedFunction
+                  | psycopg.errors.InvalidSchemaName):
+        return EventStoreNotInstalled(
+            f"the event store is not installed in {masked_dsn} ({error.diag.message_primary}); "
+            "run EventStore(dsn).install() or `lakefold events install`"
+        )
+    if isinstance(error, psycopg.OperationalError):
+        return EventStoreUnavailable(
+            f"the event store at {masked_dsn} failed: {type(error).__name__}: "
+            f"{one_line(error)}; retry"
+        )
+    return None
+
+
 @contextmanager
 def translate_errors(masked_dsn: str) -> Iterator[None]:
     """Turn connection and missing-schema errors into lakefold errors."""
     try:
         yield
-    except psycopg_pool.PoolTimeout as e:
-        raise EventStoreUnavailable(
-            f"no connection to the event store at {masked_dsn} became free or could be opened "
-            "in time; check the server, or raise StoreOptions.pool_size"
-        ) from e
-    except (psycopg.errors.UndefinedTable, psycopg.errors.UndefinedFunction,
-            psycopg.errors.InvalidSchemaName) as e:
-        raise EventStoreNotInstalled(
-            f"the event store is not installed in {masked_dsn} ({e.diag.message_primary}); run "
-            "EventStore(dsn).install() or `lakefold events install`"
-        ) from e
-    except psycopg.OperationalError as e:
-        raise EventStoreUnavailable(
-            f"the event store at {masked_dsn} failed: {type(e).__name__}: {one_line(e)}; retry"
-        ) from e
+    except (psycopg.Error, psycopg_pool.PoolTimeout) as e:
+        translated = translated_error(e, masked_dsn)
+        if translated is None:
+            raise
+        raise translated from e
 
 
 def save_checkpoint(conn: psycopg.Connection[Any], name: str, position: int) -> None:
