@@ -10,6 +10,8 @@ import os
 import re
 import signal
 import socket
+import subprocess
+import sys
 import threading
 import time
 import uuid
@@ -513,34 +515,44 @@ def test_one_event_appends_store_text_right_whatever_client_encoding_the_dsn_ask
     assert row == ("order-zoë", "Zoë pays 5 €")
 
 
-@pytest.mark.timeout(60)
+# A process that appends one event to order-7 on its main thread and reports a Ctrl-C.
+_INTERRUPTIBLE_APPENDER = """
+import sys
+from lakefold.eventstore import EventStore
+from lakefold.schemas import NewEvent
+with EventStore(sys.argv[1]) as store:
+    try:
+        store.append("order-7", [NewEvent("order.placed", {"n": 2})], expected_version=1)
+    except KeyboardInterrupt:
+        print("interrupted", flush=True)
+        sys.exit(3)
+"""
+
+
+@pytest.mark.timeout(90)
 def test_ctrl_c_interrupts_a_one_event_append_waiting_for_a_lock(store: EventStore,
                                                                  pg: TestDatabase) -> None:
+    # In a child process: an append that ignored Ctrl-C would hang the test run itself.
     store.append("order-7", [ev(n=1)], expected_version=NO_STREAM)
-    with store.recorder.connection() as conn:  # type: ignore[attr-defined]
-        appender_pid = _backend_pid(conn)  # the connection the next append takes
-    interrupted = threading.Event()
-
-    def interrupt_once_blocked() -> None:
-        with psycopg.connect(pg.dsn, autocommit=True) as watcher:
-            deadline = time.monotonic() + 20
-            while time.monotonic() < deadline:
-                row = watcher.execute("SELECT wait_event_type FROM pg_stat_activity "
-                                      "WHERE pid = %s", (appender_pid,)).fetchone()
-                if row is not None and row[0] == "Lock":
-                    interrupted.set()
-                    os.kill(os.getpid(), signal.SIGINT)
-                    return
-                time.sleep(0.02)
-
     with psycopg.connect(pg.dsn) as holder:  # another transaction holds the stream's row
         holder.execute("SELECT 1 FROM lakefold.streams WHERE stream_id = 'order-7' FOR UPDATE")
-        threading.Thread(target=interrupt_once_blocked, daemon=True).start()
-        started = time.monotonic()
-        with pytest.raises(KeyboardInterrupt):
-            store.append("order-7", [ev(n=2)], expected_version=1)
-        assert interrupted.is_set()
-        assert time.monotonic() - started < 15
+        child = subprocess.Popen([sys.executable, "-c", _INTERRUPTIBLE_APPENDER, pg.dsn],
+                                 stdout=subprocess.PIPE, text=True)
+        try:
+            with psycopg.connect(pg.dsn, autocommit=True) as watcher:
+                deadline = time.monotonic() + 30
+                while not watcher.execute(
+                        "SELECT 1 FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+                        "AND query LIKE 'WITH s AS (UPDATE lakefold.streams%'").fetchone():
+                    assert time.monotonic() < deadline, "the append never waited for the lock"
+                    time.sleep(0.02)
+            child.send_signal(signal.SIGINT)
+            out, _ = child.communicate(timeout=20)
+        finally:
+            if child.poll() is None:
+                child.kill()
+                child.wait()
+        assert (child.returncode, out.strip()) == (3, "interrupted")
         holder.rollback()
     assert store.stream_state("order-7").version == 1  # the statement was cancelled
     store.append("order-7", [ev(n=3)], expected_version=1)  # and the store works on
