@@ -91,11 +91,9 @@ def _loads(data: str | bytes) -> Any:
 def configure_connection(conn: psycopg.Connection[Any]) -> None:
     """Per-connection setup for the store's connections: the fast jsonb decoder, the session
     time zone UTC (``recorded_at`` comes back in UTC whatever the server's zone, and psycopg
-    builds UTC datetimes about twice as fast as zoned ones), and UTF-8 as the client encoding
-    (the one-event fast path sends its arguments as UTF-8 text, whatever the DSN asked for)."""
+    builds UTC datetimes about twice as fast as zoned ones)."""
     psycopg.types.json.set_json_loads(_loads, conn)
     conn.execute("SET TIME ZONE 'UTC'")
-    conn.execute("SET client_encoding TO 'UTF8'")
 
 
 def append_params(appends: Sequence[StreamAppend]) -> tuple[Any, ...]:
@@ -181,7 +179,8 @@ class PostgresRecorder(EventRecorder):
             params = psycopg.conninfo.conninfo_to_dict(dsn)
         except psycopg.ProgrammingError as e:
             raise EventStoreError(f"the event store DSN is invalid: {e}; check it") from e
-        self._connect_kwargs: dict[str, Any] = {"autocommit": True}
+        # UTF-8 whatever the DSN asks: the one-event fast path sends its arguments as UTF-8.
+        self._connect_kwargs: dict[str, Any] = {"autocommit": True, "client_encoding": "UTF8"}
         if "application_name" not in params:
             self._connect_kwargs["application_name"] = application_name
         if "connect_timeout" not in params:
@@ -219,17 +218,9 @@ class PostgresRecorder(EventRecorder):
         configure_connection(conn)
         return conn
 
-    @contextmanager
-    def connection(self) -> Iterator[Conn]:
-        """A pooled autocommit connection, with driver errors translated. (``getconn`` and
-        ``putconn`` rather than the pool's ``connection()``, which also times the use and
-        commits on the way out: a third of the cost, on every append.)"""
-        with translate_errors(self._masked):
-            conn = self._pool.getconn()
-            try:
-                yield conn
-            finally:
-                self._pool.putconn(conn)
+    def connection(self) -> PooledConnection:
+        """A pooled autocommit connection for a ``with`` block, with driver errors translated."""
+        return PooledConnection(self._pool, self._masked)
 
     def poke(self) -> None:
         """Ask the background sequencer for a round (after a commit that appended)."""
@@ -245,20 +236,8 @@ class PostgresRecorder(EventRecorder):
     # -- append -------------------------------------------------------------------------------
 
     def append(self, appends: Sequence[StreamAppend]) -> AppendResult:
-        # connection() spelled out: its two generator-based context managers cost more than
-        # a one-event append's own Python work
-        pool = self._pool
-        try:
-            conn = pool.getconn()
-            try:
-                result = append_on(conn, appends)
-            finally:
-                pool.putconn(conn)
-        except (psycopg.Error, psycopg_pool.PoolTimeout) as e:
-            translated = translated_error(e, self._masked)
-            if translated is None:
-                raise
-            raise translated from e
+        with self.connection() as conn:
+            result = append_on(conn, appends)
         if not result.duplicate:
             self._sequencer.poke()
         return result
@@ -346,25 +325,25 @@ def one_line(error: BaseException) -> str:
     return " ".join(str(error).split())
 
 
-def translated_error(error: BaseException, masked_dsn: str) -> Exception | None:
-    """The lakefold error for a connection, pool or missing-schema error (None for others)."""
+def raise_translated(error: BaseException, masked_dsn: str) -> None:
+    """Raise the lakefold error for a connection, pool or missing-schema ``error`` (from it);
+    return for any other error."""
     if isinstance(error, psycopg_pool.PoolTimeout):
-        return EventStoreUnavailable(
+        raise EventStoreUnavailable(
             f"no connection to the event store at {masked_dsn} became free or could be opened "
             "in time; check the server, or raise StoreOptions.pool_size"
-        )
+        ) from error
     if isinstance(error, psycopg.errors.UndefinedTable | psycopg.errors.UndefinedFunction
                   | psycopg.errors.InvalidSchemaName):
-        return EventStoreNotInstalled(
+        raise EventStoreNotInstalled(
             f"the event store is not installed in {masked_dsn} ({error.diag.message_primary}); "
             "run EventStore(dsn).install() or `lakefold events install`"
-        )
+        ) from error
     if isinstance(error, psycopg.OperationalError):
-        return EventStoreUnavailable(
+        raise EventStoreUnavailable(
             f"the event store at {masked_dsn} failed: {type(error).__name__}: "
             f"{one_line(error)}; retry"
-        )
-    return None
+        ) from error
 
 
 @contextmanager
@@ -373,10 +352,36 @@ def translate_errors(masked_dsn: str) -> Iterator[None]:
     try:
         yield
     except (psycopg.Error, psycopg_pool.PoolTimeout) as e:
-        translated = translated_error(e, masked_dsn)
-        if translated is None:
+        raise_translated(e, masked_dsn)
+        raise
+
+
+class PooledConnection:
+    """A connection of ``pool`` for one ``with`` block, driver errors translated on the way out.
+
+    A class rather than ``translate_errors`` around a generator: every append takes one, and
+    two generator-based context managers cost more than a one-event append's own Python work.
+    ``getconn`` and ``putconn`` rather than the pool's ``connection()``, which also times the
+    use and commits on the way out (one more wait under the interpreter lock)."""
+
+    __slots__ = ("_conn", "_masked", "_pool")
+
+    def __init__(self, pool: psycopg_pool.ConnectionPool[Conn], masked_dsn: str) -> None:
+        self._pool = pool
+        self._masked = masked_dsn
+
+    def __enter__(self) -> Conn:
+        try:
+            self._conn = self._pool.getconn()
+        except (psycopg.Error, psycopg_pool.PoolTimeout) as e:
+            raise_translated(e, self._masked)
             raise
-        raise translated from e
+        return self._conn
+
+    def __exit__(self, kind: object, error: BaseException | None, trace: object) -> None:
+        self._pool.putconn(self._conn)
+        if isinstance(error, psycopg.Error | psycopg_pool.PoolTimeout):
+            raise_translated(error, self._masked)
 
 
 def save_checkpoint(conn: psycopg.Connection[Any], name: str, position: int) -> None:
