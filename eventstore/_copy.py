@@ -15,6 +15,12 @@ too. An invalid event raises in the middle of the stream; psycopg then ends the 
 error, the server discards every row of it, and the caller's transaction rolls back, so
 nothing of the append is written and the caller gets the validation error itself.
 
+The rows go to the server in chunks of ``_CHUNK`` events (small, so that the server's share
+left after the last row, which the client waits for, is small too). The append's runs (see
+``_ddl``: ranges of consecutive ordinals with one category and type) are gathered while the
+rows are built and inserted after the COPY; in a transaction of its own, together with the
+``COMMIT``.
+
 The rows go in COPY's text format, built with one f-string per event: the JSON payloads are
 already text, the per-stream fields are escaped once per append, and ids go as 32 hex digits
 (which ``uuid`` accepts). That is about three times less Python per event than handing each
@@ -46,8 +52,14 @@ _COPY: Final = (
     "COPY lakefold.events (ordinal, event_id, stream_id, stream_version, category, type, "
     "schema_version, data, metadata, correlation_id, causation_id) FROM STDIN"
 )
+# The append's runs (see ``_ddl``), gathered while its rows are built.
+_RUNS: Final = sql.SQL(
+    "INSERT INTO lakefold.event_runs (first_ordinal, last_ordinal, category, type) "
+    "SELECT * FROM unnest({}::integer[], {}::integer[], {}::text[], {}::text[])"
+)
+_RUNS_PARAMS: Final = _RUNS.format(*[sql.Placeholder(format="b")] * 4).as_string()
 #: Events per chunk handed to the server while the next chunk is built.
-_CHUNK: Final = 256
+_CHUNK: Final = 64
 _NULL: Final = "\\N"
 
 
@@ -80,10 +92,11 @@ def copy_append(conn: psycopg.Connection[TupleRow], appends: Sequence[StreamAppe
     """Append by COPY on ``conn``; returns each stream's version before the append. Raises
     the same psycopg errors as ``append_events``.
 
-    ``begin=False``: ``conn`` is inside a transaction already. ``begin=True``: ``conn`` is
-    idle, and the transaction starts with the reservation, in the same round trip (``BEGIN``
-    and the reservation as one simple query, with the arguments as literals); the caller then
-    commits, or rolls back on any error."""
+    ``begin=False``: ``conn`` is inside a transaction already, which the caller ends.
+    ``begin=True``: ``conn`` is idle; the transaction starts with the reservation, in the same
+    round trip (``BEGIN`` and the reservation as one simple query, with the arguments as
+    literals), and commits with the insert of the runs, again in one round trip. On any error
+    the caller rolls back."""
     args = (
         [a.stream_id for a in appends], [a.category for a in appends],
         [expected_code(a.expected_version) for a in appends], [len(a.events) for a in appends],
@@ -102,10 +115,18 @@ def copy_append(conn: psycopg.Connection[TupleRow], appends: Sequence[StreamAppe
     ordinal: int = row[1]
     types: dict[str, str] = {}
     rows: list[str] = []
+    # the runs: first and last ordinals, categories, types; the open run's type
+    firsts: list[int] = []
+    lasts: list[int] = []
+    run_categories: list[str] = []
+    run_types: list[str] = []
+    run_type: str | None = None
     with conn.cursor().copy(_COPY) as copy:
         for append, prev in zip(appends, prev_versions, strict=True):
             stream = f"{_escape(append.stream_id)}\t"
             category = f"\t{_escape(append.category)}\t"
+            if not run_categories or run_categories[-1] != append.category:
+                run_type = None  # a new category opens a new run
             version = prev
             for encoded in append.events:
                 event = encoded.event
@@ -113,6 +134,13 @@ def copy_append(conn: psycopg.Connection[TupleRow], appends: Sequence[StreamAppe
                 type_field = types.get(event.type)
                 if type_field is None:
                     type_field = types[event.type] = _escape(event.type)
+                if event.type != run_type:
+                    if firsts:
+                        lasts.append(ordinal - 1)
+                    run_type = event.type
+                    firsts.append(ordinal)
+                    run_categories.append(append.category)
+                    run_types.append(run_type)
                 version += 1
                 metadata = encoded.metadata_json
                 rows.append(
@@ -126,4 +154,10 @@ def copy_append(conn: psycopg.Connection[TupleRow], appends: Sequence[StreamAppe
                     rows.clear()
         if rows:
             copy.write("".join(rows))
+    lasts.append(ordinal - 1)
+    runs = (firsts, lasts, run_categories, run_types)
+    if begin:
+        conn.execute(sql.SQL("{}; COMMIT").format(_RUNS.format(*map(sql.Literal, runs))))
+    else:
+        conn.execute(_RUNS_PARAMS, runs)
     return prev_versions

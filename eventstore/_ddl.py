@@ -11,12 +11,21 @@ Tables
     The append-only log. Each row records the top-level transaction id of its writer
     (``xid``, ``pg_current_xact_id()``) and its ``ordinal`` within that transaction (0, 1, 2...
     across all appends of the transaction); ``(xid, ordinal)`` is the primary key and the order
-    of the global log (see ``_sequencer.py``). ``category`` and ``type`` are indexed together
-    with ``(xid, ordinal)``, so reading one category or one type walks an index over exactly
-    what is read. ``deleted`` marks the events of a soft-deleted stream. ``data`` is ``json``,
+    of the global log (see ``_sequencer.py``). Besides the primary key, only ``event_id``
+    (idempotent appends) and ``(stream_id, stream_version)`` (stream reads) are indexed per
+    event; category and type reads go through ``event_runs``. ``deleted`` marks the events of
+    a soft-deleted stream. ``data`` is ``json``,
     not ``jsonb``: the payload is stored as the text it arrived as, which spares every append
     building a jsonb tree and every read serialising it back (about 1 µs per event each way);
     cast it to ``jsonb`` to query it in SQL. ``metadata`` is ``jsonb``.
+``lakefold.event_runs``
+    The category and type index, one row per *run*: a maximal range of ordinals of one
+    transaction whose events share category and type (a 1,000-event append of one type to
+    one stream is one run). Reading a category or types walks ``(category, xid,
+    first_ordinal)`` or ``(type, xid, first_ordinal)`` and reads each run's events by one
+    range of the events' primary key, so it costs what it returns, and a large append
+    writes one index row per run instead of two per event. A run may outlive its events
+    (a hard-deleted stream): readers join the events, so an empty run is never seen.
 ``lakefold.event_positions``
     One row per committed writer transaction, written by the sequencer once the transaction is
     final: the transaction's first global position. An event's position is
@@ -89,8 +98,18 @@ CREATE TABLE IF NOT EXISTS lakefold.events (
     CONSTRAINT events_event_id_key UNIQUE (event_id),
     CONSTRAINT events_stream_version_key UNIQUE (stream_id, stream_version)
 );
-CREATE INDEX IF NOT EXISTS events_category_idx ON lakefold.events (category, xid, ordinal);
-CREATE INDEX IF NOT EXISTS events_type_idx ON lakefold.events (type, xid, ordinal);
+
+CREATE TABLE IF NOT EXISTS lakefold.event_runs (
+    xid             xid8 NOT NULL DEFAULT pg_current_xact_id(),
+    first_ordinal   integer NOT NULL CHECK (first_ordinal >= 0),
+    last_ordinal    integer NOT NULL,
+    category        text NOT NULL,
+    type            text NOT NULL,
+    CHECK (last_ordinal >= first_ordinal)
+);
+CREATE INDEX IF NOT EXISTS event_runs_category_idx
+    ON lakefold.event_runs (category, xid, first_ordinal);
+CREATE INDEX IF NOT EXISTS event_runs_type_idx ON lakefold.event_runs (type, xid, first_ordinal);
 
 CREATE TABLE IF NOT EXISTS lakefold.event_positions (
     first_position  bigint PRIMARY KEY CHECK (first_position >= 1),
@@ -112,6 +131,27 @@ CREATE TABLE IF NOT EXISTS lakefold.subscription_checkpoints (
     position    bigint NOT NULL CHECK (position >= 0),
     updated_at  timestamptz NOT NULL DEFAULT now()
 );
+"""
+
+# A store installed before ``event_runs`` indexed category and type per event: its runs are
+# built from its events (islands of consecutive ordinals with one category and type) and the
+# per-event indexes dropped, once, under the install lock.
+_RUNS_MIGRATION = """
+DO $mig$
+BEGIN
+    IF to_regclass('lakefold.events_category_idx') IS NOT NULL THEN
+        INSERT INTO lakefold.event_runs (xid, first_ordinal, last_ordinal, category, type)
+        SELECT g.xid, min(g.ordinal), max(g.ordinal), g.category, g.type
+        FROM (SELECT e.xid, e.ordinal, e.category, e.type,
+                     e.ordinal - row_number() OVER (PARTITION BY e.xid, e.category, e.type
+                                                    ORDER BY e.ordinal) AS island
+              FROM lakefold.events e) AS g
+        GROUP BY g.xid, g.category, g.type, g.island;
+        DROP INDEX lakefold.events_category_idx;
+        DROP INDEX IF EXISTS lakefold.events_type_idx;
+    END IF;
+END
+$mig$;
 """
 
 # The next ordinal of the current transaction, kept in a transaction-local setting: it resets
@@ -226,6 +266,13 @@ BEGIN
     FROM unnest(p_event_ids, p_stream_index, p_types, p_versions, p_data, p_metadata,
                 p_correlation, p_causation) WITH ORDINALITY AS x(i, k, t, v, d, m, c, z, o)
     ORDER BY x.o;
+    INSERT INTO lakefold.event_runs (first_ordinal, last_ordinal, category, type)
+    SELECT v_first + min(g.o) - 1, v_first + max(g.o) - 1, g.c, g.t
+    FROM (SELECT p_categories[x.k] AS c, x.t, x.o,
+                 x.o - row_number() OVER (PARTITION BY p_categories[x.k], x.t ORDER BY x.o)
+                     AS island
+          FROM unnest(p_stream_index, p_types) WITH ORDINALITY AS x(k, t, o)) AS g
+    GROUP BY g.c, g.t, g.island;
     RETURN v_prev;
 END
 $fn$;
@@ -243,6 +290,7 @@ DECLARE
     v_version   bigint;
     v_deleted   text;
     v_category  text;
+    v_ordinal   integer;
 BEGIN
     SELECT s.version, s.deleted, s.category INTO v_version, v_deleted, v_category
     FROM lakefold.streams s WHERE s.stream_id = p_stream_id FOR UPDATE;
@@ -271,9 +319,12 @@ BEGIN
     SET version = v_version + 1, deleted = CASE WHEN p_hard THEN 'hard' ELSE 'soft' END,
         deleted_at = now(), updated_at = now()
     WHERE stream_id = p_stream_id;
+    v_ordinal := lakefold.take_ordinals(1);
+    INSERT INTO lakefold.event_runs (first_ordinal, last_ordinal, category, type)
+    VALUES (v_ordinal, v_ordinal, v_category, '$stream.deleted');
     INSERT INTO lakefold.events (ordinal, event_id, stream_id, stream_version, category, type,
                                  schema_version, data)
-    VALUES (lakefold.take_ordinals(1), p_event_id, p_stream_id, v_version + 1, v_category,
+    VALUES (v_ordinal, p_event_id, p_stream_id, v_version + 1, v_category,
             '$stream.deleted', 1,
             json_build_object('stream_id', p_stream_id,
                               'mode', CASE WHEN p_hard THEN 'hard' ELSE 'soft' END,
@@ -352,8 +403,8 @@ END
 $fn$;
 """
 
-STATEMENTS: Final = (_TABLES, _ORDINAL_FUNCTIONS, _RESERVE_FUNCTION, _APPEND_FUNCTION,
-                     _DELETE_FUNCTION, _SEQUENCE_FUNCTION)
+STATEMENTS: Final = (_TABLES, _RUNS_MIGRATION, _ORDINAL_FUNCTIONS, _RESERVE_FUNCTION,
+                     _APPEND_FUNCTION, _DELETE_FUNCTION, _SEQUENCE_FUNCTION)
 
 
 def install(dsn: str) -> None:

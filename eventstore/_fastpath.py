@@ -59,25 +59,34 @@ _INSERT: Final = sql.SQL(
     "INSERT INTO lakefold.events (ordinal, event_id, stream_id, stream_version, category, "
     "type, schema_version, data, metadata, correlation_id, causation_id) "
 )
+_RUNS: Final = sql.SQL(
+    "INSERT INTO lakefold.event_runs (first_ordinal, last_ordinal, category, type) ")
 _ONE: Final = sql.SQL(
     "WITH s AS ({step}), i AS ({insert}"
     "SELECT 0, %(id)s::uuid, %(stream)s::text, s.prev + 1, %(category)s::text, "
     "%(type)s::text, %(version)s::integer, %(data)s::json, "
     "COALESCE(%(metadata)s::jsonb, '{{}}'::jsonb), %(correlation)s::uuid, %(causation)s::uuid "
-    "FROM s) SELECT prev FROM s"
+    "FROM s), r AS ({runs}SELECT 0, 0, %(category)s::text, %(type)s::text FROM s) "
+    "SELECT prev FROM s"
 )
+# The runs (see ``_ddl``): islands of consecutive events of one type.
 _MANY: Final = sql.SQL(
     "WITH s AS ({step}), i AS ({insert}"
     "SELECT x.o - 1, x.i, %(stream)s::text, s.prev + x.o, %(category)s::text, x.t, x.v, "
     "x.d::json, COALESCE(x.m::jsonb, '{{}}'::jsonb), x.c, x.z "
     "FROM s, unnest(%(ids)b::uuid[], %(types)b::text[], %(versions)b::integer[], "
     "%(data)b::text[], %(metadata)b::text[], %(correlation)b::uuid[], %(causation)b::uuid[]) "
-    "WITH ORDINALITY AS x(i, t, v, d, m, c, z, o)) SELECT prev FROM s"
+    "WITH ORDINALITY AS x(i, t, v, d, m, c, z, o)), r AS ({runs}"
+    "SELECT min(g.o) - 1, max(g.o) - 1, %(category)s::text, g.t FROM s, ("
+    " SELECT x.t, x.o, x.o - row_number() OVER (PARTITION BY x.t ORDER BY x.o) AS island"
+    " FROM unnest(%(types)b::text[]) WITH ORDINALITY AS x(t, o)) AS g GROUP BY g.t, g.island) "
+    "SELECT prev FROM s"
 )
 # Rendered to text once: psycopg renders a Composed query again on every execute (tens of µs,
 # a large share of a one-event append), but parses a str query once and caches the result.
 _STATEMENTS: Final = {
-    kind: _MANY.format(step=step, insert=_INSERT).as_string() for kind, step in _STREAM_STEP.items()
+    kind: _MANY.format(step=step, insert=_INSERT, runs=_RUNS).as_string()
+    for kind, step in _STREAM_STEP.items()
 }
 
 
@@ -97,7 +106,7 @@ def _numbered(text: str) -> tuple[bytes, tuple[str, ...]]:
 #: kind -> (prepared statement name, its text, the argument names in ``$n`` order).
 _ONE_EVENT: Final = {
     kind: (f"lakefold_append_one_{kind}".encode(),
-           *_numbered(_ONE.format(step=step, insert=_INSERT).as_string()))
+           *_numbered(_ONE.format(step=step, insert=_INSERT, runs=_RUNS).as_string()))
     for kind, step in _STREAM_STEP.items()
 }
 _UNDEFINED_STATEMENT: Final = b"26000"

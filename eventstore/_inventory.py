@@ -2,7 +2,7 @@
 (a projection's sources) before reading.
 
 Both answers are read from indexes: categories from ``lakefold.streams``, types by a skip
-scan over ``events_type_idx`` (one probe per distinct type, not a pass over the events). A
+scan over ``event_runs_type_idx`` (one probe per distinct type, not a pass over the events). A
 database where the store is not installed holds nothing: both return ``[]``.
 """
 
@@ -18,14 +18,17 @@ from lakefold.eventstore._postgres import translate_errors
 
 _INSTALLED: Final = "SELECT to_regclass('lakefold.events') IS NOT NULL"
 _CATEGORIES: Final = "SELECT DISTINCT category FROM lakefold.streams ORDER BY 1"
+# A type is listed while some run of it still has an event (a hard-deleted stream's runs
+# outlive its events).
 _TYPES: Final = (
     "WITH RECURSIVE t(type) AS ("
-    " (SELECT type FROM lakefold.events ORDER BY type LIMIT 1)"
-    " UNION ALL SELECT (SELECT e.type FROM lakefold.events e"
-    "   WHERE e.type > t.type ORDER BY e.type LIMIT 1) FROM t WHERE t.type IS NOT NULL"
+    " (SELECT type FROM lakefold.event_runs ORDER BY type LIMIT 1)"
+    " UNION ALL SELECT (SELECT r.type FROM lakefold.event_runs r"
+    "   WHERE r.type > t.type ORDER BY r.type LIMIT 1) FROM t WHERE t.type IS NOT NULL"
     ") SELECT t.type FROM t WHERE t.type IS NOT NULL"
-    " AND (%(category)s::text IS NULL OR EXISTS (SELECT 1 FROM lakefold.events e"
-    "      WHERE e.type = t.type AND e.category = %(category)s::text))"
+    " AND EXISTS (SELECT 1 FROM lakefold.event_runs r JOIN lakefold.events e"
+    "   ON e.xid = r.xid AND e.ordinal BETWEEN r.first_ordinal AND r.last_ordinal"
+    "   WHERE r.type = t.type AND (%(category)s::text IS NULL OR r.category = %(category)s))"
     " ORDER BY 1"
 )
 

@@ -475,11 +475,11 @@ def append_on(conn: Conn, appends: Sequence[StreamAppend]) -> AppendResult:
 
 def _copy_committed(conn: Conn, appends: Sequence[StreamAppend]) -> list[int]:
     """``copy_append`` in a transaction of its own on the idle autocommit ``conn``: begun with
-    the reservation (one round trip less than ``conn.transaction()``), committed at the end,
-    rolled back on any error (a validation error from the COPY stream included)."""
+    the reservation and committed with the runs (two round trips less than
+    ``conn.transaction()``), rolled back on any error (a validation error from the COPY stream
+    included)."""
     try:
         prev_versions = copy_append(conn, appends, begin=True)
-        conn.commit()
     except BaseException:
         if not conn.closed:  # a lost connection has no transaction left to roll back
             conn.rollback()

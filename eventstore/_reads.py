@@ -8,8 +8,9 @@ events by one range of the events' primary key, so the work is one index probe p
 transaction plus the rows themselves, whatever the planner's statistics say (a page bounded
 by a row LIMIT over an open key range let the planner pick a bitmap scan of everything after
 ``from`` plus a sort: every page cost the rest of the log). Category and type reads walk
-``events_category_idx`` / ``events_type_idx`` from the key of ``from``; their cost follows
-what they return. Global reads see only sequenced positions, so never an event that is not
+the runs of ``lakefold.event_runs`` (by category or type, then transaction) from the
+transaction of ``from`` and read each run's events by one primary-key range; their cost
+follows what they return. Global reads see only sequenced positions, so never an event that is not
 final (see ``_sequencer.py``).
 
 Envelopes are built by psycopg row factories, straight from the driver's values, and payloads
@@ -118,32 +119,44 @@ def log_statement(columns: sql.Composable, *, category: bool, types: bool,
     With a filter ``%(to)s`` is used only when ``bounded``."""
     if not category and not types:
         return _range_statement(columns, include_deleted=include_deleted)
-    where: list[sql.Composable] = [
+    # Runs from the transaction of ``from`` (a run there may start before it) up to the last
+    # sequenced transaction; then each run's events, by one range of the primary key.
+    runs: list[sql.Composable] = [
+        sql.SQL("r.xid >= (SELECT k.xid FROM ") + _key("from") + sql.SQL(" AS k)"),
+        sql.SQL("r.xid <= (SELECT last_xid FROM lakefold.event_sequencer)"),
+    ]
+    events: list[sql.Composable] = [
+        sql.SQL("e.xid = r.xid AND e.ordinal >= r.first_ordinal "
+                "AND e.ordinal <= r.last_ordinal"),
         sql.SQL("(e.xid, e.ordinal) >= ") + _key("from"),
-        sql.SQL("e.xid <= (SELECT last_xid FROM lakefold.event_sequencer)"),
     ]
     if bounded:
-        where.append(sql.SQL("(e.xid, e.ordinal) < ") + _key("to"))
+        runs.append(sql.SQL("r.xid <= (SELECT k.xid FROM ") + _key("to") + sql.SQL(" AS k)"))
+        events.append(sql.SQL("(e.xid, e.ordinal) < ") + _key("to"))
     if category:
-        where.append(sql.SQL("e.category = %(category)s"))
-        if types:
-            where.append(sql.SQL("e.type = ANY(%(types)s::text[])"))
+        runs.append(sql.SQL("r.category = %(category)s"))
+    if types:
+        runs.append(sql.SQL("r.type = ANY(%(types)s::text[])" if category else
+                            "r.type = t.type"))
     if not include_deleted:
-        where.append(sql.SQL("NOT e.deleted"))
-    conditions = sql.SQL(" AND ").join(where)
+        events.append(sql.SQL("NOT e.deleted"))
+    run_events = sql.SQL(
+        "FROM lakefold.event_runs r "
+        "CROSS JOIN LATERAL (SELECT * FROM lakefold.events e WHERE {events} "
+        "  ORDER BY e.ordinal OFFSET 0) AS e "
+    ).format(events=sql.SQL(" AND ").join(events))
+    order = sql.SQL("ORDER BY r.xid, r.first_ordinal, e.ordinal LIMIT %(limit)s")
     if types and not category:
-        # One ordered index scan per type, merged: cost follows the events read.
+        # One ordered walk of the type index per type, merged: cost follows the events read.
         return sql.SQL(
             "SELECT {columns} FROM unnest(%(types)s::text[]) AS t(type) "
-            "CROSS JOIN LATERAL (SELECT * FROM lakefold.events e "
-            "  WHERE e.type = t.type AND {conditions} "
-            "  ORDER BY e.xid, e.ordinal LIMIT %(limit)s) AS e "
+            "CROSS JOIN LATERAL (SELECT e.* {run_events} WHERE {runs} {order}) AS e "
             "{positions} ORDER BY e.xid, e.ordinal LIMIT %(limit)s"
-        ).format(columns=columns, conditions=conditions, positions=_POSITION_OF)
-    return sql.SQL(
-        "SELECT {columns} FROM lakefold.events e {positions} "
-        "WHERE {conditions} ORDER BY e.xid, e.ordinal LIMIT %(limit)s"
-    ).format(columns=columns, conditions=conditions, positions=_POSITION_OF)
+        ).format(columns=columns, run_events=run_events, runs=sql.SQL(" AND ").join(runs),
+                 order=order, positions=_POSITION_OF)
+    return sql.SQL("SELECT {columns} {run_events} {positions} WHERE {runs} {order}").format(
+        columns=columns, run_events=run_events, positions=_POSITION_OF,
+        runs=sql.SQL(" AND ").join(runs), order=order)
 
 
 def with_deletion_records(types: Sequence[str] | None) -> list[str] | None:

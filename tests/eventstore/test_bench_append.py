@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-KEYS = ["batched_events_per_s", "single_1w_events_per_s", "single_1w_p99_ms",
+KEYS = ["batched_events_per_s", "batched_incl_building_events_per_s",
+        "single_1w_events_per_s", "single_1w_p99_ms",
         "single_16w_events_per_s", "single_16w_p99_ms", "read_events_per_s"]
 
 

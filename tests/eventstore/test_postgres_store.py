@@ -33,6 +33,7 @@ from lakefold.eventstore import (
     SubscriptionOptions,
     WatermarkHeld,
     WrongExpectedVersion,
+    list_event_types,
 )
 from lakefold.eventstore._copy import COPY_THRESHOLD
 from lakefold.eventstore._model import build_appends
@@ -305,13 +306,16 @@ def _plan(conn: psycopg.Connection, statement: sql.Composed, params: dict[str, o
 
 @pytest.mark.timeout(120)
 def test_category_and_type_reads_use_their_indexes(store: EventStore, pg: TestDatabase) -> None:
+    # alternating types: every noise event is a run of its own, 20k runs to walk past
     for batch in range(20):
-        store.append(f"noise-{batch}", [ev("noise.made") for _ in range(1000)])
+        store.append(f"noise-{batch}", [ev(f"noise.{'made' if i % 2 else 'seen'}")
+                                        for i in range(1000)])
     store.append("rare-1", [ev("rare.seen"), ev("rare.seen")])
     assert store.head() == 20_002
     with psycopg.connect(pg.dsn, autocommit=True) as conn:
         conn.execute("ANALYZE lakefold.event_positions")
         conn.execute("ANALYZE lakefold.events")
+        conn.execute("ANALYZE lakefold.event_runs")
         params = {"from": 1, "to": 2**62, "limit": 100, "category": "rare",
                   "types": ["rare.seen", "$stream.deleted"]}
         category_plan = _plan(conn, log_statement(
@@ -320,8 +324,8 @@ def test_category_and_type_reads_use_their_indexes(store: EventStore, pg: TestDa
         types_plan = _plan(conn, log_statement(
             ENVELOPE_COLUMNS, category=False, types=True, include_deleted=False,
             bounded=True), params)
-    for plan, index in ((category_plan, "events_category_idx"),
-                        (types_plan, "events_type_idx")):
+    for plan, index in ((category_plan, "event_runs_category_idx"),
+                        (types_plan, "event_runs_type_idx")):
         assert index in plan, plan
         # one position lookup per event read, never a pass over every transaction's row
         assert "Seq Scan on events" not in plan and "Hash Join" not in plan, plan
@@ -334,6 +338,120 @@ def test_category_and_type_reads_use_their_indexes(store: EventStore, pg: TestDa
     assert [e.stream_id for e in store.read_category("rare")] == ["rare-1", "rare-1"]
 
 
+def _mixed_appends(store: EventStore) -> None:
+    """Events through every append path, with runs of types and categories to split."""
+    store.append("a-1", [ev("x.one")])  # one event: the prepared statement
+    store.append("a-2", [ev("x.one"), ev("x.one"), ev("x.two"), ev("x.one")])  # one stream
+    store.append_streams([  # several streams: lakefold.append_events
+        StreamEvents("b-1", [ev("x.one"), ev("x.two")]), StreamEvents("a-3", [ev("x.two")]),
+        StreamEvents("a-4", [ev("x.two"), ev("x.one")])])
+    store.append_streams([  # COPY
+        StreamEvents("a-5", [ev("x.one") for _ in range(150)] + [ev("x.two")]),
+        StreamEvents("a-6", [ev("x.two") for _ in range(60)] + [ev("x.three")]),
+        StreamEvents("b-2", [ev("x.two") for _ in range(COPY_THRESHOLD)])])
+    with store.transaction() as unit:  # two appends, one transaction: ordinals go on
+        unit.append("b-3", [ev("x.one")])
+        unit.append("a-7", [ev("x.one"), ev("x.four")])
+    store.delete_stream("b-1")
+    store.delete_stream("a-6", hard=True)  # x.three was only there
+
+
+def _check_runs(conn: psycopg.Connection) -> None:
+    """Every event lies in exactly one run, of its own category and type."""
+    row = conn.execute(
+        "SELECT count(*) FILTER (WHERE n <> 1), count(*) FROM (SELECT (SELECT count(*) "
+        "FROM lakefold.event_runs r WHERE r.xid = e.xid AND e.ordinal BETWEEN r.first_ordinal "
+        "AND r.last_ordinal AND r.category = e.category AND r.type = e.type) AS n "
+        "FROM lakefold.events e) c").fetchone()
+    assert row is not None and row[0] == 0 and row[1] > 0, row
+    mismatched = conn.execute(
+        "SELECT count(*) FROM lakefold.event_runs r JOIN lakefold.events e ON e.xid = r.xid "
+        "AND e.ordinal BETWEEN r.first_ordinal AND r.last_ordinal "
+        "WHERE (e.category, e.type) <> (r.category, r.type)").fetchone()
+    assert mismatched == (0,)
+
+
+def _filtered_reads(store: EventStore) -> dict[str, list[tuple[str, int, int | None]]]:
+    """Category and type reads, whole and in pages that start and end inside runs, each
+    checked against a filter of the whole log."""
+    everything = store.read_all(limit=10_000, include_deleted=True)
+    found: dict[str, list[tuple[str, int, int | None]]] = {}
+    for category in ("a", "b"):
+        for types in (None, ["x.one"], ["x.two", "x.four"]):
+            for deleted in (False, True):
+                wanted = [e for e in everything if e.stream_id.startswith(f"{category}-")
+                          and (types is None or e.type in types or e.type == "$stream.deleted")
+                          and (deleted or not (e.stream_id == "b-1" and e.type != "$stream"
+                                                                               ".deleted"))]
+                got = store.read_category(category, types=types, limit=10_000,
+                                          include_deleted=deleted)
+                assert [e.position for e in got] == [e.position for e in wanted]
+                found[f"{category} {types} {deleted}"] = [
+                    (e.stream_id, e.stream_version, e.position) for e in got]
+    for types in (["x.one"], ["x.two", "x.three"]):
+        wanted = [e for e in everything if e.type in types or e.type == "$stream.deleted"]
+        wanted = [e for e in wanted if not (e.stream_id == "b-1" and e.type != "$stream"
+                                                                                ".deleted")]
+        assert [e.position for e in store.read_all(types=types, limit=10_000)] == [
+            e.position for e in wanted]
+        found[f"all {types}"] = [(e.stream_id, e.stream_version, e.position) for e in wanted]
+    # pages from and to positions inside the COPY append's runs
+    a5 = [e.position or 0 for e in store.read_stream("a-5")]
+    page = store.read_category("a", from_position=a5[10], to_position=a5[140], limit=50)
+    assert [e.position for e in page] == a5[10:60]
+    page = store.read_all(from_position=a5[100], types=["x.one"], to_position=a5[120])
+    assert [e.position for e in page] == a5[100:120]
+    return found
+
+
+@pytest.mark.timeout(120)
+def test_every_append_path_indexes_its_events_by_runs(store: EventStore,
+                                                      pg: TestDatabase) -> None:
+    _mixed_appends(store)
+    # names that need quoting in the literals the COPY path sends with its COMMIT
+    odd_category, odd_type = "o'd\\{x}\t,\"y\"", "t'{1,2}\\n"
+    store.append(f"{odd_category}-1", [ev(odd_type) for _ in range(COPY_THRESHOLD)])
+    with psycopg.connect(pg.dsn) as conn:
+        _check_runs(conn)
+        runs = conn.execute("SELECT count(*) FROM lakefold.event_runs").fetchone()
+        odd = conn.execute("SELECT category, type FROM lakefold.event_runs "
+                           "WHERE category NOT IN ('a', 'b')").fetchall()
+    assert odd == [(odd_category, odd_type)]
+    assert len(store.read_category(odd_category)) == COPY_THRESHOLD
+    assert [e.type for e in store.read_all(types=[odd_type])] == ["$stream.deleted"] * 2 + [
+        odd_type] * COPY_THRESHOLD  # type reads always include deletion records
+    # a-1: 1; a-2: 3; append_events: b 2, a 2 (a-3's x.two and a-4's first run merge);
+    # COPY: a 3 (a-5's x.two and a-6's merge), b 1; the transaction: 1 + 2; deletions: 2;
+    # the odd names: 1
+    assert runs == (1 + 3 + 4 + 4 + 3 + 2 + 1,)
+    _filtered_reads(store)
+    assert list_event_types(pg.dsn) == ["$stream.deleted", odd_type, "x.four", "x.one",
+                                        "x.two"]
+    assert list_event_types(pg.dsn, "b") == ["$stream.deleted", "x.one", "x.two"]
+
+
+@pytest.mark.timeout(120)
+def test_install_moves_a_store_indexed_per_event_to_runs(store: EventStore,
+                                                          pg: TestDatabase) -> None:
+    """A store installed before runs existed indexed category and type per event: install()
+    builds its runs from its events and drops those indexes, and reads stay the same."""
+    _mixed_appends(store)
+    before = _filtered_reads(store)
+    with psycopg.connect(pg.dsn, autocommit=True) as conn:
+        conn.execute("TRUNCATE lakefold.event_runs")
+        conn.execute("CREATE INDEX events_category_idx ON lakefold.events "
+                     "(category, xid, ordinal)")
+        conn.execute("CREATE INDEX events_type_idx ON lakefold.events (type, xid, ordinal)")
+        store.install()
+        store.install()  # idempotent
+        _check_runs(conn)
+        left = conn.execute("SELECT count(*) FROM pg_indexes WHERE schemaname = 'lakefold' "
+                            "AND indexname IN ('events_category_idx', 'events_type_idx')"
+                            ).fetchone()
+    assert left == (0,)
+    assert _filtered_reads(store) == before
+
+
 @pytest.mark.timeout(120)
 def test_sequencing_rounds_never_scan_the_whole_log(store: EventStore, pg: TestDatabase) -> None:
     """Under the generic plans PL/pgSQL switches to, a round with nothing to do (the usual
@@ -343,6 +461,7 @@ def test_sequencing_rounds_never_scan_the_whole_log(store: EventStore, pg: TestD
     assert store.head() == 20_000
     with psycopg.connect(pg.dsn, autocommit=True) as conn:
         conn.execute("ANALYZE lakefold.events")
+        conn.execute("ANALYZE lakefold.event_runs")
         conn.execute("SET plan_cache_mode = force_generic_plan")
 
         def scans() -> tuple[int, int]:
