@@ -17,7 +17,7 @@ nothing of the append is written and the caller gets the validation error itself
 
 The rows go to the server in chunks of ``_CHUNK`` events (small, so that the server's share
 left after the last row, which the client waits for, is small too). The append's runs (see
-``_ddl``: ranges of consecutive ordinals with one category and type) are gathered while the
+``_ddl``: ranges of consecutive ordinals with one stream and type) are gathered while the
 rows are built and inserted after the COPY; in a transaction of its own, together with the
 ``COMMIT``.
 
@@ -125,8 +125,7 @@ def copy_append(conn: psycopg.Connection[TupleRow], appends: Sequence[StreamAppe
         for append, prev in zip(appends, prev_versions, strict=True):
             stream = f"{_escape(append.stream_id)}\t"
             category = f"\t{_escape(append.category)}\t"
-            if not run_categories or run_categories[-1] != append.category:
-                run_type = None  # a new category opens a new run
+            run_type = None  # every stream opens a new run
             version = prev
             for encoded in append.events:
                 event = encoded.event

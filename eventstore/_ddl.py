@@ -19,13 +19,16 @@ Tables
     building a jsonb tree and every read serialising it back (about 1 µs per event each way);
     cast it to ``jsonb`` to query it in SQL. ``metadata`` is ``jsonb``.
 ``lakefold.event_runs``
-    The category and type index, one row per *run*: a maximal range of ordinals of one
-    transaction whose events share category and type (a 1,000-event append of one type to
-    one stream is one run). Reading a category or types walks ``(category, xid,
+    The category and type index, one row per *run*: a maximal range of consecutive ordinals
+    of one transaction whose events belong to one stream and have one type (a 1,000-event
+    append of one type to one stream is one run). A large append writes one index row per
+    run instead of two per event. Reading a category or types walks ``(category, xid,
     first_ordinal)`` or ``(type, xid, first_ordinal)`` and reads each run's events by one
-    range of the events' primary key, so it costs what it returns, and a large append
-    writes one index row per run instead of two per event. A run may outlive its events
-    (a hard-deleted stream): readers join the events, so an empty run is never seen.
+    range of the events' primary key. Every run holds at least one event: deleting a
+    stream marks its runs ``deleted`` with its events (soft) or deletes them with its
+    events (hard). So ``limit`` runs from a position hold at least ``limit`` events, and a
+    page of a category or of types reads at most ``limit`` runs, whatever the size of the
+    category.
 ``lakefold.event_positions``
     One row per committed writer transaction, written by the sequencer once the transaction is
     final: the transaction's first global position. An event's position is
@@ -105,6 +108,7 @@ CREATE TABLE IF NOT EXISTS lakefold.event_runs (
     last_ordinal    integer NOT NULL,
     category        text NOT NULL,
     type            text NOT NULL,
+    deleted         boolean NOT NULL DEFAULT false,
     CHECK (last_ordinal >= first_ordinal)
 );
 CREATE INDEX IF NOT EXISTS event_runs_category_idx
@@ -134,19 +138,21 @@ CREATE TABLE IF NOT EXISTS lakefold.subscription_checkpoints (
 """
 
 # A store installed before ``event_runs`` indexed category and type per event: its runs are
-# built from its events (islands of consecutive ordinals with one category and type) and the
-# per-event indexes dropped, once, under the install lock.
+# built from its events (islands of consecutive ordinals with one stream, type and deletion
+# state) and the per-event indexes dropped, once, under the install lock.
 _RUNS_MIGRATION = """
 DO $mig$
 BEGIN
     IF to_regclass('lakefold.events_category_idx') IS NOT NULL THEN
-        INSERT INTO lakefold.event_runs (xid, first_ordinal, last_ordinal, category, type)
-        SELECT g.xid, min(g.ordinal), max(g.ordinal), g.category, g.type
-        FROM (SELECT e.xid, e.ordinal, e.category, e.type,
-                     e.ordinal - row_number() OVER (PARTITION BY e.xid, e.category, e.type
-                                                    ORDER BY e.ordinal) AS island
+        INSERT INTO lakefold.event_runs (xid, first_ordinal, last_ordinal, category, type,
+                                         deleted)
+        SELECT g.xid, min(g.ordinal), max(g.ordinal), min(g.category), g.type, g.deleted
+        FROM (SELECT e.xid, e.ordinal, e.stream_id, e.category, e.type, e.deleted,
+                     e.ordinal - row_number() OVER (
+                         PARTITION BY e.xid, e.stream_id, e.type, e.deleted ORDER BY e.ordinal
+                     ) AS island
               FROM lakefold.events e) AS g
-        GROUP BY g.xid, g.category, g.type, g.island;
+        GROUP BY g.xid, g.stream_id, g.type, g.deleted, g.island;
         DROP INDEX lakefold.events_category_idx;
         DROP INDEX IF EXISTS lakefold.events_type_idx;
     END IF;
@@ -267,12 +273,11 @@ BEGIN
                 p_correlation, p_causation) WITH ORDINALITY AS x(i, k, t, v, d, m, c, z, o)
     ORDER BY x.o;
     INSERT INTO lakefold.event_runs (first_ordinal, last_ordinal, category, type)
-    SELECT v_first + min(g.o) - 1, v_first + max(g.o) - 1, g.c, g.t
-    FROM (SELECT p_categories[x.k] AS c, x.t, x.o,
-                 x.o - row_number() OVER (PARTITION BY p_categories[x.k], x.t ORDER BY x.o)
-                     AS island
+    SELECT v_first + min(g.o) - 1, v_first + max(g.o) - 1, p_categories[g.k], g.t
+    FROM (SELECT x.k, x.t, x.o,
+                 x.o - row_number() OVER (PARTITION BY x.k, x.t ORDER BY x.o) AS island
           FROM unnest(p_stream_index, p_types) WITH ORDINALITY AS x(k, t, o)) AS g
-    GROUP BY g.c, g.t, g.island;
+    GROUP BY g.k, g.t, g.island;
     RETURN v_prev;
 END
 $fn$;
@@ -309,9 +314,17 @@ BEGIN
             DETAIL = json_build_object('stream_id', p_stream_id, 'expected', p_expected,
                                        'actual', v_version)::text;
     END IF;
+    -- The stream's runs (each holds events of this stream only), found from its events
+    -- through the category index, go with its events.
     IF p_hard THEN
+        DELETE FROM lakefold.event_runs r USING lakefold.events e
+        WHERE e.stream_id = p_stream_id AND r.category = v_category AND r.xid = e.xid
+          AND r.first_ordinal <= e.ordinal AND r.last_ordinal >= e.ordinal;
         DELETE FROM lakefold.events e WHERE e.stream_id = p_stream_id;
     ELSE
+        UPDATE lakefold.event_runs r SET deleted = true FROM lakefold.events e
+        WHERE e.stream_id = p_stream_id AND r.category = v_category AND r.xid = e.xid
+          AND r.first_ordinal <= e.ordinal AND r.last_ordinal >= e.ordinal AND NOT r.deleted;
         UPDATE lakefold.events e SET deleted = true
         WHERE e.stream_id = p_stream_id AND NOT e.deleted;
     END IF;

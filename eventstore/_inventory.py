@@ -18,17 +18,14 @@ from lakefold.eventstore._postgres import translate_errors
 
 _INSTALLED: Final = "SELECT to_regclass('lakefold.events') IS NOT NULL"
 _CATEGORIES: Final = "SELECT DISTINCT category FROM lakefold.streams ORDER BY 1"
-# A type is listed while some run of it still has an event (a hard-deleted stream's runs
-# outlive its events).
 _TYPES: Final = (
     "WITH RECURSIVE t(type) AS ("
     " (SELECT type FROM lakefold.event_runs ORDER BY type LIMIT 1)"
     " UNION ALL SELECT (SELECT r.type FROM lakefold.event_runs r"
     "   WHERE r.type > t.type ORDER BY r.type LIMIT 1) FROM t WHERE t.type IS NOT NULL"
     ") SELECT t.type FROM t WHERE t.type IS NOT NULL"
-    " AND EXISTS (SELECT 1 FROM lakefold.event_runs r JOIN lakefold.events e"
-    "   ON e.xid = r.xid AND e.ordinal BETWEEN r.first_ordinal AND r.last_ordinal"
-    "   WHERE r.type = t.type AND (%(category)s::text IS NULL OR r.category = %(category)s))"
+    " AND (%(category)s::text IS NULL OR EXISTS (SELECT 1 FROM lakefold.event_runs r"
+    "      WHERE r.type = t.type AND r.category = %(category)s::text))"
     " ORDER BY 1"
 )
 

@@ -119,19 +119,22 @@ def log_statement(columns: sql.Composable, *, category: bool, types: bool,
     With a filter ``%(to)s`` is used only when ``bounded``."""
     if not category and not types:
         return _range_statement(columns, include_deleted=include_deleted)
-    # Runs from the transaction of ``from`` (a run there may start before it) up to the last
-    # sequenced transaction; then each run's events, by one range of the primary key.
+    # At most ``limit`` runs that reach ``from`` (a run of its transaction may start before
+    # it), in order, from the category or type index; every run holds at least one event
+    # (see ``_ddl``), so they hold the page. Then each run's events, by one range of the
+    # primary key.
     runs: list[sql.Composable] = [
         sql.SQL("r.xid >= (SELECT k.xid FROM ") + _key("from") + sql.SQL(" AS k)"),
-        sql.SQL("r.xid <= (SELECT last_xid FROM lakefold.event_sequencer)"),
+        sql.SQL("(r.xid, r.last_ordinal) >= ") + _key("from"),
     ]
     events: list[sql.Composable] = [
         sql.SQL("e.xid = r.xid AND e.ordinal >= r.first_ordinal "
                 "AND e.ordinal <= r.last_ordinal"),
         sql.SQL("(e.xid, e.ordinal) >= ") + _key("from"),
+        sql.SQL("e.xid <= (SELECT last_xid FROM lakefold.event_sequencer)"),
     ]
     if bounded:
-        runs.append(sql.SQL("r.xid <= (SELECT k.xid FROM ") + _key("to") + sql.SQL(" AS k)"))
+        runs.append(sql.SQL("(r.xid, r.first_ordinal) < ") + _key("to"))
         events.append(sql.SQL("(e.xid, e.ordinal) < ") + _key("to"))
     if category:
         runs.append(sql.SQL("r.category = %(category)s"))
@@ -139,24 +142,24 @@ def log_statement(columns: sql.Composable, *, category: bool, types: bool,
         runs.append(sql.SQL("r.type = ANY(%(types)s::text[])" if category else
                             "r.type = t.type"))
     if not include_deleted:
+        runs.append(sql.SQL("NOT r.deleted"))
         events.append(sql.SQL("NOT e.deleted"))
     run_events = sql.SQL(
-        "FROM lakefold.event_runs r "
+        "FROM (SELECT r.xid, r.first_ordinal, r.last_ordinal FROM lakefold.event_runs r "
+        "  WHERE {runs} ORDER BY r.xid, r.first_ordinal LIMIT %(limit)s) AS r "
         "CROSS JOIN LATERAL (SELECT * FROM lakefold.events e WHERE {events} "
         "  ORDER BY e.ordinal OFFSET 0) AS e "
-    ).format(events=sql.SQL(" AND ").join(events))
+    ).format(runs=sql.SQL(" AND ").join(runs), events=sql.SQL(" AND ").join(events))
     order = sql.SQL("ORDER BY r.xid, r.first_ordinal, e.ordinal LIMIT %(limit)s")
     if types and not category:
         # One ordered walk of the type index per type, merged: cost follows the events read.
         return sql.SQL(
             "SELECT {columns} FROM unnest(%(types)s::text[]) AS t(type) "
-            "CROSS JOIN LATERAL (SELECT e.* {run_events} WHERE {runs} {order}) AS e "
+            "CROSS JOIN LATERAL (SELECT e.* {run_events} {order}) AS e "
             "{positions} ORDER BY e.xid, e.ordinal LIMIT %(limit)s"
-        ).format(columns=columns, run_events=run_events, runs=sql.SQL(" AND ").join(runs),
-                 order=order, positions=_POSITION_OF)
-    return sql.SQL("SELECT {columns} {run_events} {positions} WHERE {runs} {order}").format(
-        columns=columns, run_events=run_events, positions=_POSITION_OF,
-        runs=sql.SQL(" AND ").join(runs), order=order)
+        ).format(columns=columns, run_events=run_events, order=order, positions=_POSITION_OF)
+    return sql.SQL("SELECT {columns} {run_events} {positions} {order}").format(
+        columns=columns, run_events=run_events, positions=_POSITION_OF, order=order)
 
 
 def with_deletion_records(types: Sequence[str] | None) -> list[str] | None:

@@ -324,6 +324,14 @@ def test_category_and_type_reads_use_their_indexes(store: EventStore, pg: TestDa
         types_plan = _plan(conn, log_statement(
             ENVELOPE_COLUMNS, category=False, types=True, include_deleted=False,
             bounded=True), params)
+        # a page of a large category walks as many runs as the page needs, not the category
+        page_plan = _plan(conn, log_statement(
+            ENVELOPE_COLUMNS, category=True, types=False, include_deleted=False,
+            bounded=False), {**params, "from": 5000, "category": "noise"})
+    runs = [line for line in page_plan.splitlines() if " on event_runs r " in line]
+    assert runs and max(float(n) for n in re.findall(r"actual rows=([0-9.]+)",
+                                                     "".join(runs))) <= 100, page_plan
+    assert "rows=100.00 loops=1" in page_plan.splitlines()[0], page_plan
     for plan, index in ((category_plan, "event_runs_category_idx"),
                         (types_plan, "event_runs_type_idx")):
         assert index in plan, plan
