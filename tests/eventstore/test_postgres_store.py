@@ -365,7 +365,7 @@ def _mixed_appends(store: EventStore) -> None:
 
 
 def _check_runs(conn: psycopg.Connection) -> None:
-    """Every event lies in exactly one run, of its own category and type."""
+    """Every event lies in exactly one run, of its own category, type and deletion state."""
     row = conn.execute(
         "SELECT count(*) FILTER (WHERE n <> 1), count(*) FROM (SELECT (SELECT count(*) "
         "FROM lakefold.event_runs r WHERE r.xid = e.xid AND e.ordinal BETWEEN r.first_ordinal "
@@ -375,8 +375,14 @@ def _check_runs(conn: psycopg.Connection) -> None:
     mismatched = conn.execute(
         "SELECT count(*) FROM lakefold.event_runs r JOIN lakefold.events e ON e.xid = r.xid "
         "AND e.ordinal BETWEEN r.first_ordinal AND r.last_ordinal "
-        "WHERE (e.category, e.type) <> (r.category, r.type)").fetchone()
+        "WHERE (e.category, e.type, e.deleted) <> (r.category, r.type, r.deleted)").fetchone()
     assert mismatched == (0,)
+    # ... and every run holds events of one stream, at least one
+    odd_runs = conn.execute(
+        "SELECT count(*) FROM lakefold.event_runs r WHERE (SELECT count(DISTINCT e.stream_id) "
+        "FROM lakefold.events e WHERE e.xid = r.xid "
+        "AND e.ordinal BETWEEN r.first_ordinal AND r.last_ordinal) <> 1").fetchone()
+    assert odd_runs == (0,)
 
 
 def _filtered_reads(store: EventStore) -> dict[str, list[tuple[str, int, int | None]]]:
@@ -422,16 +428,19 @@ def test_every_append_path_indexes_its_events_by_runs(store: EventStore,
     with psycopg.connect(pg.dsn) as conn:
         _check_runs(conn)
         runs = conn.execute("SELECT count(*) FROM lakefold.event_runs").fetchone()
+        deleted = conn.execute("SELECT count(*) FROM lakefold.event_runs WHERE deleted"
+                               ).fetchone()
         odd = conn.execute("SELECT category, type FROM lakefold.event_runs "
                            "WHERE category NOT IN ('a', 'b')").fetchall()
     assert odd == [(odd_category, odd_type)]
     assert len(store.read_category(odd_category)) == COPY_THRESHOLD
     assert [e.type for e in store.read_all(types=[odd_type])] == ["$stream.deleted"] * 2 + [
         odd_type] * COPY_THRESHOLD  # type reads always include deletion records
-    # a-1: 1; a-2: 3; append_events: b 2, a 2 (a-3's x.two and a-4's first run merge);
-    # COPY: a 3 (a-5's x.two and a-6's merge), b 1; the transaction: 1 + 2; deletions: 2;
-    # the odd names: 1
-    assert runs == (1 + 3 + 4 + 4 + 3 + 2 + 1,)
+    # one run per stream and stretch of one type: a-1 1, a-2 3, append_events 2 + 1 + 2,
+    # COPY 2 + 2 + 1, the transaction 1 + 2, the deletion records 2, the odd names 1; less
+    # the 2 runs of the hard-deleted a-6
+    assert runs == (1 + 3 + 5 + 5 + 3 + 2 + 1 - 2,)
+    assert deleted == (2,)  # the soft-deleted b-1's two runs
     _filtered_reads(store)
     assert list_event_types(pg.dsn) == ["$stream.deleted", odd_type, "x.four", "x.one",
                                         "x.two"]
