@@ -9,9 +9,9 @@ transaction plus the rows themselves, whatever the planner's statistics say (a p
 by a row LIMIT over an open key range let the planner pick a bitmap scan of everything after
 ``from`` plus a sort: every page cost the rest of the log). Category and type reads walk
 the runs of ``lakefold.event_runs`` (by category or type, then transaction) from the
-transaction of ``from`` and read each run's events by one primary-key range; their cost
-follows what they return. Global reads see only sequenced positions, so never an event that is not
-final (see ``_sequencer.py``).
+transaction of ``from``, at most a page's limit of them, and read each run's events by one
+primary-key range; their cost follows what they return. Global reads see only sequenced
+positions, so never an event that is not final (see ``_sequencer.py``).
 
 Envelopes are built by psycopg row factories, straight from the driver's values, and payloads
 stay JSON text until ``EventEnvelope.data`` is used.

@@ -7,6 +7,7 @@ import contextlib
 import json
 import logging
 import os
+import random
 import re
 import signal
 import socket
@@ -693,3 +694,60 @@ def test_ctrl_c_interrupts_a_one_event_append_waiting_for_a_lock(store: EventSto
     assert store.stream_state("order-7").version == 1  # the statement was cancelled
     store.append("order-7", [ev(n=3)], expected_version=1)  # and the store works on
     assert [e.data for e in store.read_stream("order-7")] == [{"n": 1}, {"n": 3}]
+
+
+# Appends batches until killed: a large append to two streams (COPY, runs of two types) or a
+# small one (lakefold.append_events), printing each acknowledged batch.
+_KILLED_APPENDER = """
+import sys
+from lakefold.eventstore import EventStore, StreamEvents
+from lakefold.schemas import NewEvent
+dsn, first = sys.argv[1], int(sys.argv[2])
+with EventStore(dsn) as store:
+    for b in range(first, first + 100_000):
+        n = 2_500 if b % 2 else 3
+        store.append_streams([
+            StreamEvents(f"k{b % 3}-{b}", [NewEvent(f"t.{i % 2}", {"b": b}) for i in range(n)]),
+            StreamEvents(f"j-{b}", [NewEvent("t.x", {"b": b})])])
+        print(b, flush=True)
+"""
+
+
+@pytest.mark.timeout(180)
+def test_sigkilled_appenders_leave_whole_appends_and_their_runs(store: EventStore,
+                                                                pg: TestDatabase) -> None:
+    """An appender killed with SIGKILL at random moments (often inside a COPY) leaves each
+    append whole or absent, with its runs; category and type reads agree with the log."""
+    rng = random.Random(5)
+    acknowledged: list[int] = []
+    for round_ in range(6):
+        with subprocess.Popen([sys.executable, "-c", _KILLED_APPENDER, pg.dsn,
+                               str(round_ * 100_000)], stdout=subprocess.PIPE, text=True
+                              ) as child:
+            try:
+                assert child.stdout is not None
+                for _ in range(rng.randint(1, 8)):  # let it acknowledge a few batches first
+                    acknowledged.append(int(child.stdout.readline()))
+                time.sleep(rng.uniform(0, 0.05))
+                child.send_signal(signal.SIGKILL)
+                acknowledged += [int(line) for line in child.stdout.read().split()]
+            finally:
+                child.kill()
+    with psycopg.connect(pg.dsn) as conn:
+        counts: dict[int, int] = dict(conn.execute(
+            "SELECT (data->>'b')::int, count(*) FROM lakefold.events GROUP BY 1").fetchall())
+        _check_runs(conn)
+    for b, stored in counts.items():
+        assert stored == (2_500 if b % 2 else 3) + 1, (b, stored)  # whole or absent
+    for round_ in range(6):  # each round stored its acknowledged appends, and at most the
+        first = round_ * 100_000  # one in flight when it was killed, with no gap
+        mine = sorted(b for b in counts if first <= b < first + 100_000)
+        acked = [b for b in acknowledged if first <= b < first + 100_000]
+        assert mine == list(range(first, first + len(mine))), mine
+        assert len(acked) <= len(mine) <= len(acked) + 1, (acked, mine)
+    everything = store.read_all(limit=100_000)
+    for category in ("k0", "k1", "k2", "j"):
+        assert [e.position for e in store.read_category(category, limit=100_000)] == [
+            e.position for e in everything if e.stream_id.startswith(f"{category}-")]
+    assert [e.position for e in store.read_all(types=["t.1"], limit=100_000)] == [
+        e.position for e in everything if e.type == "t.1"]
