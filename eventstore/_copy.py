@@ -52,12 +52,14 @@ _COPY: Final = (
     "COPY lakefold.events (ordinal, event_id, stream_id, stream_version, category, type, "
     "schema_version, data, metadata, correlation_id, causation_id) FROM STDIN"
 )
-# The append's runs (see ``_ddl``), gathered while its rows are built.
+#: The start of every insert of runs (see ``_ddl``) from Python; the row source follows.
+RUNS_INSERT: Final = sql.SQL(
+    "INSERT INTO lakefold.event_runs (first_ordinal, last_ordinal, category, type) ")
+# The append's runs, gathered while its rows are built.
 _RUNS: Final = sql.SQL(
-    "INSERT INTO lakefold.event_runs (first_ordinal, last_ordinal, category, type) "
-    "SELECT * FROM unnest({}::integer[], {}::integer[], {}::text[], {}::text[])"
-)
-_RUNS_PARAMS: Final = _RUNS.format(*[sql.Placeholder(format="b")] * 4).as_string()
+    "{insert}SELECT * FROM unnest({}::integer[], {}::integer[], {}::text[], {}::text[])")
+_RUNS_PARAMS: Final = _RUNS.format(*[sql.Placeholder(format="b")] * 4,
+                                   insert=RUNS_INSERT).as_string()
 #: Events per chunk handed to the server while the next chunk is built.
 _CHUNK: Final = 64
 _NULL: Final = "\\N"
@@ -156,7 +158,8 @@ def copy_append(conn: psycopg.Connection[TupleRow], appends: Sequence[StreamAppe
     lasts.append(ordinal - 1)
     runs = (firsts, lasts, run_categories, run_types)
     if begin:
-        conn.execute(sql.SQL("{}; COMMIT").format(_RUNS.format(*map(sql.Literal, runs))))
+        conn.execute(sql.SQL("{}; COMMIT").format(
+            _RUNS.format(*map(sql.Literal, runs), insert=RUNS_INSERT)))
     else:
         conn.execute(_RUNS_PARAMS, runs)
     return prev_versions

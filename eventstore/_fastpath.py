@@ -32,7 +32,7 @@ import psycopg
 from psycopg import generators, pq, sql
 from psycopg.rows import TupleRow
 
-from lakefold.eventstore._copy import expected_code
+from lakefold.eventstore._copy import RUNS_INSERT, expected_code
 from lakefold.eventstore._model import StreamAppend
 
 # The stream-row step for each kind of expected version; each yields the version before.
@@ -59,8 +59,6 @@ _INSERT: Final = sql.SQL(
     "INSERT INTO lakefold.events (ordinal, event_id, stream_id, stream_version, category, "
     "type, schema_version, data, metadata, correlation_id, causation_id) "
 )
-_RUNS: Final = sql.SQL(
-    "INSERT INTO lakefold.event_runs (first_ordinal, last_ordinal, category, type) ")
 _ONE: Final = sql.SQL(
     "WITH s AS ({step}), i AS ({insert}"
     "SELECT 0, %(id)s::uuid, %(stream)s::text, s.prev + 1, %(category)s::text, "
@@ -85,7 +83,7 @@ _MANY: Final = sql.SQL(
 # Rendered to text once: psycopg renders a Composed query again on every execute (tens of µs,
 # a large share of a one-event append), but parses a str query once and caches the result.
 _STATEMENTS: Final = {
-    kind: _MANY.format(step=step, insert=_INSERT, runs=_RUNS).as_string()
+    kind: _MANY.format(step=step, insert=_INSERT, runs=RUNS_INSERT).as_string()
     for kind, step in _STREAM_STEP.items()
 }
 
@@ -106,7 +104,7 @@ def _numbered(text: str) -> tuple[bytes, tuple[str, ...]]:
 #: kind -> (prepared statement name, its text, the argument names in ``$n`` order).
 _ONE_EVENT: Final = {
     kind: (f"lakefold_append_one_{kind}".encode(),
-           *_numbered(_ONE.format(step=step, insert=_INSERT, runs=_RUNS).as_string()))
+           *_numbered(_ONE.format(step=step, insert=_INSERT, runs=RUNS_INSERT).as_string()))
     for kind, step in _STREAM_STEP.items()
 }
 _UNDEFINED_STATEMENT: Final = b"26000"
