@@ -13,6 +13,9 @@ map of Kafka's log cleaner, and works through the new records in chunks of posit
 4. a truncate record in the chunk deletes every record before it, and empties the key map
    below it.
 
+Snapshot segments (``_segments``) holding positions of the chunk become ordinary records
+first, in the same transaction, so the steps above see every record.
+
 Then tombstones (deletes) and truncate records below ``compacted_to`` whose commit is older
 than the retention are removed with their key map entries.
 
@@ -35,6 +38,7 @@ from typing import Any, Final
 
 import psycopg
 
+from lakefold.capture import _segments
 from lakefold.capture._config import CompactionPolicy
 
 log = logging.getLogger(__name__)
@@ -118,8 +122,12 @@ def _compact_locked(conn: psycopg.Connection[Any], stream_id: int, retention: ti
     removed = 0
     while done < head:
         upper = min(head, done + chunk)
-        with conn.transaction():
-            counts = conn.execute(_CHUNK, {"s": stream_id, "lo": done, "hi": upper}).fetchone()
+        with conn.transaction(), conn.cursor() as cur:
+            if _segments.explode(cur, stream_id, done, upper):
+                # The planner must know of the rows just written, or it takes the chunk for
+                # empty and joins it with nested loops (quadratic in the chunk).
+                cur.execute("ANALYZE lakefold.changelog")
+            counts = cur.execute(_CHUNK, {"s": stream_id, "lo": done, "hi": upper}).fetchone()
             chunk_removed = int(counts[0]) if counts else 0
             chunk_removed += _apply_truncate(conn, stream_id, done, upper)
             conn.execute(

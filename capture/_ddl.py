@@ -8,6 +8,8 @@
 ``changelog_schemas``   the columns of each stream, per schema version.
 ``changelog``           the records. ``(stream_id, position)`` is the primary key; positions
                         are assigned densely from 1 by the capture, the only writer.
+``changelog_segments``  runs of ``read`` records of an initial snapshot, one row per run (see
+                        ``_segments``); readers merge them with ``changelog`` by position.
 ``changelog_keys``      the latest compacted position of each key (kept by compaction).
 ``changelog_compaction`` how far each stream has been compacted.
 ``capture_staging_<slot>`` per slot: rows of large in-progress transactions streamed by the
@@ -115,6 +117,32 @@ CREATE TABLE IF NOT EXISTS lakefold.capture_rereads (
     requested_at timestamptz NOT NULL DEFAULT now(),
     PRIMARY KEY (slot_name, stream_id, key)
 );
+-- Snapshot segments (_segments): positions first_position..last_position of a stream, all of
+-- them ``read`` records of one schema version; ``rows`` and ``keys`` are compressed Arrow IPC.
+CREATE TABLE IF NOT EXISTS lakefold.changelog_segments (
+    stream_id integer NOT NULL,
+    first_position bigint NOT NULL,
+    last_position bigint NOT NULL,
+    first_ordinal bigint NOT NULL,
+    commit_lsn bigint NOT NULL,
+    commit_ts timestamptz NOT NULL,
+    schema_version integer NOT NULL,
+    keys bytea NOT NULL,
+    rows bytea NOT NULL,
+    PRIMARY KEY (stream_id, first_position)
+);
+-- Already compressed: stored out of line as they are, not compressed again.
+ALTER TABLE lakefold.changelog_segments ALTER keys SET STORAGE EXTERNAL,
+    ALTER rows SET STORAGE EXTERNAL;
+-- The last position a stream has stored, visible or not (its head, or beyond it while a batch
+-- or a snapshot chunk is being written).
+CREATE OR REPLACE FUNCTION lakefold.changelog_top(stream integer) RETURNS bigint
+LANGUAGE sql STABLE AS $$
+    SELECT coalesce(greatest(
+        (SELECT max(position) FROM lakefold.changelog WHERE stream_id = stream),
+        (SELECT max(last_position) FROM lakefold.changelog_segments WHERE stream_id = stream)),
+        0)
+$$;
 CREATE TABLE IF NOT EXISTS lakefold.capture_messages (
     slot_name text NOT NULL,
     lsn bigint NOT NULL,
@@ -130,7 +158,7 @@ CREATE TABLE IF NOT EXISTS lakefold.capture_messages (
 #: Tables of the store that must never be published for capture.
 STORE_TABLES: Final = (
     "capture_slots", "changelog_streams", "changelog_schemas", "changelog", "changelog_keys",
-    "changelog_compaction", "capture_messages", "capture_rereads",
+    "changelog_compaction", "capture_messages", "capture_rereads", "changelog_segments",
 )
 
 _STAGING_DDL: Final = """

@@ -309,8 +309,8 @@ def truncate_streams(store: psycopg.Connection[Any], slot: str) -> list[str]:
         return []
     with store.transaction():
         rows = store.execute(
-            "SELECT stream_id, name, greatest(head, (SELECT coalesce(max(position), 0) FROM "
-            "lakefold.changelog c WHERE c.stream_id = s.stream_id)), schema_version "
+            "SELECT stream_id, name, greatest(head, lakefold.changelog_top(stream_id)), "
+            "schema_version "
             "FROM lakefold.changelog_streams s WHERE slot_name = %s ORDER BY stream_id "
             "FOR UPDATE", (slot,)).fetchall()
         for stream_id, _name, top, version in rows:

@@ -83,6 +83,11 @@ def pg_timestamp(microseconds: int) -> datetime:
     return PG_EPOCH + timedelta(microseconds=microseconds)
 
 
+def pg_time(at: datetime) -> int:
+    """An aware datetime as a PostgreSQL protocol timestamp (the inverse of ``pg_timestamp``)."""
+    return (at - PG_EPOCH) // timedelta(microseconds=1)
+
+
 def pg_now() -> int:
     """Now, as a PostgreSQL protocol timestamp."""
     return int(datetime.now(UTC).timestamp() * 1_000_000) - _PG_EPOCH_UNIX_US

@@ -38,6 +38,7 @@ from psycopg import errors, sql
 
 from lakefold.capture import _snapshot_store as state
 from lakefold.capture._inband import SNAPSHOT_PREFIX, ChunkHeader, encode_chunk, encode_tuple
+from lakefold.capture._pgoutput import pg_time
 from lakefold.capture._pipeline import translate_store_error
 from lakefold.capture._snapshot import (
     QuietListener,
@@ -45,7 +46,6 @@ from lakefold.capture._snapshot import (
     SnapshotStats,
     boundary,
     estimated_rows,
-    pg_time,
     source_connection,
     utc_now,
 )
@@ -173,11 +173,16 @@ def _drop_unfinished_chunks(store: psycopg.Connection[Any],
     if not names:
         return
     cur = store.execute(
-        "DELETE FROM lakefold.changelog c USING lakefold.changelog_streams s "
-        "WHERE c.stream_id = s.stream_id AND s.name = ANY(%s) AND c.position > s.head",
-        (names,))
-    if cur.rowcount > 0:
-        log.info("dropped %d records of unfinished snapshot chunks", cur.rowcount)
+        "WITH rows AS (DELETE FROM lakefold.changelog c USING lakefold.changelog_streams s "
+        "WHERE c.stream_id = s.stream_id AND s.name = ANY(%(names)s) AND c.position > s.head "
+        "RETURNING 1), segments AS (DELETE FROM lakefold.changelog_segments c "
+        "USING lakefold.changelog_streams s WHERE c.stream_id = s.stream_id "
+        "AND s.name = ANY(%(names)s) AND c.first_position > s.head "
+        "RETURNING c.last_position - c.first_position + 1 AS n) "
+        "SELECT (SELECT count(*) FROM rows) + (SELECT coalesce(sum(n), 0) FROM segments)",
+        {"names": names}).fetchone()
+    if cur is not None and cur[0] > 0:
+        log.info("dropped %d records of unfinished snapshot chunks", cur[0])
 
 
 def _names(conn: psycopg.Connection[Any], relid: int) -> tuple[str, str]:

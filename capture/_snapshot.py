@@ -12,13 +12,13 @@ Chunks
     Each table is copied in chunks of ``SnapshotPolicy.chunk_rows`` rows in key order. The chunk
     boundaries are planned inside the snapshot, so chunk ``k`` holds exactly ``chunk_rows``
     rows and its positions are known in advance; ``SnapshotPolicy.workers`` movers copy chunks
-    in parallel, each with its own connections importing the same snapshot. A chunk is piped
-    from ``COPY (SELECT ...) TO STDOUT (FORMAT binary)`` on the source straight into
-    ``COPY lakefold.changelog FROM STDIN (FORMAT binary)`` on the store (the SELECT builds the
-    changelog rows, so Python only moves buffers) and committed beyond the stream head, where
-    readers do not see it. Then, in chunk order, one store transaction per chunk moves the head
-    over it and records its progress (``capture_snapshot_tables.last_key``). Rows beyond the
-    head left by a crash are deleted when the snapshot resumes.
+    in parallel, each with its own connections importing the same snapshot. A chunk is read
+    as Arrow text columns (ADBC: binary ``COPY`` decoded in C++, without the GIL), stored as
+    snapshot segments (``_segments``: a few compressed rows per chunk instead of a changelog
+    row per source row) and committed beyond the stream head, where readers do not see it.
+    Then, in chunk order, one store transaction per chunk moves the head over it and records
+    its progress (``capture_snapshot_tables.last_key``). Records beyond the head left by a
+    crash are deleted when the snapshot resumes.
 
 Resume
     After a crash the exported snapshot is gone. The next ``Capture.run`` finishes the
@@ -34,19 +34,20 @@ import logging
 import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, Final, Protocol
 
 import psycopg
+import pyarrow as pa
 from psycopg import sql
 
+from lakefold.capture import _segments, _source
 from lakefold.capture import _snapshot_store as state
-from lakefold.capture import _source
 from lakefold.capture._pipeline import translate_store_error
 from lakefold.capture._replication import SESSION_OPTIONS
 from lakefold.capture._tables import TableShape, capture_tables, table_shape
-from lakefold.capture._writer import CHANGELOG_COPY, NOTIFY_CHANNEL, ChangelogWriter
+from lakefold.capture._writer import NOTIFY_CHANNEL, ChangelogWriter
 from lakefold.capture.exceptions import (
     ConnectionLostError,
     SourceConfigurationError,
@@ -59,7 +60,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-_PG_EPOCH_US: Final = 946_684_800_000_000
+# A chunk is stored as segments of at most this much text (before compression), so a table of
+# large rows does not make one huge segment.
+_SEGMENT_BYTES: Final = 32 << 20
 
 
 class SnapshotListener(Protocol):
@@ -100,16 +103,20 @@ class SnapshotStats:
         return self.rows / self.elapsed_s if self.elapsed_s > 0 else 0.0
 
 
-def source_connection(dsn: str, *, autocommit: bool) -> psycopg.Connection[Any]:
-    """A connection to the source whose session settings give values the same text form as
-    pgoutput's (``_replication.SESSION_OPTIONS``)."""
+def _source_conninfo(dsn: str) -> str:
+    """``dsn`` with session settings that give values the same text form as pgoutput's
+    (``_replication.SESSION_OPTIONS``)."""
     params = psycopg.conninfo.conninfo_to_dict(dsn)
     params["options"] = f"{params.get('options', '')} {SESSION_OPTIONS}".strip()
     params.setdefault("connect_timeout", "10")
     params.setdefault("application_name", "lakefold-snapshot")
+    return psycopg.conninfo.make_conninfo(**params)  # type: ignore[arg-type]
+
+
+def source_connection(dsn: str, *, autocommit: bool) -> psycopg.Connection[Any]:
+    """A connection to the source with the session settings of ``_source_conninfo``."""
     try:
-        return psycopg.connect(psycopg.conninfo.make_conninfo(**params),  # type: ignore[arg-type]
-                               autocommit=autocommit)
+        return psycopg.connect(_source_conninfo(dsn), autocommit=autocommit)
     except psycopg.OperationalError as e:
         raise ConnectionLostError(f"cannot connect to the source at {mask_dsn(dsn)}: "
                                   f"{str(e).strip()}") from e
@@ -202,17 +209,6 @@ def register_stream(writer: ChangelogWriter, catalog: _source.SourceCatalog,
     return stream_id, version, schema.key_columns
 
 
-def key_expression(columns: tuple[str, ...], source: str = "s") -> sql.Composable:
-    """SQL computing the ``key`` column of a record (see ``_writer.encode_key``): per key
-    column, the 4-byte length and the UTF-8 bytes of its text form."""
-    parts = []
-    for name in columns:
-        value = sql.SQL("convert_to({}.{}::text, 'UTF8')").format(sql.Identifier(source),
-                                                                  sql.Identifier(name))
-        parts.append(sql.SQL("int4send(octet_length({v})) || {v}").format(v=value))
-    return sql.SQL(" || ").join(parts)
-
-
 def boundary(conn: psycopg.Connection[Any], shape: TableShape, after: tuple[str, ...] | None,
              rows: int) -> tuple[str, ...] | None:
     """The key of the ``rows``-th row after ``after`` (None: fewer rows remain)."""
@@ -244,27 +240,73 @@ def _range_literal(shape: TableShape, lo: tuple[str, ...] | None,
     return sql.SQL("WHERE ") + sql.SQL(" AND ").join(conditions)
 
 
+@dataclass(frozen=True, slots=True)
+class _Chunk:
+    """One chunk to copy: its SELECT of the rows as text, in key order, and where its records
+    go (``first`` holds the first row's position and ordinal, the rest count up)."""
+
+    table: str
+    select: str
+    first: _segments.Segment
+    key_indexes: tuple[int, ...]
+
+
 class _Mover:
-    """One worker's connections: the source inside the exported snapshot, and the store."""
+    """One worker's connections: the source inside the exported snapshot (ADBC), and the
+    store."""
 
     def __init__(self, config: CaptureConfig, snapshot_name: str) -> None:
-        self.src = source_connection(config.source_dsn, autocommit=False)
-        self.src.isolation_level = psycopg.IsolationLevel.REPEATABLE_READ
-        self.src.read_only = True
-        self.src.execute(sql.SQL("SET TRANSACTION SNAPSHOT {}").format(
-            sql.Literal(snapshot_name)))
+        import adbc_driver_manager
+        from adbc_driver_postgresql import dbapi as adbc
+
+        self._errors = adbc_driver_manager.Error
+        try:
+            self.src = adbc.connect(_source_conninfo(config.source_dsn), autocommit=True)
+            with self.src.cursor() as cur:
+                cur.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
+                cur.execute(sql.SQL("SET TRANSACTION SNAPSHOT {}").format(
+                    sql.Literal(snapshot_name)).as_string(None))
+        except adbc_driver_manager.Error as e:
+            raise ConnectionLostError(
+                f"cannot read the snapshot from the source at {mask_dsn(config.source_dsn)}: "
+                f"{str(e).strip()}") from e
         self.store = psycopg.connect(config.resolved_store_dsn, autocommit=True,
                                      connect_timeout=10)
 
-    def move(self, select: sql.Composed) -> int:
-        """Pipe one chunk from the source's COPY TO into the changelog's COPY FROM and commit
-        it (beyond the stream head: invisible until the coordinator moves the head)."""
-        with self.store.transaction(), self.store.cursor() as cur:
-            with self.src.cursor() as scur, scur.copy(select) as out, \
-                    cur.copy(CHANGELOG_COPY) as into:
-                for data in out:
-                    into.write(data)
-            return max(cur.rowcount, 0)
+    def move(self, chunk: _Chunk) -> int:
+        """Read one chunk and store it as segments in one store transaction (beyond the stream
+        head: invisible until the coordinator moves the head); returns its rows."""
+        first = chunk.first
+        rows = 0
+        try:
+            with self.src.cursor() as src, self.store.transaction(), \
+                    self.store.cursor() as cur:
+                # batches of a quarter segment, so a segment ends near _SEGMENT_BYTES
+                src.adbc_statement.set_options(**{
+                    "adbc.postgresql.batch_size_hint_bytes": str(_SEGMENT_BYTES // 4)})
+                src.execute(chunk.select)
+                batches: list[pa.RecordBatch] = []
+                for batch in src.fetch_record_batch():
+                    batches.append(batch)
+                    if sum(b.nbytes for b in batches) >= _SEGMENT_BYTES:
+                        rows += self._store(cur, first, rows, batches, chunk.key_indexes)
+                        batches = []
+                rows += self._store(cur, first, rows, batches, chunk.key_indexes)
+        except self._errors as e:
+            raise ConnectionLostError(f"reading a snapshot chunk of {chunk.table} from the "
+                                      f"source failed: {str(e).strip()}") from e
+        return rows
+
+    @staticmethod
+    def _store(cur: psycopg.Cursor[Any], first: _segments.Segment, offset: int,
+               batches: list[pa.RecordBatch], key_indexes: tuple[int, ...]) -> int:
+        n = int(sum(b.num_rows for b in batches))
+        if n:
+            segment = replace(first, first_position=first.first_position + offset,
+                              last_position=first.first_position + offset + n - 1,
+                              first_ordinal=first.first_ordinal + offset)
+            _segments.write(cur, segment, pa.Table.from_batches(batches), key_indexes)
+        return n
 
     def close(self) -> None:
         self.src.close()
@@ -283,14 +325,14 @@ class _Movers:
         self.pool = ThreadPoolExecutor(max_workers=config.snapshot.workers,
                                        thread_name_prefix="lakefold-snapshot")
 
-    def move(self, select: sql.Composed) -> int:
+    def move(self, chunk: _Chunk) -> int:
         mover = getattr(self._local, "mover", None)
         if mover is None:
             mover = _Mover(self._config, self._snapshot)
             self._local.mover = mover
             with self._lock:
                 self._all.append(mover)
-        return mover.move(select)
+        return mover.move(chunk)
 
     def close(self) -> None:
         self.pool.shutdown(wait=True, cancel_futures=True)
@@ -312,25 +354,17 @@ def _copy_table(src: psycopg.Connection[Any], store: psycopg.Connection[Any],
         writer, catalog, shape, name=table.stream, database=database, lsn=lsn)
     listener.table_started(table.qualified, estimated_rows(src, table.relid), table.rows)
     row = store.execute(
-        "SELECT greatest(s.head, (SELECT max(position) FROM lakefold.changelog c "
-        "WHERE c.stream_id = s.stream_id)) FROM lakefold.changelog_streams s "
-        "WHERE s.stream_id = %s", (stream_id,)).fetchone()
+        "SELECT greatest(head, lakefold.changelog_top(stream_id)) "
+        "FROM lakefold.changelog_streams WHERE stream_id = %s", (stream_id,)).fetchone()
     base = int(row[0] or 0) if row else 0
-    columns = sql.SQL(", ").join(sql.SQL("s.{}::text").format(sql.Identifier(c.name))
-                                 for c in shape.columns)
+    key_indexes = tuple(i for i, c in enumerate(shape.columns) if c.name in key_columns)
 
-    def select(k: int, lo: tuple[str, ...] | None, hi: tuple[str, ...] | None) -> sql.Composed:
-        return sql.SQL(
-            "COPY (SELECT {base}::bigint + s.lakefold_n, {ordinal}::bigint + s.lakefold_n, "
-            "{lsn}::bigint, 0::bigint, {at}::timestamptz, {sid}::integer, {ver}::integer, "
-            "'r'::\"char\", {key}, NULL::text[], ARRAY[{columns}]::text[] "
-            "FROM (SELECT {cols}, row_number() OVER (ORDER BY {order}) AS lakefold_n "
-            "FROM {table} {where}) s) TO STDOUT (FORMAT binary)"
-        ).format(base=sql.Literal(base + k * n_rows),
-                 ordinal=sql.Literal(table.rows + k * n_rows), lsn=sql.Literal(lsn),
-                 at=sql.Literal(at), sid=sql.Literal(stream_id), ver=sql.Literal(version),
-                 key=key_expression(key_columns), columns=columns, cols=shape.column_list(),
-                 order=shape.order_by(), table=shape.ident, where=_range_literal(shape, lo, hi))
+    def chunk(k: int, lo: tuple[str, ...] | None, hi: tuple[str, ...] | None) -> _Chunk:
+        select = sql.SQL("SELECT {} FROM {} {} ORDER BY {}").format(
+            shape.text_columns(), shape.ident, _range_literal(shape, lo, hi), shape.order_by())
+        first = _segments.Segment(stream_id, base + k * n_rows + 1, base + (k + 1) * n_rows,
+                                  table.rows + k * n_rows + 1, lsn, at, version)
+        return _Chunk(table.qualified, select.as_string(src), first, key_indexes)
 
     pending: dict[int, tuple[Future[int], tuple[str, ...] | None]] = {}
     done_upto = 0  # chunks 0 .. done_upto-1 are counted in the head and the progress
@@ -339,7 +373,7 @@ def _copy_table(src: psycopg.Connection[Any], store: psycopg.Connection[Any],
     while not planned_all or pending:
         while not planned_all and len(pending) < 2 * config.snapshot.workers:
             hi = boundary(src, shape, lo, n_rows)
-            pending[k] = (movers.pool.submit(movers.move, select(k, lo, hi)), hi)
+            pending[k] = (movers.pool.submit(movers.move, chunk(k, lo, hi)), hi)
             planned_all = hi is None
             lo, k = hi, k + 1
         future, hi = pending[done_upto]
@@ -369,7 +403,3 @@ def _copy_table(src: psycopg.Connection[Any], store: psycopg.Connection[Any],
 def utc_now() -> datetime:
     return datetime.now(UTC)
 
-
-def pg_time(at: datetime) -> int:
-    """A datetime as a PostgreSQL protocol timestamp (µs since 2000-01-01 UTC)."""
-    return int(at.timestamp() * 1_000_000) - _PG_EPOCH_US

@@ -28,17 +28,19 @@ from __future__ import annotations
 
 import io
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any, Final
 
+import numpy as np
 import psycopg
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.csv as pacsv
 from psycopg import sql
 
-from lakefold.capture import _ddl
+from lakefold.capture import _ddl, _segments
 from lakefold.capture._arrow import arrow_type, typed_array
 from lakefold.capture._types import StreamSchema
 from lakefold.capture._values import convert_row
@@ -62,6 +64,7 @@ _CSV_META_TYPES: Final = {
     "_schema_version": pa.int32(),
 }
 _DEFAULT_CHUNK: Final = 65_536
+_EPOCH: Final = datetime(1970, 1, 1, tzinfo=UTC)
 
 
 @dataclass(frozen=True, slots=True)
@@ -147,10 +150,35 @@ def _empty_raw(meta: _StreamMeta) -> pa.Table:
     return pa.schema([(n, types[n]) for n in names]).empty_table()
 
 
+@contextmanager
+def _one_snapshot(conn: psycopg.Connection[Any]) -> Iterator[None]:
+    """A read-only transaction whose statements all see one snapshot. A read of rows and
+    segments needs it: compaction turns segments into rows meanwhile, so a later statement's
+    snapshot may no longer hold a segment whose records the rows did not have yet."""
+    with conn.transaction():
+        conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+        yield
+
+
 def _copy_range(conn: psycopg.Connection[Any], meta: _StreamMeta, start: int, end: int,
                 limit: int | None) -> pa.Table:
     """Records with ``start <= position < end`` as a table of metadata columns and the text
     values ``v1..vN``."""
+    with _one_snapshot(conn):
+        rows = _copy_rows(conn, meta, start, end, limit)
+        if limit is not None and rows.num_rows == limit:  # later segment records come after
+            end = int(rows.column("_position")[-1].as_py())
+        parts = [_segment_raw(segment, texts, meta.width) for segment, texts in
+                 _segments.read_range(conn, meta.info.stream_id, start, end, limit)]
+    if not parts:
+        return rows
+    merged = pa.concat_tables([rows, *parts]).sort_by("_position")
+    return merged if limit is None else merged.slice(0, limit)
+
+
+def _copy_rows(conn: psycopg.Connection[Any], meta: _StreamMeta, start: int, end: int,
+               limit: int | None) -> pa.Table:
+    """The changelog rows (not the segments) of ``_copy_range``."""
     width = meta.width
     values = [sql.SQL("c.v[{}]").format(sql.Literal(i + 1)) for i in range(width)]
     query = sql.SQL(
@@ -172,17 +200,38 @@ def _copy_range(conn: psycopg.Connection[Any], meta: _StreamMeta, start: int, en
         for chunk in copy:
             buffer.write(chunk)
     names, types = _raw_columns(width)
-    if buffer.tell() == 0:
-        return _empty_raw(meta)
-    buffer.seek(0)
-    return pacsv.read_csv(
-        buffer,
-        read_options=pacsv.ReadOptions(column_names=names, block_size=16 << 20),
-        parse_options=pacsv.ParseOptions(newlines_in_values=True),
-        convert_options=pacsv.ConvertOptions(
-            column_types=types, null_values=[""], strings_can_be_null=True,
-            quoted_strings_can_be_null=False),
-    )
+    rows = _empty_raw(meta)
+    if buffer.tell():
+        buffer.seek(0)
+        rows = pacsv.read_csv(
+            buffer,
+            read_options=pacsv.ReadOptions(column_names=names, block_size=16 << 20),
+            parse_options=pacsv.ParseOptions(newlines_in_values=True),
+            convert_options=pacsv.ConvertOptions(
+                column_types=types, null_values=[""], strings_can_be_null=True,
+                quoted_strings_can_be_null=False),
+        )
+    return rows
+
+
+def _segment_raw(segment: _segments.Segment, texts: pa.Table, width: int) -> pa.Table:
+    """A segment's records in the layout of ``_copy_range``."""
+    n = texts.num_rows
+    names, types = _raw_columns(width)
+    since_epoch = (segment.commit_ts - _EPOCH) // timedelta(microseconds=1)
+    meta = [
+        pa.array(np.arange(segment.first_position, segment.first_position + n)),
+        pa.array(["read"] * n, pa.string()),
+        pa.array(np.full(n, segment.commit_lsn, dtype=np.int64)),
+        pa.array(np.arange(segment.first_ordinal, segment.first_ordinal + n)),
+        pa.array(np.zeros(n, dtype=np.int64)),
+        pa.array(np.full(n, since_epoch, dtype=np.int64)),
+        pa.array(np.full(n, segment.schema_version, dtype=np.int32)),
+    ]
+    values = [texts.column(i) if i < texts.num_columns else pa.nulls(n, pa.string())
+              for i in range(width)]
+    return pa.Table.from_arrays([*meta, *values], schema=pa.schema(
+        [(name, types[name]) for name in names]))
 
 
 def _typed(raw: pa.Table, meta: _StreamMeta) -> pa.Table:
@@ -246,6 +295,23 @@ def read_changelog_range(store_dsn: str, stream: str, start: int, end: int, *,
             table = _typed(_copy_range(conn, meta, position, upper, None), meta)
             yield from table.to_batches()
             position = upper
+
+
+def _segment_records(conn: psycopg.Connection[Any], meta: _StreamMeta, start: int, end: int,
+                     limit: int) -> list[tuple[Any, ...]]:
+    """The segments' records in ``[start, end)`` as the rows ``read_events`` selects."""
+    records: list[tuple[Any, ...]] = []
+    for segment, texts in _segments.read_range(conn, meta.info.stream_id, start, end, limit):
+        schema = meta.versions[segment.schema_version]
+        keys = _segments.record_keys(
+            texts, [i for i, c in enumerate(schema.columns) if c.key])
+        values = zip(*(texts.column(i).to_pylist() for i in range(texts.num_columns)),
+                     strict=True)
+        for i, (key, after) in enumerate(zip(keys, values, strict=True)):
+            records.append((segment.first_position + i, "r", segment.commit_lsn,
+                            segment.first_ordinal + i, 0, segment.commit_ts,
+                            segment.schema_version, key, None, list(after)))
+    return records
 
 
 def _key_texts(key: bytes | None) -> list[str | None] | None:
@@ -333,14 +399,18 @@ class ChangelogStore:
         """Up to ``limit`` records as ChangeEvent models, with before-images and exact values."""
         conn = self._connection()
         meta = _stream_meta(conn, stream)
-        rows = conn.execute(
-            "SELECT position, op, commit_lsn, ordinal, xid, commit_ts, schema_version, key, "
-            "before, after FROM lakefold.changelog WHERE stream_id = %s AND position >= %s "
-            "AND position <= %s ORDER BY position LIMIT %s",
-            (meta.info.stream_id, max(from_position, 1), meta.info.head, limit),
-        ).fetchall()
+        with _one_snapshot(conn):
+            rows: list[tuple[Any, ...]] = conn.execute(
+                "SELECT position, op, commit_lsn, ordinal, xid, commit_ts, schema_version, "
+                "key, before, after FROM lakefold.changelog WHERE stream_id = %s "
+                "AND position >= %s AND position <= %s ORDER BY position LIMIT %s",
+                (meta.info.stream_id, max(from_position, 1), meta.info.head, limit),
+            ).fetchall()
+            rows += _segment_records(conn, meta, max(from_position, 1), meta.info.head + 1,
+                                     limit)
         events = []
-        for position, op, lsn, ordinal, xid, ts, version, key, before, after in rows:
+        for position, op, lsn, ordinal, xid, ts, version, key, before, after in sorted(
+                rows, key=lambda r: int(r[0]))[:limit]:
             schema = meta.versions[int(version)]
             key_columns = tuple(c for c in schema.columns if c.key)
             events.append(ChangeEvent(

@@ -9,8 +9,9 @@ value, only the marker "unchanged" (``'u'``). Two cases:
   store transaction copies the value from the latest earlier record of the same key in the
   stream that has one (the old key's record, for an update that changed the key). The value is
   found with a backward scan over the not yet compacted tail of the stream, and through the
-  compaction key map (``changelog_keys``) below it; columns are matched by name, so records of
-  older schema versions serve as sources too.
+  compaction key map (``changelog_keys``) below it, then in the snapshot segments after that
+  record (``_segments``); columns are matched by name, so records of older schema versions
+  serve as sources too.
 
 Within one store transaction the fills run in position order, so a chain of such updates of
 one key in one batch fills each record from the previous one.
@@ -35,6 +36,9 @@ from typing import Any, Final
 
 import psycopg
 from psycopg import sql
+
+from lakefold.capture import _segments
+from lakefold.capture._writer import split_key
 
 log = logging.getLogger(__name__)
 
@@ -117,6 +121,7 @@ class ToastFill:
         names: dict[tuple[int, int], list[str]] = {}
         for item in sorted(self.items, key=lambda i: (i.stream_id, i.position)):
             if item.stream_id not in floors:
+                _segments.hold(cur, item.stream_id)
                 row = cur.execute(
                     "SELECT compacted_to FROM lakefold.changelog_compaction WHERE stream_id = %s",
                     (item.stream_id,)).fetchone()
@@ -124,10 +129,14 @@ class ToastFill:
             found = cur.execute(_SOURCE, {"s": item.stream_id, "p": item.position,
                                           "k": item.source_key,
                                           "floor": floors[item.stream_id]}).fetchone()
-            if found is None:
+            key = [None if v is None else v.decode() for v in split_key(item.source_key)]
+            in_segment = _segments.latest_with_key(
+                cur, item.stream_id, key, above=int(found[0]) if found else 0,
+                below=item.position)
+            if found is None and in_segment is None:
                 self._reread_instead(cur, item)
                 continue
-            source, version = int(found[0]), int(found[1])
+            version = in_segment[1] if in_segment else int(found[1]) if found else 0
             if (item.stream_id, version) not in names:
                 names[(item.stream_id, version)] = _column_names(cur, item.stream_id, version)
             source_names = names[(item.stream_id, version)]
@@ -136,14 +145,22 @@ class ToastFill:
                      if n in source_names]
             if not pairs:
                 continue
-            assignments = sql.SQL(", ").join(
-                sql.SQL("after[{}] = s.after[{}]").format(sql.Literal(i + 1), sql.Literal(j + 1))
-                for i, j in pairs)
-            cur.execute(sql.SQL(
-                "UPDATE lakefold.changelog c SET {} FROM lakefold.changelog s "
-                "WHERE c.stream_id = %(s)s AND c.position = %(p)s AND s.stream_id = %(s)s "
-                "AND s.position = %(src)s").format(assignments),
-                {"s": item.stream_id, "p": item.position, "src": source})
+            if in_segment is not None:
+                cur.execute(sql.SQL(
+                    "UPDATE lakefold.changelog SET {} WHERE stream_id = %s AND position = %s"
+                ).format(sql.SQL(", ").join(
+                    sql.SQL("after[{}] = %s").format(sql.Literal(i + 1)) for i, _ in pairs)),
+                    [*(in_segment[2][j] for _, j in pairs), item.stream_id, item.position])
+            elif found is not None:
+                assignments = sql.SQL(", ").join(
+                    sql.SQL("after[{}] = s.after[{}]").format(sql.Literal(i + 1),
+                                                              sql.Literal(j + 1))
+                    for i, j in pairs)
+                cur.execute(sql.SQL(
+                    "UPDATE lakefold.changelog c SET {} FROM lakefold.changelog s "
+                    "WHERE c.stream_id = %(s)s AND c.position = %(p)s AND s.stream_id = %(s)s "
+                    "AND s.position = %(src)s").format(assignments),
+                    {"s": item.stream_id, "p": item.position, "src": int(found[0])})
 
 
     def _reread_instead(self, cur: psycopg.Cursor[Any], item: FillItem) -> None:

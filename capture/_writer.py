@@ -260,11 +260,9 @@ class ChangelogWriter:
                 "SELECT stream_id, name, head FROM lakefold.changelog_streams "
                 "WHERE slot_name = %s ORDER BY stream_id", (self._slot,),
             ).fetchall():
-                last = self._conn.execute(
-                    "SELECT max(position) FROM lakefold.changelog WHERE stream_id = %s",
-                    (stream_id,),
-                ).fetchone()
-                top = max(int(head), int(last[0]) if last and last[0] is not None else 0)
+                last = self._conn.execute("SELECT lakefold.changelog_top(%s)",
+                                          (stream_id,)).fetchone()
+                top = max(int(head), int(last[0]) if last else 0)
                 streams.append(StreamState(stream_id, name, int(head), top + 1,
                                            self.latest_schema(stream_id, name)))
         return SlotState(checkpoint, tuple(streams))
@@ -346,11 +344,14 @@ class ChangelogWriter:
         conn = self._conn
         with conn.transaction(), conn.cursor() as cur:
             if batch.drop_invisible:
-                cur.execute(
-                    "DELETE FROM lakefold.changelog c USING lakefold.changelog_streams s "
-                    "WHERE s.stream_id = c.stream_id AND c.stream_id = ANY(%s) "
-                    "AND c.position > s.head", (batch.drop_invisible,),
-                )
+                for table, position in (("changelog", "position"),
+                                        ("changelog_segments", "first_position")):
+                    cur.execute(sql.SQL(
+                        "DELETE FROM {} c USING lakefold.changelog_streams s "
+                        "WHERE s.stream_id = c.stream_id AND c.stream_id = ANY(%s) "
+                        "AND c.{} > s.head").format(sql.Identifier("lakefold", table),
+                                                    sql.Identifier(position)),
+                        (batch.drop_invisible,))
             if batch.staging:
                 self._copy(cur, self._staging_copy, batch.staging)
             if batch.rows:

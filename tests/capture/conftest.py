@@ -10,6 +10,7 @@ import pytest
 from psycopg import sql
 
 from lakefold.capture import Capture, CaptureConfig, CaptureStats, ChangelogStore, parse_lsn
+from lakefold.capture.exceptions import UnknownStreamError
 from tests.fixtures.postgres import TestDatabase
 
 
@@ -60,13 +61,36 @@ def replayed_rows(store: ChangelogStore, stream: str, key: str = "id") -> dict[A
         position = (events[-1].position or 0) + 1
 
 
+_OP_CODES = {"insert": "i", "update": "u", "delete": "d", "truncate": "t", "read": "r"}
+
+
 def stream_records(dsn: str, stream: str) -> list[tuple[int, int, int, str]]:
-    """(position, commit_lsn, ordinal, op) of every record of ``stream``, by position."""
+    """(position, commit_lsn, ordinal, op code) of every visible record of ``stream`` (rows and
+    snapshot segments alike), by position."""
+    records: list[tuple[int, int, int, str]] = []
+    with ChangelogStore(dsn) as store:
+        while True:
+            try:
+                table = store.read(stream, len(records) and records[-1][0] + 1, 100_000)
+            except UnknownStreamError:
+                return []
+            if not table.num_rows:
+                return records
+            records += [(p, lsn, o, _OP_CODES[op]) for p, lsn, o, op in zip(
+                *(table.column(c).to_pylist() for c in ("_position", "_commit_lsn", "_ordinal",
+                                                        "_op")), strict=True)]
+
+
+def stored_records(dsn: str) -> int:
+    """How many records the store holds, visible or not: changelog rows and the records of
+    snapshot segments."""
     with psycopg.connect(dsn) as conn:
-        return [tuple(r) for r in conn.execute(
-            "SELECT c.position, c.commit_lsn, c.ordinal, c.op FROM lakefold.changelog c "
-            "JOIN lakefold.changelog_streams s USING (stream_id) WHERE s.name = %s "
-            "AND c.position <= s.head ORDER BY c.position", (stream,)).fetchall()]
+        row = conn.execute(
+            "SELECT (SELECT count(*) FROM lakefold.changelog) + (SELECT coalesce(sum("
+            "last_position - first_position + 1), 0) FROM lakefold.changelog_segments)"
+        ).fetchone()
+    assert row is not None
+    return int(row[0])
 
 
 @pytest.fixture
