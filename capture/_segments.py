@@ -17,7 +17,7 @@ eight times the work of reading the row. So each chunk is stored as one or a few
                                      fill can find a key without reading the rows.
 
 Every record in a segment is a ``read`` with xid 0, no before-image, and the key the capture
-would give it (``_writer.encode_key`` of the key columns' text; NULL when one is NULL).
+would give it (``_writer.encode_key`` of the key columns' texts).
 
 Readers (``_store``) merge segments and changelog rows by position, so a segment is invisible
 to consumers except through its smaller size. Compaction turns the segments it reaches into
@@ -156,8 +156,7 @@ def record_keys(rows: pa.Table, key_indexes: Sequence[int]) -> list[bytes | None
     if not key_indexes:
         return [None] * rows.num_rows
     columns = [rows.column(i).to_pylist() for i in key_indexes]
-    return [None if any(v is None for v in values) else encode_key(values)
-            for values in zip(*columns, strict=True)]
+    return [encode_key(values) for values in zip(*columns, strict=True)]
 
 
 def latest_with_key(cur: psycopg.Cursor[Any], stream_id: int, key: Sequence[str | None],

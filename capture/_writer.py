@@ -24,6 +24,7 @@ Snapshot writers (issue "snapshots") append through the same class: they build B
 from __future__ import annotations
 
 import struct
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
 
@@ -69,11 +70,15 @@ def decode_text_array_field(field_bytes: bytes) -> list[bytes | None]:
     return split_key(field_bytes[20:], count)
 
 
-def encode_key(values: list[str] | tuple[str, ...]) -> bytes:
+def encode_key(values: Sequence[str | None]) -> bytes:
     """The ``key`` column of a record: each key column's text value, in column order, as a
-    4-byte big-endian byte length followed by its UTF-8 bytes."""
+    4-byte big-endian byte length followed by its UTF-8 bytes (length -1 for a NULL, as
+    pgoutput's tuples become keys in ``_decoder``)."""
     out = bytearray()
     for value in values:
+        if value is None:
+            out += NULL_FIELD
+            continue
         raw = value.encode()
         out += struct.pack(">i", len(raw)) + raw
     return bytes(out)

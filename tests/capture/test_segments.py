@@ -170,3 +170,4 @@ def test_a_chunk_larger_than_a_segment_is_split_into_contiguous_segments(
         table = store.read("public.wide", 1, 1_000)
         assert table.column("_ordinal").to_pylist() == list(range(1, 401))
         assert replayed_rows(store, "public.wide") == source_rows(pg.dsn, "public.wide")
+
