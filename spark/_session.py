@@ -71,7 +71,10 @@ def spark_session(
     Spark's Python workers use this interpreter, so they import the same installed lakefold
     (sources and sinks must be importable there).
     """
+    from pyspark import SparkContext
     from pyspark.sql import SparkSession
+
+    from lakefold.spark._class_archive import driver_options
 
     # PySpark takes the workers' interpreter from PYSPARK_PYTHON only (the spark.pyspark.python
     # conf is ignored by SparkContext), defaulting to `python3` on PATH, which is not this venv
@@ -81,9 +84,12 @@ def spark_session(
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     builder = SparkSession.builder.master(master or "local[*]").appName(app_name)
     settings = {**DEFAULT_CONF, "spark.pyspark.python": sys.executable,
-                "spark.pyspark.driver.python": sys.executable,
-                "spark.driver.extraJavaOptions": f"-Dlog4j2.configurationFile={_log4j2_config()}",
-                **(conf or {})}
+                "spark.pyspark.driver.python": sys.executable, **(conf or {})}
+    if SparkContext._active_spark_context is None:  # a new driver JVM: its options count
+        java_options = [f"-Dlog4j2.configurationFile={_log4j2_config()}",
+                        driver_options(settings),
+                        settings.get("spark.driver.extraJavaOptions", "")]
+        settings["spark.driver.extraJavaOptions"] = " ".join(o for o in java_options if o)
     for key, value in settings.items():
         builder = builder.config(key, value)
     session = builder.getOrCreate()

@@ -1,0 +1,134 @@
+"""A class-data-sharing archive of the Spark driver JVM, so that a driver starts faster.
+
+A driver JVM loads and verifies some 15,000 classes while it starts. A dynamic CDS archive
+holds them already parsed, mapped from one file: on the 2-core machine a local session's start
+went from 7.7-8.4 s to 4.9-5.4 s (measured 2026-11-22). Every ``lakefold`` command that starts Spark
+pays that start, and so does every restart of a streaming driver after a crash.
+
+JDK 17 writes such an archive only when a JVM exits (``-XX:ArchiveClassesAtExit``). So the first
+session that finds no archive starts a detached background process (``python -m
+lakefold.spark._class_archive``). That process starts a driver with the same class path, runs a
+small job, stops the driver, and waits for the JVM to exit (about 30 s in all). The JVM writes
+the archive to a scratch name, which is then renamed into place. Sessions after that pass
+``-XX:SharedArchiveFile``.
+
+The archive's name is a hash of everything its classes depend on: the ``java`` binary, the
+pyspark jars and the session's extra jars. A JVM that still finds it unusable starts as usual,
+only without the speed-up. ``LAKEFOLD_CLASS_ARCHIVE=off`` turns all of this off.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Final
+
+log = logging.getLogger(__name__)
+
+# Settings that change the driver's class path; the archive is only valid for the same one.
+CLASS_PATH_CONF: Final = ("spark.jars", "spark.driver.extraClassPath")
+_QUIET: Final = "-Xlog:cds=off -Xlog:cds+dynamic=off"  # a mismatch is not worth a warning
+_STALE_LOCK_S: Final = 600.0
+_DETACH: Final = "import subprocess, sys; subprocess.Popen(sys.argv[1:], start_new_session=True)"
+
+
+def _directory() -> Path:
+    cache = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(cache) / "lakefold" / "jvm"
+
+
+def archive_path(conf: Mapping[str, str]) -> Path | None:
+    """Where the archive for a driver with ``conf`` lives (None: no ``java`` found)."""
+    import pyspark
+
+    java_home = os.environ.get("JAVA_HOME")
+    java = str(Path(java_home, "bin", "java")) if java_home else shutil.which("java")
+    if java is None:
+        return None
+    jars = Path(pyspark.__file__).parent / "jars"
+    parts = [os.path.realpath(java), pyspark.__version__,
+             *sorted(p.name for p in jars.glob("*.jar")),
+             *(f"{key}={conf.get(key, '')}" for key in CLASS_PATH_CONF)]
+    digest = hashlib.sha256("\n".join(parts).encode()).hexdigest()[:16]
+    return _directory() / f"spark-driver-{digest}.jsa"
+
+
+def driver_options(conf: Mapping[str, str]) -> str:
+    """JVM options for a new driver with ``conf``: the archive when there is one (and its
+    creation in the background when there is none yet), or nothing."""
+    if os.environ.get("LAKEFOLD_CLASS_ARCHIVE", "").lower() in ("0", "off", "false", "no"):
+        return ""
+    path = archive_path(conf)
+    if path is None:
+        return ""
+    if path.is_file():
+        return f"-XX:SharedArchiveFile={path} {_QUIET}"
+    _start_creation(path, conf)
+    return ""
+
+
+def _start_creation(path: Path, conf: Mapping[str, str]) -> None:
+    """Start the background process that writes ``path``, unless one is at work."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    lock = path.with_suffix(".lock")
+    try:
+        if time.time() - lock.stat().st_mtime > _STALE_LOCK_S:
+            lock.unlink(missing_ok=True)  # its creator died
+    except FileNotFoundError:
+        pass
+    try:
+        os.close(os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644))
+    except FileExistsError:
+        return
+    class_path = {key: conf[key] for key in CLASS_PATH_CONF if key in conf}
+    # Started through a short-lived intermediate process, so the writer is nobody's child
+    # here (no zombie, no Popen left running) and outlives this process in its own session
+    # (a kill of this process group spares it).
+    subprocess.run(  # noqa: S603 - this interpreter and module, our own arguments
+        [sys.executable, "-c", _DETACH, sys.executable, "-m", "lakefold.spark._class_archive",
+         str(path), json.dumps(class_path)],
+        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        timeout=60, check=False)
+    log.info("writing a class archive of the Spark driver JVM in the background (%s); "
+             "later sessions start faster", path)
+
+
+def create(path: Path, class_path: Mapping[str, str]) -> None:
+    """Start a driver that writes its classes to ``path`` at exit, and wait for that exit."""
+    from pyspark import SparkContext
+
+    from lakefold.spark._session import spark_session
+    from lakefold.spark._sources import register_sources
+
+    scratch = path.with_suffix(f".{os.getpid()}.tmp")
+    lock = path.with_suffix(".lock")
+    try:
+        spark = spark_session("local[2]", app_name="lakefold-class-archive", conf={
+            **class_path,
+            "spark.driver.extraJavaOptions": f"-XX:ArchiveClassesAtExit={scratch} {_QUIET}"})
+        register_sources(spark)
+        spark.range(1_000).selectExpr("sum(id)").collect()
+        gateway = SparkContext._gateway
+        spark.stop()
+        if gateway is not None:
+            process = gateway.proc
+            gateway.shutdown()
+            process.stdin.close()  # the JVM exits at the end of its input, writing the archive
+            if process.wait(timeout=300) == 0 and scratch.is_file():
+                scratch.replace(path)
+    finally:
+        scratch.unlink(missing_ok=True)
+        lock.unlink(missing_ok=True)
+
+
+if __name__ == "__main__":
+    os.environ["LAKEFOLD_CLASS_ARCHIVE"] = "off"  # no archive options for the creating driver
+    create(Path(sys.argv[1]), json.loads(sys.argv[2]))

@@ -1,0 +1,64 @@
+"""The Spark driver's class archive: written once in the background, then mapped by every new
+driver; a driver that cannot use it (a damaged file) starts without it."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from lakefold.spark._class_archive import archive_path, driver_options
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(400)]
+
+
+def _driver(java_options: str = "") -> subprocess.CompletedProcess[str]:
+    """Start a local driver in a new process: its count of 5 rows and its JVM's arguments."""
+    code = (
+        "from lakefold.spark import spark_session\n"
+        "spark = spark_session('local[1]', conf={'spark.driver.extraJavaOptions': "
+        f"{java_options!r}}})\n"
+        "print(spark.range(5).count())\n"
+        "runtime = spark.sparkContext._jvm.java.lang.management.ManagementFactory"
+        ".getRuntimeMXBean()\n"
+        "print(' '.join(runtime.getInputArguments()))\n")
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=240, check=False)
+
+
+def test_the_archive_is_written_once_then_mapped_and_a_damaged_one_is_passed_over(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.delenv("LAKEFOLD_CLASS_ARCHIVE", raising=False)
+    path = archive_path({})
+    assert path is not None and path.is_relative_to(tmp_path)
+    assert archive_path({"spark.jars": "/opt/extra.jar"}) != path  # another class path
+
+    assert driver_options({}) == ""  # none yet: a background process starts writing it
+    lock = path.with_suffix(".lock")
+    assert lock.exists()
+    assert driver_options({}) == ""  # still none, and no second writer while the lock stands
+    deadline = time.monotonic() + 240
+    while (lock.exists() or not path.is_file()) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert sorted(path.parent.iterdir()) == [path]  # no scratch file, no lock left
+    assert driver_options({}).startswith(f"-XX:SharedArchiveFile={path} ")
+
+    # -Xshare:on makes the JVM refuse to start unless it maps the archive
+    mapped = _driver("-Xshare:on")
+    assert mapped.returncode == 0, mapped.stderr[-2000:]
+    count, arguments = mapped.stdout.splitlines()[-2:]
+    assert count == "5" and f"-XX:SharedArchiveFile={path}" in arguments
+
+    path.chmod(0o644)
+    path.write_bytes(b"not a class archive" * 1000)
+    damaged = _driver()
+    assert damaged.returncode == 0, damaged.stderr[-2000:]
+    assert damaged.stdout.splitlines()[-2] == "5"
+    assert "shared archive" not in damaged.stdout + damaged.stderr  # no warning either
+
+    monkeypatch.setenv("LAKEFOLD_CLASS_ARCHIVE", "off")
+    assert driver_options({}) == ""
