@@ -14,7 +14,8 @@ the archive to a scratch name, which is then renamed into place. Sessions after 
 
 The archive's name is a hash of everything its classes depend on: the ``java`` binary, the
 pyspark jars and the session's extra jars. A JVM that still finds it unusable starts as usual,
-only without the speed-up. ``LAKEFOLD_CLASS_ARCHIVE=off`` turns all of this off.
+only without the speed-up. A failed attempt to write it is not repeated for a day.
+``LAKEFOLD_CLASS_ARCHIVE=off`` turns all of this off.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ log = logging.getLogger(__name__)
 CLASS_PATH_CONF: Final = ("spark.jars", "spark.driver.extraClassPath")
 _QUIET: Final = "-Xlog:cds=off -Xlog:cds+dynamic=off"  # a mismatch is not worth a warning
 _STALE_LOCK_S: Final = 600.0
+_RETRY_FAILED_S: Final = 86_400.0
 _DETACH: Final = "import subprocess, sys; subprocess.Popen(sys.argv[1:], start_new_session=True)"
 
 
@@ -78,6 +80,9 @@ def driver_options(conf: Mapping[str, str]) -> str:
 def _start_creation(path: Path, conf: Mapping[str, str]) -> None:
     """Start the background process that writes ``path``, unless one is at work."""
     path.parent.mkdir(parents=True, exist_ok=True)
+    failed = path.with_suffix(".failed")
+    if failed.exists() and time.time() - failed.stat().st_mtime < _RETRY_FAILED_S:
+        return  # the last attempt failed (a JVM without CDS?): not again for a while
     lock = path.with_suffix(".lock")
     try:
         if time.time() - lock.stat().st_mtime > _STALE_LOCK_S:
@@ -125,6 +130,8 @@ def create(path: Path, class_path: Mapping[str, str]) -> None:
             if process.wait(timeout=300) == 0 and scratch.is_file():
                 scratch.replace(path)
     finally:
+        if not path.is_file():
+            path.with_suffix(".failed").touch()
         scratch.unlink(missing_ok=True)
         lock.unlink(missing_ok=True)
 

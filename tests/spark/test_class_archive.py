@@ -62,3 +62,26 @@ def test_the_archive_is_written_once_then_mapped_and_a_damaged_one_is_passed_ove
 
     monkeypatch.setenv("LAKEFOLD_CLASS_ARCHIVE", "off")
     assert driver_options({}) == ""
+
+
+def test_a_failed_attempt_is_not_repeated_at_every_session(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    java_home = tmp_path / "jdk"
+    (java_home / "bin").mkdir(parents=True)
+    java = java_home / "bin" / "java"
+    java.write_text("#!/bin/sh\necho 'not a JVM' >&2\nexit 1\n")
+    java.chmod(0o755)
+    monkeypatch.setenv("JAVA_HOME", str(java_home))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    monkeypatch.delenv("LAKEFOLD_CLASS_ARCHIVE", raising=False)
+    path = archive_path({})
+    assert path is not None
+    lock, failed = path.with_suffix(".lock"), path.with_suffix(".failed")
+
+    assert driver_options({}) == ""
+    deadline = time.monotonic() + 120
+    while lock.exists() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert failed.exists() and not path.exists() and not lock.exists()
+    assert driver_options({}) == ""
+    assert not lock.exists()  # no second attempt started
