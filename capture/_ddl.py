@@ -155,12 +155,6 @@ CREATE TABLE IF NOT EXISTS lakefold.capture_messages (
 );
 """
 
-#: Tables of the store that must never be published for capture.
-STORE_TABLES: Final = (
-    "capture_slots", "changelog_streams", "changelog_schemas", "changelog", "changelog_keys",
-    "changelog_compaction", "capture_messages", "capture_rereads", "changelog_segments",
-)
-
 _STAGING_DDL: Final = """
 CREATE UNLOGGED TABLE IF NOT EXISTS lakefold.{} (
     xid bigint NOT NULL,
