@@ -5,7 +5,9 @@ merged in order with the streamed records around them, and compaction turns them
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from datetime import timedelta
+from typing import Any
 
 import psycopg
 import pyarrow as pa
@@ -17,6 +19,7 @@ from lakefold.capture import (
     CaptureConfig,
     ChangelogStore,
     SnapshotPolicy,
+    _segments,
     _snapshot,
     read_changelog_range,
 )
@@ -171,3 +174,32 @@ def test_a_chunk_larger_than_a_segment_is_split_into_contiguous_segments(
         assert table.column("_ordinal").to_pylist() == list(range(1, 401))
         assert replayed_rows(store, "public.wide") == source_rows(pg.dsn, "public.wide")
 
+
+
+
+@pytest.mark.parametrize("reader", ["read", "read_events"])
+def test_a_read_that_compaction_overtakes_still_sees_every_record_once(
+        pg: TestDatabase, monkeypatch: pytest.MonkeyPatch, reader: str) -> None:
+    execute(pg.dsn, "CREATE TABLE race (id int PRIMARY KEY, v text)",
+            "INSERT INTO race SELECT g, 'v' || g FROM generate_series(1, 50) g")
+    config = CaptureConfig(source_dsn=pg.dsn, tables=("race",), slot="race",
+                           snapshot=SnapshotPolicy(chunk_rows=10))
+    Capture(config).setup()
+    stream_id = _stream_id(pg.dsn, "public.race")
+    assert _storage(pg.dsn, stream_id) == (0, 5)
+    read_segments = _segments.read_range
+
+    def compacted_first(*args: Any, **kwargs: Any) -> Iterator[Any]:
+        # between the read's rows and its segments, compaction turns the segments into rows
+        with ChangelogStore(pg.dsn) as other:
+            other.compact("public.race", tombstone_retention=timedelta(0))
+        yield from read_segments(*args, **kwargs)
+
+    monkeypatch.setattr(_segments, "read_range", compacted_first)
+    with ChangelogStore(pg.dsn) as store:
+        if reader == "read":
+            positions = store.read("public.race", 1, 100).column("_position").to_pylist()
+        else:
+            positions = [e.position for e in store.read_events("public.race", 1, 100)]
+    assert positions == list(range(1, 51))
+    assert _storage(pg.dsn, stream_id) == (50, 0)  # compaction did run in between
