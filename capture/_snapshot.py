@@ -42,6 +42,7 @@ import psycopg
 import pyarrow as pa
 from psycopg import sql
 
+from lakefold import adbc
 from lakefold.capture import _segments, _source
 from lakefold.capture import _snapshot_store as state
 from lakefold.capture._pipeline import translate_store_error
@@ -256,17 +257,12 @@ class _Mover:
     store."""
 
     def __init__(self, config: CaptureConfig, snapshot_name: str) -> None:
-        import adbc_driver_manager
-        from adbc_driver_postgresql import dbapi as adbc
-
-        self._errors = adbc_driver_manager.Error
         try:
-            self.src = adbc.connect(_source_conninfo(config.source_dsn), autocommit=True)
-            with self.src.cursor() as cur:
-                cur.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
-                cur.execute(sql.SQL("SET TRANSACTION SNAPSHOT {}").format(
-                    sql.Literal(snapshot_name)).as_string(None))
-        except adbc_driver_manager.Error as e:
+            self.src = adbc.Connection(_source_conninfo(config.source_dsn))
+            self.src.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
+            self.src.execute(sql.SQL("SET TRANSACTION SNAPSHOT {}").format(
+                sql.Literal(snapshot_name)).as_string(None))
+        except adbc.Error as e:
             raise ConnectionLostError(
                 f"cannot read the snapshot from the source at {mask_dsn(config.source_dsn)}: "
                 f"{str(e).strip()}") from e
@@ -279,20 +275,17 @@ class _Mover:
         first = chunk.first
         rows = 0
         try:
-            with self.src.cursor() as src, self.store.transaction(), \
-                    self.store.cursor() as cur:
-                # batches of a quarter segment, so a segment ends near _SEGMENT_BYTES
-                src.adbc_statement.set_options(**{
-                    "adbc.postgresql.batch_size_hint_bytes": str(_SEGMENT_BYTES // 4)})
-                src.execute(chunk.select)
+            with self.store.transaction(), self.store.cursor() as cur:
                 batches: list[pa.RecordBatch] = []
-                for batch in src.fetch_record_batch():
+                # batches of a quarter segment, so a segment ends near _SEGMENT_BYTES
+                for batch in self.src.batches(chunk.select, {
+                        "adbc.postgresql.batch_size_hint_bytes": str(_SEGMENT_BYTES // 4)}):
                     batches.append(batch)
                     if sum(b.nbytes for b in batches) >= _SEGMENT_BYTES:
                         rows += self._store(cur, first, rows, batches, chunk.key_indexes)
                         batches = []
                 rows += self._store(cur, first, rows, batches, chunk.key_indexes)
-        except self._errors as e:
+        except adbc.Error as e:
             raise ConnectionLostError(f"reading a snapshot chunk of {chunk.table} from the "
                                       f"source failed: {str(e).strip()}") from e
         return rows

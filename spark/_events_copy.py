@@ -20,6 +20,7 @@ import psycopg
 import pyarrow as pa
 from psycopg import sql
 
+from lakefold import adbc
 from lakefold.dsn import mask_dsn
 from lakefold.eventstore import EVENTS_ARROW_SCHEMA, events_range_select
 from lakefold.spark.exceptions import SourceUnavailable, SparkLayerError
@@ -67,40 +68,33 @@ def _conformed(batch: pa.RecordBatch, schema: pa.Schema) -> pa.RecordBatch:
 def _fetch(dsn: str, statements: Iterator[str], schema: pa.Schema
            ) -> Iterator[pa.RecordBatch]:
     """Run each statement on one ADBC connection; yield its rows as batches of ``schema``."""
-    # Imported here, by the task that reads: ADBC's DB-API module imports pandas and polars
-    # (~1 s in a fresh process), which the Python workers that only plan a read do not need.
-    import adbc_driver_manager as adbc_errors
-    from adbc_driver_postgresql import dbapi as adbc
-
     try:
-        conn = adbc.connect(dsn, autocommit=True)
-    except adbc_errors.Error as e:
+        conn = adbc.Connection(dsn)
+    except adbc.Error as e:
         raise SourceUnavailable(
             f"cannot connect to the event store at {mask_dsn(dsn)}: {str(e).strip()}; "
             "check the DSN and that the server runs"
         ) from e
-    with conn, conn.cursor() as cursor:
+    with conn:
         # The store's statement orders by its primary key under a LIMIT; with a fresh table's
         # statistics the planner picked a bitmap scan plus an on-disk sort (2x slower than the
         # ordered index scan), and parallel workers only compete with Spark's own tasks.
         for setting in ("enable_sort = off", "enable_bitmapscan = off",
                         "max_parallel_workers_per_gather = 0"):
-            cursor.execute("SET " + setting)
+            conn.execute("SET " + setting)
         for statement in statements:
             try:
-                cursor.execute(statement)
-                reader = cursor.fetch_record_batch()
-                for batch in reader:
+                for batch in conn.batches(statement):
                     if batch.num_rows:
                         yield _conformed(batch, schema)
-            except adbc_errors.ProgrammingError as e:
+            except adbc.ProgrammingError as e:
                 if getattr(e, "sqlstate", None) == "42P01":  # undefined_table
                     raise SparkLayerError(
                         f"the event store is not installed at {mask_dsn(dsn)}; run "
                         "`lakefold events install` or EventStore(dsn).install() first"
                     ) from e
                 raise SparkLayerError(f"reading events from {mask_dsn(dsn)} failed: {e}") from e
-            except adbc_errors.Error as e:
+            except adbc.Error as e:
                 raise SourceUnavailable(
                     f"reading events from {mask_dsn(dsn)} failed: {e}"
                 ) from e

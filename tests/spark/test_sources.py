@@ -206,3 +206,14 @@ def test_copy_reader_matches_the_store_reader(store):
         assert ours.schema == theirs.schema
         assert ours.to_pylist() == theirs.to_pylist()
         assert ours.num_rows > 0
+
+
+def test_copy_reader_errors_say_what_is_wrong_without_the_password(pg):
+    from lakefold.spark._events_copy import copy_events_range
+    from lakefold.spark.exceptions import SourceUnavailable
+
+    with pytest.raises(SparkLayerError, match=r"event store is not installed.*events install"):
+        list(copy_events_range(pg.dsn, 1, 10))  # a database without the event store
+    with pytest.raises(SourceUnavailable, match="cannot connect to the event store") as caught:
+        list(copy_events_range("host=127.0.0.1 port=1 user=x password=s3cret dbname=y", 1, 10))
+    assert "s3cret" not in str(caught.value)
