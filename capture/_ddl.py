@@ -143,6 +143,21 @@ LANGUAGE sql STABLE AS $$
         (SELECT max(last_position) FROM lakefold.changelog_segments WHERE stream_id = stream)),
         0)
 $$;
+-- Delete the records stored beyond the head of the given streams (a batch or a snapshot chunk a
+-- crash left unfinished), rows and segments alike; returns how many records went.
+CREATE OR REPLACE FUNCTION lakefold.changelog_drop_beyond_head(streams integer[])
+RETURNS bigint LANGUAGE sql AS $$
+    WITH rows AS (
+        DELETE FROM lakefold.changelog c USING lakefold.changelog_streams s
+        WHERE c.stream_id = s.stream_id AND s.stream_id = ANY(streams) AND c.position > s.head
+        RETURNING 1),
+    segments AS (
+        DELETE FROM lakefold.changelog_segments c USING lakefold.changelog_streams s
+        WHERE c.stream_id = s.stream_id AND s.stream_id = ANY(streams)
+          AND c.first_position > s.head
+        RETURNING c.last_position - c.first_position + 1 AS n)
+    SELECT (SELECT count(*) FROM rows) + (SELECT coalesce(sum(n), 0) FROM segments)
+$$;
 CREATE TABLE IF NOT EXISTS lakefold.capture_messages (
     slot_name text NOT NULL,
     lsn bigint NOT NULL,

@@ -172,17 +172,11 @@ def _drop_unfinished_chunks(store: psycopg.Connection[Any],
     names = [t.stream for t in tables if t.status != "done"]
     if not names:
         return
-    cur = store.execute(
-        "WITH rows AS (DELETE FROM lakefold.changelog c USING lakefold.changelog_streams s "
-        "WHERE c.stream_id = s.stream_id AND s.name = ANY(%(names)s) AND c.position > s.head "
-        "RETURNING 1), segments AS (DELETE FROM lakefold.changelog_segments c "
-        "USING lakefold.changelog_streams s WHERE c.stream_id = s.stream_id "
-        "AND s.name = ANY(%(names)s) AND c.first_position > s.head "
-        "RETURNING c.last_position - c.first_position + 1 AS n) "
-        "SELECT (SELECT count(*) FROM rows) + (SELECT coalesce(sum(n), 0) FROM segments)",
-        {"names": names}).fetchone()
-    if cur is not None and cur[0] > 0:
-        log.info("dropped %d records of unfinished snapshot chunks", cur[0])
+    row = store.execute(
+        "SELECT lakefold.changelog_drop_beyond_head(array(SELECT stream_id "
+        "FROM lakefold.changelog_streams WHERE name = ANY(%s)))", (names,)).fetchone()
+    if row is not None and row[0] > 0:
+        log.info("dropped %d records of unfinished snapshot chunks", row[0])
 
 
 def _names(conn: psycopg.Connection[Any], relid: int) -> tuple[str, str]:

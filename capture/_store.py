@@ -199,19 +199,18 @@ def _copy_rows(conn: psycopg.Connection[Any], meta: _StreamMeta, start: int, end
     with conn.cursor() as cur, cur.copy(query) as copy:
         for chunk in copy:
             buffer.write(chunk)
+    if buffer.tell() == 0:
+        return _empty_raw(meta)
+    buffer.seek(0)
     names, types = _raw_columns(width)
-    rows = _empty_raw(meta)
-    if buffer.tell():
-        buffer.seek(0)
-        rows = pacsv.read_csv(
-            buffer,
-            read_options=pacsv.ReadOptions(column_names=names, block_size=16 << 20),
-            parse_options=pacsv.ParseOptions(newlines_in_values=True),
-            convert_options=pacsv.ConvertOptions(
-                column_types=types, null_values=[""], strings_can_be_null=True,
-                quoted_strings_can_be_null=False),
-        )
-    return rows
+    return pacsv.read_csv(
+        buffer,
+        read_options=pacsv.ReadOptions(column_names=names, block_size=16 << 20),
+        parse_options=pacsv.ParseOptions(newlines_in_values=True),
+        convert_options=pacsv.ConvertOptions(
+            column_types=types, null_values=[""], strings_can_be_null=True,
+            quoted_strings_can_be_null=False),
+    )
 
 
 def _segment_raw(segment: _segments.Segment, texts: pa.Table, width: int) -> pa.Table:

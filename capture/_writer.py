@@ -349,14 +349,8 @@ class ChangelogWriter:
         conn = self._conn
         with conn.transaction(), conn.cursor() as cur:
             if batch.drop_invisible:
-                for table, position in (("changelog", "position"),
-                                        ("changelog_segments", "first_position")):
-                    cur.execute(sql.SQL(
-                        "DELETE FROM {} c USING lakefold.changelog_streams s "
-                        "WHERE s.stream_id = c.stream_id AND c.stream_id = ANY(%s) "
-                        "AND c.{} > s.head").format(sql.Identifier("lakefold", table),
-                                                    sql.Identifier(position)),
-                        (batch.drop_invisible,))
+                cur.execute("SELECT lakefold.changelog_drop_beyond_head(%s)",
+                            (batch.drop_invisible,))
             if batch.staging:
                 self._copy(cur, self._staging_copy, batch.staging)
             if batch.rows:

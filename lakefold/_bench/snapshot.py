@@ -18,7 +18,7 @@ between rounds); the best round of each is reported, every round in ``params``.
 from __future__ import annotations
 
 import time
-from typing import Annotated
+from typing import Annotated, Final
 
 import psycopg
 import typer
@@ -36,7 +36,7 @@ _FILL = """INSERT INTO {} SELECT g, 'customer-' || g, g %% 100,
 
 # Rounds of the baseline and the snapshot, interleaved; the best of each is reported (the
 # machine's speed drifts between seconds, so one sample of each can land in different phases).
-_ROUNDS = 2
+_ROUNDS: Final = 2
 
 
 def _make_table(dsn: str, name: str, rows: int) -> None:
