@@ -10,7 +10,7 @@ STAMP := $(VENV)/.installed
 $(STAMP): pyproject.toml requirements.lock
 	@test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	@$(BIN)/python -m pip install -q --disable-pip-version-check 'uv>=0.5'
-	@$(BIN)/uv pip sync -q --python $(BIN)/python requirements.lock
+	@$(BIN)/uv pip sync -q --compile-bytecode --python $(BIN)/python requirements.lock
 	@$(BIN)/uv pip install -q --python $(BIN)/python --no-deps -e .
 	@touch $(STAMP)
 

@@ -16,10 +16,13 @@ Public interface (see each docstring for guarantees):
 - Checkpoints: ``Subscription.save_checkpoint()``, ``UnitOfWork.save_checkpoint()`` or
   ``save_checkpoint(conn, name, position)`` on your own psycopg connection, so the checkpoint
   commits with your writes (exactly-once effect over at-least-once delivery).
-- ``read_events_range(dsn, start, end, category=..., types=...)`` yields Arrow record batches
-  (``EVENTS_ARROW_SCHEMA``) for Spark workers; ``head_position(dsn)`` gives the range's end.
-  Bulk consumers that move rows themselves (``COPY ... TO STDOUT``) take the same read as one
-  literal SELECT from ``events_range_select(conn, start, end, ...)``.
+- ``read_events_range(dsn, start, end, category=..., types=..., columns=...)`` yields Arrow
+  record batches (``EVENTS_ARROW_SCHEMA``, or ``events_schema(columns)``) for Spark workers and
+  rebuilds; ``head_position(dsn)`` gives the range's end. Complete ranges of the log are sealed
+  into compressed columnar segments in the background (``EventStore.seal()`` on request;
+  ``StoreOptions.seal_segments``), which bulk reads read instead of rows. Bulk consumers that
+  move rows themselves (``COPY ... TO STDOUT``) take the log read as one literal SELECT from
+  ``events_range_select(conn, start, end, ...)``.
 - ``list_categories(dsn)`` and ``list_event_types(dsn, category)``: what the store holds, for
   checking names before reading.
 - Ports: ``EventRecorder`` with ``PostgresRecorder`` and ``InMemoryRecorder``.
@@ -28,6 +31,7 @@ Public interface (see each docstring for guarantees):
 from lakefold.eventstore._arrow import (
     EVENTS_ARROW_SCHEMA,
     events_range_select,
+    events_schema,
     head_position,
     read_events_range,
 )
@@ -43,6 +47,7 @@ from lakefold.eventstore._model import (
     Expected,
     ExpectedVersion,
     LogQuery,
+    Sealed,
     StreamQuery,
     StreamState,
     WatermarkHolder,
@@ -83,6 +88,7 @@ __all__: list[str] = [
     "InvalidRequest",
     "LogQuery",
     "PostgresRecorder",
+    "Sealed",
     "StoreOptions",
     "StreamDeleted",
     "StreamEvents",
@@ -96,6 +102,7 @@ __all__: list[str] = [
     "WatermarkHolder",
     "WrongExpectedVersion",
     "events_range_select",
+    "events_schema",
     "head_position",
     "list_categories",
     "list_event_types",

@@ -1,15 +1,23 @@
-"""Bulk reads of the global log as Arrow record batches, for Spark's Python workers.
+"""Bulk reads of the global log as Arrow record batches, for Spark's Python workers and rebuilds.
 
 ``read_events_range(dsn, start, end)`` needs nothing but its (picklable) arguments: it opens
-one short-lived connection, reads positions ``[start, end)`` (1-based, ``start`` inclusive,
-``end`` exclusive) in pages, and yields ``pyarrow.RecordBatch``es with ``EVENTS_ARROW_SCHEMA``.
-It reads only sequenced positions, so a range below ``head_position(dsn) + 1`` is final: the
-same call returns the same events every time (unless streams in it are deleted meanwhile).
-Payloads stay JSON text (``data``, ``metadata``), so nothing is decoded row by row in Python.
+its own connections, reads positions ``[start, end)`` (1-based, ``start`` inclusive, ``end``
+exclusive) and yields ``pyarrow.RecordBatch``es of ``EVENTS_ARROW_SCHEMA`` (or of the
+``columns`` asked for). It reads only sequenced positions, so a range below
+``head_position(dsn) + 1`` is final: the same call returns the same events every time (unless
+streams in it are deleted meanwhile). Payloads stay JSON text (``data``, ``metadata``).
 
-``events_range_select(conn, start, end)`` is the same read as one literal SELECT, for bulk
-consumers that move the rows themselves (``COPY (...) TO STDOUT``, Spark's reader): it follows
-the store's tables, so they never need its private statements.
+Where the events come from. Sealed ranges (``_segments.py``) are read from their segments:
+one statement per run of consecutive segments, decompressing only the columns asked for. The
+rest (the unsealed tail, a range whose segment a deletion dropped, and every read with a
+category or type filter or with hidden events) is the store's own log read
+(``events_range_select``) run through the ADBC PostgreSQL driver, which fetches it with a
+binary ``COPY ... TO STDOUT`` and decodes it into Arrow in C++. Both run in one REPEATABLE
+READ snapshot, so a segment dropped or sealed meanwhile can neither hide events nor show them
+twice. Tests compare the two sources row for row.
+
+``events_range_select(conn, start, end)`` is the log read as one literal SELECT, for bulk
+consumers that move the rows themselves (``COPY (...) TO STDOUT``).
 """
 
 from __future__ import annotations
@@ -21,11 +29,19 @@ import psycopg
 import pyarrow as pa
 from psycopg import sql
 
+from lakefold import adbc
 from lakefold.dsn import mask_dsn
+from lakefold.eventstore import _segments
 from lakefold.eventstore._model import check_category, check_limit, check_position, check_types
-from lakefold.eventstore._postgres import translate_errors
-from lakefold.eventstore._reads import log_statement, page_end, with_deletion_records
-from lakefold.eventstore._sequencer import one_row, sequence_once
+from lakefold.eventstore._readers import read_connections
+from lakefold.eventstore._reads import log_statement, with_deletion_records
+from lakefold.eventstore._sequencer import sequence_once
+from lakefold.eventstore._translate import translate_errors
+from lakefold.eventstore.exceptions import (
+    EventStoreError,
+    EventStoreNotInstalled,
+    EventStoreUnavailable,
+)
 
 #: The columns of every batch ``read_events_range`` yields.
 EVENTS_ARROW_SCHEMA: Final = pa.schema([
@@ -50,17 +66,20 @@ _COLUMNS: Final = sql.SQL(
     "e.correlation_id::text, e.causation_id::text, e.recorded_at"
 )
 
+def events_schema(columns: Sequence[str] | None = None) -> pa.Schema:
+    """``EVENTS_ARROW_SCHEMA``, or the part of it with ``columns`` (in the schema's order);
+    InvalidRequest names unknown columns."""
+    from lakefold.eventstore.exceptions import InvalidRequest
 
-_CURSOR: Final = "SELECT last_position FROM lakefold.event_sequencer"
-
-
-def _batch(rows: list[tuple[Any, ...]]) -> pa.RecordBatch:
-    columns = list(zip(*rows, strict=True))
-    return pa.RecordBatch.from_arrays(
-        [pa.array(column, type=field.type) for column, field in zip(
-            columns, EVENTS_ARROW_SCHEMA, strict=True)],
-        schema=EVENTS_ARROW_SCHEMA,
-    )
+    if columns is None:
+        return EVENTS_ARROW_SCHEMA
+    unknown = sorted(set(columns) - set(EVENTS_ARROW_SCHEMA.names))
+    if unknown:
+        raise InvalidRequest(
+            f"unknown event column(s) {', '.join(unknown)}; the columns are "
+            f"{', '.join(EVENTS_ARROW_SCHEMA.names)}"
+        )
+    return pa.schema([f for f in EVENTS_ARROW_SCHEMA if f.name in set(columns)])
 
 
 def _checked_read(start: int, end: int, category: str | None, types: Sequence[str] | None,
@@ -81,10 +100,12 @@ def events_range_select(conn: psycopg.Connection[Any], start: int, end: int, *,
                         category: str | None = None, types: Sequence[str] | None = None,
                         include_deleted: bool = False) -> sql.Composed:
     """One SELECT, its parameters inlined as literals (so it can be wrapped in ``COPY (...) TO
-    STDOUT``, which takes no bind parameters), of what ``read_events_range`` reads: the events
-    at positions ``[start, end)`` in position order, with the same filters, and columns named
-    and ordered like ``EVENTS_ARROW_SCHEMA`` (``recorded_at`` a ``timestamptz``). It reads
-    only sequenced positions. ``conn`` only quotes the literals; nothing runs on it."""
+    STDOUT``, which takes no bind parameters), of the log read: the events at positions
+    ``[start, end)`` in position order, optionally of one category and/or some types (deletion
+    records always pass a type filter), soft-deleted ones hidden unless ``include_deleted``,
+    with columns named and ordered like ``EVENTS_ARROW_SCHEMA`` (``recorded_at`` a
+    ``timestamptz``). It reads only sequenced positions. ``conn`` only quotes the literals;
+    nothing runs on it."""
     category, type_list, statement = _checked_read(start, end, category, types,
                                                    include_deleted)
     params = {"from": max(start, 1), "to": max(end, start), "limit": max(end - start, 1),
@@ -95,38 +116,119 @@ def events_range_select(conn: psycopg.Connection[Any], start: int, end: int, *,
         names=sql.SQL(", ").join(sql.Identifier(n) for n in EVENTS_ARROW_SCHEMA.names))
 
 
+def conformed(batch: pa.RecordBatch, schema: pa.Schema) -> pa.RecordBatch:
+    """``batch`` under ``schema`` (ADBC marks every column nullable and adds field metadata)."""
+    if batch.schema.types == schema.types:
+        return pa.RecordBatch.from_arrays(batch.columns, schema=schema)
+    return batch.cast(schema)
+
+
+def _fetch(reader: adbc.Connection, statement: str, masked_dsn: str
+           ) -> Iterator[pa.RecordBatch]:
+    """The statement's batches, ADBC's errors translated."""
+    try:
+        yield from reader.batches(statement)
+    except adbc.ProgrammingError as e:
+        if getattr(e, "sqlstate", None) == "42P01":  # undefined_table
+            raise EventStoreNotInstalled(
+                f"the event store at {masked_dsn} is not installed, or was installed by an "
+                "older lakefold; run `lakefold events install` or EventStore(dsn).install()"
+            ) from e
+        raise EventStoreError(f"reading events from {masked_dsn} failed: {e}") from e
+    except adbc.Error as e:
+        raise EventStoreUnavailable(f"reading events from {masked_dsn} failed: {e}") from e
+
+
+def read_rows(reader: adbc.Connection, conn: psycopg.Connection[Any], start: int, end: int,
+              *, category: str | None = None, types: Sequence[str] | None = None,
+              include_deleted: bool = False, schema: pa.Schema = EVENTS_ARROW_SCHEMA
+              ) -> Iterator[pa.RecordBatch]:
+    """The log read of ``[start, end)`` as rows (one binary COPY through ``reader``; ``conn``
+    quotes its literals), as batches of ``schema``."""
+    select = sql.SQL("SELECT {columns} FROM ({select}) AS s").format(
+        columns=sql.SQL(", ").join(sql.Identifier("s", n) for n in schema.names),
+        select=events_range_select(conn, start, end, category=category, types=types,
+                                   include_deleted=include_deleted),
+    ).as_string(conn)
+    for batch in _fetch(reader, select, mask_dsn(conn.info.dsn)):
+        if batch.num_rows:
+            yield conformed(batch, schema)
+
+
+def _runs(bounds: list[tuple[int, int]]) -> Iterator[list[tuple[int, int]]]:
+    """``bounds`` (sorted segment ranges) grouped into runs of adjacent segments."""
+    run: list[tuple[int, int]] = []
+    for segment in bounds:
+        if run and run[-1][1] != segment[0]:
+            yield run
+            run = []
+        run.append(segment)
+    if run:
+        yield run
+
+
+def _sealed_then_rows(reader: adbc.Connection, conn: psycopg.Connection[Any], start: int,
+                      end: int, schema: pa.Schema) -> Iterator[pa.RecordBatch]:
+    """``[start, end)`` from its segments, and the gaps between them as rows, in position
+    order, all in the reader's current snapshot."""
+    masked = mask_dsn(conn.info.dsn)
+    bounds = [(first, stop) for batch in _fetch(reader, _segments.bounds_statement(start, end),
+                                                masked)
+              for first, stop in zip(batch.column(0).to_pylist(), batch.column(1).to_pylist(),
+                                     strict=True)]
+    columns = list(dict.fromkeys(["position", *schema.names]))  # position: to slice by
+    position = start
+    for run in _runs(bounds):
+        if position < run[0][0]:
+            yield from read_rows(reader, conn, position, run[0][0], schema=schema)
+        ranges = iter(run)
+        for batch in _fetch(reader, _segments.data_statement(run[0][0], run[-1][0]), masked):
+            for data in _segments.segment_data(batch):
+                first, stop = next(ranges)
+                table = _segments.decode(data, columns)
+                if first < start or stop > end:
+                    table = _segments.slice_positions(table, start, end)
+                yield from (conformed(b, schema) for b in table.select(schema.names).to_batches())
+        position = run[-1][1]
+    if position < end:
+        yield from read_rows(reader, conn, position, end, schema=schema)
+
+
+def _at_most(batches: Iterator[pa.RecordBatch], rows: int) -> Iterator[pa.RecordBatch]:
+    for batch in batches:
+        if batch.num_rows <= rows:
+            yield batch
+        else:
+            yield from (batch.slice(i, rows) for i in range(0, batch.num_rows, rows))
+
+
 def read_events_range(dsn: str, start: int, end: int, *, category: str | None = None,
                       types: Sequence[str] | None = None, include_deleted: bool = False,
-                      batch_size: int = 50_000) -> Iterator[pa.RecordBatch]:
+                      columns: Sequence[str] | None = None, batch_size: int = 65_536,
+                      ) -> Iterator[pa.RecordBatch]:
     """Yield the events at global positions ``[start, end)`` as Arrow record batches of at most
     ``batch_size`` rows, in position order, optionally only one category and/or some types
-    (deletion records always pass a type filter). Empty ranges yield nothing.
+    (deletion records always pass a type filter), only ``columns`` (fewer columns read
+    faster). Empty ranges yield nothing. Raises EventStoreUnavailable (retry) or
+    EventStoreNotInstalled.
 
     Positions are 1-based and dense; erased (hard-deleted) and hidden (soft-deleted) events
     leave holes, so a batch may hold fewer rows than its position span."""
-    category, type_list, statement = _checked_read(start, end, category, types,
-                                                   include_deleted)
+    _checked_read(start, end, category, types, include_deleted)
     check_limit(batch_size)
+    schema = events_schema(columns)
+    start = max(start, 1)
     if end <= start:
         return
-    unfiltered = category is None and type_list is None
-    position = max(start, 1)
-    with translate_errors(mask_dsn(dsn)), psycopg.connect(dsn, autocommit=True) as conn:
-        if unfiltered:  # pages of positions: stop at the sequencer's cursor, not at ``end``
-            end = min(end, int(one_row(conn.execute(_CURSOR).fetchone())[0]) + 1)
-        while position < end:
-            to = page_end(position, batch_size, end) if unfiltered else end
-            rows = conn.execute(statement, {
-                "from": position, "to": to, "limit": batch_size, "category": category,
-                "types": type_list}, binary=True).fetchall()
-            if rows:
-                yield _batch(rows)
-            if unfiltered:
-                position = to
-            elif len(rows) < batch_size:
-                return
-            else:
-                position = rows[-1][0] + 1
+    with translate_errors(mask_dsn(dsn)), read_connections(dsn) as (conn, reader):
+        if category is not None or types is not None or include_deleted:
+            yield from _at_most(read_rows(reader, conn, start, end, category=category,
+                                          types=types, include_deleted=include_deleted,
+                                          schema=schema), batch_size)
+            return
+        reader.execute("BEGIN ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+        yield from _at_most(_sealed_then_rows(reader, conn, start, end, schema), batch_size)
+        reader.execute("ROLLBACK")  # read only: nothing to keep
 
 
 def head_position(dsn: str) -> int:

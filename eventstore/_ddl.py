@@ -38,6 +38,11 @@ Tables
     The single-row cursor of the sequencer: the last position handed out and the last
     transaction that got positions. An advisory lock keyed on this table's oid is the
     sequencers' mutex; writers never take it.
+``lakefold.event_segments``
+    Sealed segments: complete ranges of positions ``[first_position, end_position)`` stored as
+    one compressed Arrow IPC file each (``data``), for bulk readers (see ``_segments.py``).
+    A derived copy of the log, never its record: deleting a stream drops the segments that hold
+    its events, and the sealer seals them again.
 ``lakefold.subscription_checkpoints``
     The durable checkpoint (last processed position) of each named subscription.
 
@@ -45,7 +50,8 @@ Server-side functions keep an append to one round trip: ``append_events`` checks
 stream versions (in stream-id order, so multi-stream appends cannot deadlock) and inserts the
 events; ``sequence_events`` assigns positions. Errors that callers act on carry SQLSTATEs of our
 own class ``LF``: ``LF001`` wrong expected version, ``LF002`` stream deleted, ``LF010`` the
-sequencer was called inside a transaction. Their ``DETAIL`` is a JSON object.
+sequencer was called inside a transaction, ``LF011`` a deletion outside READ COMMITTED. Their
+``DETAIL`` is a JSON object.
 """
 
 from __future__ import annotations
@@ -64,6 +70,8 @@ DELETED_EVENT_TYPE: Final = "$stream.deleted"
 SQLSTATE_WRONG_EXPECTED_VERSION: Final = "LF001"
 SQLSTATE_STREAM_DELETED: Final = "LF002"
 SQLSTATE_SEQUENCER_IN_TRANSACTION: Final = "LF010"
+#: The advisory lock between sealers (exclusive) and stream deletions (shared); see _segments.
+SEAL_LOCK_KEY: Final = 0x6C66_7365_616C  # "lfseal"
 
 # A fixed key so that concurrent install() calls (several processes starting at once) do not
 # race on CREATE ... IF NOT EXISTS, which is not atomic against itself.
@@ -129,6 +137,17 @@ CREATE TABLE IF NOT EXISTS lakefold.event_sequencer (
     sequenced_at   timestamptz
 );
 INSERT INTO lakefold.event_sequencer DEFAULT VALUES ON CONFLICT DO NOTHING;
+
+CREATE TABLE IF NOT EXISTS lakefold.event_segments (
+    first_position  bigint PRIMARY KEY CHECK (first_position >= 1),
+    end_position    bigint NOT NULL,
+    events          integer NOT NULL CHECK (events >= 0),
+    data            bytea NOT NULL,
+    sealed_at       timestamptz NOT NULL DEFAULT now(),
+    CHECK (end_position > first_position)
+);
+-- The data is compressed already: stored out of line as it is, never recompressed.
+ALTER TABLE lakefold.event_segments ALTER COLUMN data SET STORAGE EXTERNAL;
 
 CREATE TABLE IF NOT EXISTS lakefold.subscription_checkpoints (
     name        text PRIMARY KEY,
@@ -297,6 +316,17 @@ DECLARE
     v_category  text;
     v_ordinal   integer;
 BEGIN
+    -- Inside a longer REPEATABLE READ transaction the segment drop below could miss a segment
+    -- sealed after that transaction's snapshot (see _segments.py).
+    IF current_setting('transaction_isolation') <> 'read committed' THEN
+        RAISE EXCEPTION USING
+            ERRCODE = 'LF011',
+            MESSAGE = 'lakefold.delete_stream() must run in a READ COMMITTED transaction',
+            HINT = 'use EventStore.delete_stream(), or the default isolation level';
+    END IF;
+    -- Shared with other deletions, exclusive against a sealer: no segment is sealed while a
+    -- deletion is under way, and the segments sealed before are visible to the drop below.
+    PERFORM pg_advisory_xact_lock_shared({seal_lock});
     SELECT s.version, s.deleted, s.category INTO v_version, v_deleted, v_category
     FROM lakefold.streams s WHERE s.stream_id = p_stream_id FOR UPDATE;
     IF v_deleted = 'hard' OR (v_deleted = 'soft' AND NOT p_hard) THEN
@@ -314,6 +344,15 @@ BEGIN
             DETAIL = json_build_object('stream_id', p_stream_id, 'expected', p_expected,
                                        'actual', v_version)::text;
     END IF;
+    -- The segments holding its visible events are dropped (a sealer seals them again
+    -- without those events).
+    DELETE FROM lakefold.event_segments s
+    USING (SELECT b.first_position + e.ordinal AS position
+           FROM lakefold.events e JOIN lakefold.event_positions b ON b.xid = e.xid
+           WHERE e.stream_id = p_stream_id AND NOT e.deleted) AS p
+    WHERE s.first_position = (SELECT max(g.first_position) FROM lakefold.event_segments g
+                              WHERE g.first_position <= p.position)
+      AND s.end_position > p.position;
     -- The stream's runs (each holds events of this stream only), found from its events
     -- through the category index, go with its events.
     IF p_hard THEN
@@ -416,8 +455,12 @@ END
 $fn$;
 """
 
-STATEMENTS: Final = (_TABLES, _RUNS_MIGRATION, _ORDINAL_FUNCTIONS, _RESERVE_FUNCTION,
-                     _APPEND_FUNCTION, _DELETE_FUNCTION, _SEQUENCE_FUNCTION)
+STATEMENTS: Final = (
+    sql.SQL(_TABLES), sql.SQL(_RUNS_MIGRATION), sql.SQL(_ORDINAL_FUNCTIONS),
+    sql.SQL(_RESERVE_FUNCTION), sql.SQL(_APPEND_FUNCTION),
+    sql.SQL(_DELETE_FUNCTION).format(seal_lock=sql.Literal(SEAL_LOCK_KEY)),
+    sql.SQL(_SEQUENCE_FUNCTION),
+)
 
 
 def install(dsn: str) -> None:
@@ -428,7 +471,7 @@ def install(dsn: str) -> None:
         with psycopg.connect(dsn, autocommit=False) as conn:
             conn.execute("SELECT pg_advisory_xact_lock(%s)", (_INSTALL_LOCK_KEY,))
             for statement in STATEMENTS:
-                conn.execute(sql.SQL(statement))
+                conn.execute(statement)
     except psycopg.OperationalError as e:
         reason = " ".join(str(e).split())
         raise EventStoreUnavailable(

@@ -14,7 +14,7 @@ import psycopg
 
 from lakefold.dsn import mask_dsn
 from lakefold.eventstore._model import check_category
-from lakefold.eventstore._postgres import translate_errors
+from lakefold.eventstore._translate import translate_errors
 
 _INSTALLED: Final = "SELECT to_regclass('lakefold.events') IS NOT NULL"
 _CATEGORIES: Final = "SELECT DISTINCT category FROM lakefold.streams ORDER BY 1"

@@ -475,8 +475,22 @@ class WatermarkHolder:
 
 
 @dataclass(frozen=True, slots=True)
+class Sealed:
+    """What a sealing run did: segments and events written, the head it sealed up to, and
+    whether it stopped early (a deletion was under way, or it was asked to stop); a later run
+    seals the rest."""
+
+    segments: int = 0
+    events: int = 0
+    head: int = 0
+    interrupted: bool = False
+
+
+@dataclass(frozen=True, slots=True)
 class EventStoreStatus:
-    """Head, events waiting for the watermark, and whether it has been held too long."""
+    """Head, events waiting for the watermark, and whether it has been held too long;
+    sealed segments and the positions up to the head not in one (the unsealed tail, below one
+    segment's length when sealing keeps up, and ranges whose segment a deletion dropped)."""
 
     head: int
     pending_events: int
@@ -485,6 +499,8 @@ class EventStoreStatus:
     holder: WatermarkHolder | None
     threshold_s: float
     held: bool = field(default=False)
+    segments: int = 0
+    unsealed_positions: int = 0
 
     def as_dict(self) -> dict[str, Any]:
         """A JSON-ready dict (for ``--json``)."""
@@ -508,6 +524,8 @@ class EventStoreStatus:
             "watermark_held": self.held,
             "threshold_s": self.threshold_s,
             "holder": holder,
+            "segments": self.segments,
+            "unsealed_positions": self.unsealed_positions,
         }
 
 

@@ -14,8 +14,7 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Sequence
 from typing import Any, Final
 
 import psycopg
@@ -34,6 +33,7 @@ from lakefold.eventstore._model import (
     EventStoreStatus,
     ExpectedVersion,
     LogQuery,
+    Sealed,
     Sequenced,
     StreamAppend,
     StreamQuery,
@@ -42,15 +42,17 @@ from lakefold.eventstore._model import (
 )
 from lakefold.eventstore._reads import read_log_on, read_stream_on
 from lakefold.eventstore._recorder import EventRecorder, Waiter
+from lakefold.eventstore._sealer import BackgroundSealer, seal
+from lakefold.eventstore._segments import SEGMENT_POSITIONS
 from lakefold.eventstore._sequencer import (
     BackgroundSequencer,
     one_row,
     read_status,
     sequence_once,
 )
+from lakefold.eventstore._translate import one_line, raise_translated
 from lakefold.eventstore.exceptions import (
     EventStoreError,
-    EventStoreNotInstalled,
     EventStoreUnavailable,
     IdempotencyConflict,
     StreamDeleted,
@@ -172,8 +174,11 @@ class PostgresRecorder(EventRecorder):
 
     def __init__(self, dsn: str, *, pool_size: int = 10, connect_timeout_s: float = 10.0,
                  sequence_interval_s: float = 0.005, watermark_threshold_s: float = 5.0,
-                 application_name: str = "lakefold-eventstore") -> None:
+                 application_name: str = "lakefold-eventstore",
+                 segment_positions: int = SEGMENT_POSITIONS,
+                 seal_in_background: bool = True) -> None:
         self.dsn = dsn
+        self._segment_positions = segment_positions
         self._masked = mask_dsn(dsn)
         try:
             params = psycopg.conninfo.conninfo_to_dict(dsn)
@@ -201,8 +206,12 @@ class PostgresRecorder(EventRecorder):
                 f"cannot connect to the event store at {self._masked} within "
                 f"{connect_timeout_s:.0f} s; check that the server is up and the DSN is right"
             ) from e
-        self._sequencer = BackgroundSequencer(self.connect, interval_s=sequence_interval_s,
-                                              threshold_s=watermark_threshold_s)
+        # Without background sealing, ``seal()`` still seals on request.
+        self._sealer = BackgroundSealer(dsn, size=segment_positions) if seal_in_background \
+            else None
+        self._sequencer = BackgroundSequencer(
+            self.connect, interval_s=sequence_interval_s, threshold_s=watermark_threshold_s,
+            on_head=None if self._sealer is None else self._sealer.notice)
 
     # -- connections --------------------------------------------------------------------------
 
@@ -228,7 +237,12 @@ class PostgresRecorder(EventRecorder):
 
     def close(self) -> None:
         self._sequencer.close()
+        if self._sealer is not None:
+            self._sealer.close()
         self._pool.close()
+
+    def seal(self, *, progress: Callable[[int, int], None] | None = None) -> Sealed:
+        return seal(self.dsn, size=self._segment_positions, progress=progress)
 
     def install(self) -> None:
         _ddl.install(self.dsn)
@@ -292,6 +306,8 @@ class PostgresRecorder(EventRecorder):
                     raise
                 raise error from e
         self._sequencer.poke()
+        if self._sealer is not None:
+            self._sealer.poke()  # seal the ranges the deletion unsealed again
         return AppendedEvent(event_id, stream_id, int(one_row(row)[0]))
 
     # -- checkpoints, waiting, status ---------------------------------------------------------
@@ -318,42 +334,6 @@ class PostgresRecorder(EventRecorder):
     def status(self, threshold_s: float) -> EventStoreStatus:
         with self.connection() as conn:
             return read_status(conn, threshold_s)
-
-
-def one_line(error: BaseException) -> str:
-    """A driver error's text on one line (libpq adds hints on their own lines)."""
-    return " ".join(str(error).split())
-
-
-def raise_translated(error: BaseException, masked_dsn: str) -> None:
-    """Raise the lakefold error for a connection, pool or missing-schema ``error`` (from it);
-    return for any other error."""
-    if isinstance(error, psycopg_pool.PoolTimeout):
-        raise EventStoreUnavailable(
-            f"no connection to the event store at {masked_dsn} became free or could be opened "
-            "in time; check the server, or raise StoreOptions.pool_size"
-        ) from error
-    if isinstance(error, psycopg.errors.UndefinedTable | psycopg.errors.UndefinedFunction
-                  | psycopg.errors.InvalidSchemaName):
-        raise EventStoreNotInstalled(
-            f"the event store is not installed in {masked_dsn} ({error.diag.message_primary}); "
-            "run EventStore(dsn).install() or `lakefold events install`"
-        ) from error
-    if isinstance(error, psycopg.OperationalError):
-        raise EventStoreUnavailable(
-            f"the event store at {masked_dsn} failed: {type(error).__name__}: "
-            f"{one_line(error)}; retry"
-        ) from error
-
-
-@contextmanager
-def translate_errors(masked_dsn: str) -> Iterator[None]:
-    """Turn connection and missing-schema errors into lakefold errors."""
-    try:
-        yield
-    except (psycopg.Error, psycopg_pool.PoolTimeout) as e:
-        raise_translated(e, masked_dsn)
-        raise
 
 
 class PooledConnection:

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import uuid
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from lakefold.eventstore._model import (
     AppendedEvent,
@@ -26,6 +26,7 @@ from lakefold.eventstore._model import (
     EventStoreStatus,
     ExpectedVersion,
     LogQuery,
+    Sealed,
     Sequenced,
     StreamAppend,
     StreamQuery,
@@ -110,6 +111,11 @@ class EventRecorder(ABC):
     @abstractmethod
     def status(self, threshold_s: float) -> EventStoreStatus:
         """Head, pending events and the transaction holding the watermark, if any."""
+
+    def seal(self, *, progress: Callable[[int, int], None] | None = None) -> Sealed:
+        """Store complete ranges of the log in read-optimized form (see ``_segments.py``), if
+        the recorder has one; the default has none."""
+        return Sealed(head=self.head())
 
     def close(self) -> None:  # noqa: B027 - optional hook, not abstract
         """Release connections and threads."""

@@ -121,10 +121,15 @@ def sequence_once(conn: psycopg.Connection[TupleRow], limit: int = ROUND_LIMIT) 
     return Sequenced(head=int(head), pending=bool(pending))
 
 
+_SEALED = ("SELECT count(*), coalesce(sum(end_position - first_position), 0) "
+           "FROM lakefold.event_segments")
+
+
 def read_status(conn: psycopg.Connection[TupleRow], threshold_s: float) -> EventStoreStatus:
-    """Head, pending events and the watermark holder, after a sequencing round."""
+    """Head, pending events, sealing and the watermark holder, after a sequencing round."""
     sequence_once(conn)
     head, sequenced_at, pending, oldest = one_row(conn.execute(_PENDING).fetchone())
+    segments, sealed = one_row(conn.execute(_SEALED).fetchone())
     holder_row = conn.execute(_HOLDER).fetchone()
     holder = None
     if holder_row is not None:
@@ -135,22 +140,26 @@ def read_status(conn: psycopg.Connection[TupleRow], threshold_s: float) -> Event
     held = bool(pending) and holder is not None and holder.held_for_s >= threshold_s
     return EventStoreStatus(head=int(head), pending_events=int(pending), oldest_pending_at=oldest,
                             sequenced_at=sequenced_at, holder=holder, threshold_s=threshold_s,
-                            held=held)
+                            held=held, segments=int(segments),
+                            unsealed_positions=int(head) - int(sealed))
 
 
 class BackgroundSequencer:
     """A daemon thread that runs sequencing rounds soon after appends (``poke``), so positions
     appear and subscribers are woken within milliseconds without making writers wait.
 
-    Rounds are at least ``interval_s`` apart, so a burst of appends costs one round. While
+    Rounds are at least ``interval_s`` apart, so a burst of appends costs one round; each
+    successful round reports the head to ``on_head`` (which must not block). While
     events are pending behind the watermark it retries with backoff up to ``max_backoff_s``,
     and when a pending event is older than ``threshold_s`` it logs a warning naming the
     transaction that holds the watermark (at most once per ``threshold_s``).
     """
 
     def __init__(self, connect: Callable[[], psycopg.Connection[TupleRow]], *,
-                 interval_s: float, threshold_s: float, max_backoff_s: float = 1.0) -> None:
+                 interval_s: float, threshold_s: float, max_backoff_s: float = 1.0,
+                 on_head: Callable[[int], None] | None = None) -> None:
         self._connect = connect
+        self._on_head = on_head
         self._interval = interval_s
         self._threshold = threshold_s
         self._max_backoff = max_backoff_s
@@ -202,6 +211,8 @@ class BackgroundSequencer:
                     pending, backoff = True, self._max_backoff
                     self._stop.wait(self._max_backoff)
                     continue
+                if self._on_head is not None:
+                    self._on_head(result.head)
                 pending = result.pending
                 backoff = min(backoff * 2, self._max_backoff) if pending else self._interval
                 if pending:

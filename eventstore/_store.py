@@ -5,7 +5,7 @@ subscriptions; storage is a recorder (``PostgresRecorder`` or ``InMemoryRecorder
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from typing import Any
@@ -21,6 +21,7 @@ from lakefold.eventstore._model import (
     EventStoreStatus,
     ExpectedVersion,
     LogQuery,
+    Sealed,
     StreamAppend,
     StreamQuery,
     StreamState,
@@ -34,6 +35,7 @@ from lakefold.eventstore._model import (
 from lakefold.eventstore._postgres import PostgresRecorder, append_on
 from lakefold.eventstore._postgres import save_checkpoint as save_checkpoint_on
 from lakefold.eventstore._recorder import EventRecorder
+from lakefold.eventstore._segments import SEGMENT_POSITIONS
 from lakefold.eventstore._subscriptions import Subscription, SubscriptionOptions
 from lakefold.eventstore.exceptions import (
     EventStoreError,
@@ -57,13 +59,18 @@ class StoreOptions:
 
     ``pool_size``: connections shared by the store's threads. ``watermark_threshold_s``: how
     long the watermark may be held before ``status()`` (and a log warning) names the holder.
-    ``sequence_interval_s``: the minimum time between background sequencing rounds."""
+    ``sequence_interval_s``: the minimum time between background sequencing rounds.
+    ``seal_segments``: seal complete ranges of ``segment_positions`` positions in the
+    background, for fast bulk reads (see ``_segments.py``); ``seal()`` seals on request either
+    way."""
 
     pool_size: int = 10
     connect_timeout_s: float = 10.0
     watermark_threshold_s: float = 5.0
     sequence_interval_s: float = 0.02
     application_name: str = "lakefold-eventstore"
+    seal_segments: bool = True
+    segment_positions: int = SEGMENT_POSITIONS
 
     def __post_init__(self) -> None:
         if isinstance(self.pool_size, bool) or not isinstance(self.pool_size, int) \
@@ -72,6 +79,10 @@ class StoreOptions:
         finite_seconds(self.connect_timeout_s, "connect_timeout_s")
         finite_seconds(self.watermark_threshold_s, "watermark_threshold_s")
         finite_seconds(self.sequence_interval_s, "sequence_interval_s")
+        if isinstance(self.segment_positions, bool) or not isinstance(
+                self.segment_positions, int) or self.segment_positions < 1:
+            raise InvalidRequest(f"segment_positions {self.segment_positions!r} is invalid: "
+                                 "use an int >= 1")
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,6 +150,8 @@ class EventStore:
             sequence_interval_s=self.options.sequence_interval_s,
             watermark_threshold_s=self.options.watermark_threshold_s,
             application_name=self.options.application_name,
+            segment_positions=self.options.segment_positions,
+            seal_in_background=self.options.seal_segments,
         )
         self._init(recorder, registry)
 
@@ -330,6 +343,14 @@ class EventStore:
         """A stream's current version (0: no events) and deletion state."""
         check_stream_id(stream_id, allow_system=True)
         return self.recorder.stream_state(stream_id)
+
+    def seal(self, *, progress: Callable[[int, int], None] | None = None) -> Sealed:
+        """Seal every complete range of the log that has no segment yet, now (the background
+        sealer does this as the log grows; see ``StoreOptions.seal_segments``), calling
+        ``progress(done, total)`` after each range. Bulk reads (``read_events_range``,
+        Spark's ``lakefold_events``) read sealed ranges from their segments. Returns what was
+        sealed; an in-memory store has nothing to seal."""
+        return self.recorder.seal(progress=progress)
 
     def status(self) -> EventStoreStatus:
         """Head, events waiting for the watermark, and the transaction holding it when it has

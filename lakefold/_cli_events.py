@@ -1,10 +1,13 @@
-"""``lakefold events install|status|tail``: the event store from the command line.
+"""``lakefold events install|status|seal|tail``: the event store from the command line.
 
 ``tail`` is an ephemeral subscription (no checkpoint): it prints events as they become visible
 to global readers, one line each (``--json``: one JSON object per line), until interrupted or,
 with ``--idle-timeout``, until nothing new arrives for that long. ``status`` shows the head, the
 events waiting for the visibility watermark and, when it is held longer than the threshold, the
-transaction that holds it (exit code 2 in that case, so monitors can alert on it).
+transaction that holds it (exit code 2 in that case, so monitors can alert on it), and how
+much of the log is sealed. ``seal`` seals every complete range of the log that has no segment
+yet (each ``EventStore`` does so in the background; this is for a store loaded or upgraded
+without one running).
 """
 
 from __future__ import annotations
@@ -88,8 +91,37 @@ def status(
             console.print(f"[bold red]watermark held[/] by {escape(current.holder.describe())}")
         else:
             console.print("watermark          ok")
+        console.print(f"sealed segments    {current.segments}")
+        console.print(f"unsealed positions {current.unsealed_positions}")
     if current.held:
         raise typer.Exit(code=2)
+
+
+@events_app.command("seal")
+def seal(
+    dsn: DsnOption = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
+) -> None:
+    """Seal every complete range of the log that has no segment yet (for fast bulk reads)."""
+    from rich.progress import Progress
+
+    from lakefold.eventstore import EventStore, StoreOptions
+
+    with EventStore(_resolve_dsn(dsn), options=StoreOptions(seal_segments=False)) as store, \
+            Progress(console=Console(stderr=True), transient=True,
+                     disable=as_json or not sys.stderr.isatty()) as bar:
+        task = bar.add_task("sealing", total=None)
+        sealed = store.seal(progress=lambda done, total: bar.update(task, completed=done,
+                                                                    total=total))
+    result = {"segments": sealed.segments, "events": sealed.events, "head": sealed.head,
+              "interrupted": sealed.interrupted}
+    if as_json:
+        sys.stdout.write(json.dumps(result) + "\n")
+    else:
+        Console().print(f"sealed {sealed.segments} segments ({sealed.events} events) up to "
+                        f"position {sealed.head}"
+                        + (" (stopped: a stream deletion was under way; run again)"
+                           if sealed.interrupted else ""))
 
 
 def _line(event: Any) -> str:

@@ -115,13 +115,11 @@ def read_events(dsn: str, source: EventSource, start: int, end: int, *,
     ``columns``, only those event columns (they must include what the metadata columns are
     made from: position, recorded_at, type, stream_id).
 
-    Spark's bulk reader returns what the store's ``read_events_range`` returns, without its
-    per-row Python (a rebuild replays the whole log through here)."""
-    from lakefold.spark import copy_events_range
+    A rebuild replays the whole log through here: sealed ranges come from their segments."""
+    from lakefold.eventstore import read_events_range
 
-    for batch in copy_events_range(dsn, max(start, 1), end, category=source.category,
-                                   types=list(source.types) or None, columns=columns,
-                                   page_positions=max(end - start, 1)):
+    for batch in read_events_range(dsn, max(start, 1), end, category=source.category,
+                                   types=list(source.types) or None, columns=columns):
         yield _event_meta(batch)
 
 

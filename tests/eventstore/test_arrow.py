@@ -16,6 +16,8 @@ import pytest
 from lakefold.eventstore import (
     EVENTS_ARROW_SCHEMA,
     EventStore,
+    EventStoreNotInstalled,
+    EventStoreUnavailable,
     InvalidRequest,
     events_range_select,
     head_position,
@@ -124,3 +126,34 @@ def test_lists_categories_and_types(filled: str, pg: TestDatabase) -> None:
     with psycopg.connect(pg.dsn, autocommit=True) as conn:
         conn.execute("DROP SCHEMA lakefold CASCADE")
     assert list_categories(pg.dsn) == [] and list_event_types(pg.dsn) == []
+
+
+def test_bulk_read_errors_say_what_is_wrong_without_the_password(pg: TestDatabase) -> None:
+    with pytest.raises(EventStoreNotInstalled, match=r"not installed.*events install"):
+        list(read_events_range(pg.dsn, 1, 10))  # a database without the event store
+    with pytest.raises(EventStoreUnavailable, match="event store") as caught:
+        list(read_events_range("host=127.0.0.1 port=1 user=x password=s3cret dbname=y", 1, 10))
+    assert "s3cret" not in str(caught.value)
+    with pytest.raises(InvalidRequest, match=r"unknown event column.*nope"):
+        list(read_events_range(pg.dsn, 1, 10, columns=["position", "nope"]))
+
+
+def test_bulk_reads_reuse_their_connections_and_survive_their_loss(filled: str) -> None:
+    from lakefold.eventstore import _readers
+
+    _readers.close_idle()
+    assert _table(read_events_range(filled, 1, 22)).num_rows == 18
+    with psycopg.connect(filled, autocommit=True) as conn:
+        pids = {r[0] for r in conn.execute(
+            "SELECT pid FROM pg_stat_activity WHERE datname = current_database() "
+            "AND pid <> pg_backend_pid()")}
+        assert len(pids) == 2  # the idle pair kept for the next read
+        assert _table(read_events_range(filled, 1, 22)).num_rows == 18
+        again = {r[0] for r in conn.execute(
+            "SELECT pid FROM pg_stat_activity WHERE datname = current_database() "
+            "AND pid <> pg_backend_pid()")}
+        assert again == pids  # reused
+        conn.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                     "WHERE datname = current_database() AND pid <> pg_backend_pid()")
+    assert _table(read_events_range(filled, 1, 22)).num_rows == 18  # dead pair replaced
+    _readers.close_idle()

@@ -86,3 +86,28 @@ def test_errors_are_one_line_without_passwords(pg: TestDatabase) -> None:
                "connect_timeout=1")
     assert bad.returncode == 1 and "hunter2" not in bad.stderr + bad.stdout
     assert "Traceback" not in bad.stderr
+
+
+def test_seal_and_status_report_segments(pg: TestDatabase) -> None:
+    from lakefold.eventstore import StoreOptions, StreamEvents
+
+    with EventStore(pg.dsn, options=StoreOptions(seal_segments=False)) as store:
+        store.install()
+        for part in range(2):  # 140,000 events: two whole segments
+            store.append_streams([StreamEvents(f"order-{k}", [
+                NewEvent("order.placed", {"n": n}) for n in range(1000)])
+                for k in range(part * 70, part * 70 + 70)])
+        store.head()
+    before = json.loads(_run("status", "--dsn", pg.dsn, "--json").stdout)
+    assert (before["segments"], before["unsealed_positions"]) == (0, 140_000)
+    sealed = _run("seal", "--dsn", pg.dsn, "--json")
+    assert sealed.returncode == 0, sealed.stderr
+    assert json.loads(sealed.stdout) == {"segments": 2, "events": 131_072, "head": 140_000,
+                                         "interrupted": False}
+    after = _run("status", "--dsn", pg.dsn)
+    assert "sealed segments    2" in after.stdout
+    assert "unsealed positions 8928" in after.stdout
+    again = _run("seal", "--dsn", pg.dsn)
+    assert again.returncode == 0 and "sealed 0 segments" in again.stdout
+    missing = _run("seal", "--dsn", pg.dsn.replace("dbname=", "dbname=nope_"))
+    assert missing.returncode == 1 and "Traceback" not in missing.stderr

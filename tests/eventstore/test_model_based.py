@@ -1,8 +1,10 @@
-"""Property test: random sequences of appends, retries and deletions give the same outcomes,
-streams and global order on PostgreSQL as on the in-memory reference recorder."""
+"""Property test: random sequences of appends, retries, deletions and sealing give the same
+outcomes, streams and global order on PostgreSQL as on the in-memory reference recorder, and
+the bulk read (sealed segments and rows) returns the reference's log."""
 
 from __future__ import annotations
 
+import json
 import uuid
 from typing import Any
 
@@ -19,8 +21,10 @@ from lakefold.eventstore import (
     STREAM_EXISTS,
     EventStore,
     EventStoreError,
+    StoreOptions,
     StreamEvents,
     WrongExpectedVersion,
+    read_events_range,
 )
 from lakefold.schemas import NewEvent
 from tests.fixtures.postgres import PostgresServer, drop_database
@@ -58,7 +62,9 @@ def test_postgres_matches_the_in_memory_reference(postgres_server: PostgresServe
             self.db = f"m_{uuid.uuid4().hex[:10]}"
             with psycopg.connect(postgres_server.admin_dsn, autocommit=True) as conn:
                 conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(self.db)))
-            self.pg = EventStore(postgres_server.dsn_for(self.db))
+            self.dsn = postgres_server.dsn_for(self.db)
+            # tiny segments, sealed by the background sealer and by the seal rule
+            self.pg = EventStore(self.dsn, options=StoreOptions(segment_positions=3))
             self.pg.install()
             self.memory = EventStore.in_memory()
             self.sent: list[list[StreamEvents]] = []
@@ -89,6 +95,10 @@ def test_postgres_matches_the_in_memory_reference(postgres_server: PostgresServe
             self.both(lambda store: store.delete_stream(stream, hard=hard,
                                                         expected_version=expected))
 
+        @rule()
+        def seal(self) -> None:
+            self.pg.seal()
+
         @invariant()
         def same_streams_and_log(self) -> None:
             for stream in STREAMS:
@@ -102,6 +112,11 @@ def test_postgres_matches_the_in_memory_reference(postgres_server: PostgresServe
             assert self.pg.head() == self.memory.head()
             for deleted in (False, True):
                 assert _log(self.pg, deleted) == _log(self.memory, deleted)
+            bulk = [(p, s, v, t, json.loads(d)) for b in read_events_range(
+                self.dsn, 1, self.pg.head() + 1) for p, s, v, t, d in zip(
+                *(b.column(c).to_pylist() for c in ("position", "stream_id", "stream_version",
+                                                   "type", "data")), strict=True)]
+            assert bulk == [(p, s, v, t, d) for p, _, s, v, t, d in _log(self.memory, False)]
 
         def teardown(self) -> None:
             self.pg.close()

@@ -96,6 +96,19 @@ def test_events_typed_payloads_with_upcasting(spark, store):
     assert narrow.columns == ["position", "data"]
     by_position = {r["position"]: r["data"]["amount_cents"] for r in narrow.collect()}
     assert by_position[1] == 0 and by_position[3] == 100 and by_position[2] is None
+    fields = (spark.read.format("lakefold_events").option("dsn", store)
+              .option("registry", REGISTRY)
+              .option("columns", "position,data.amount_cents,data.order_id").load())
+    assert fields.schema["data"].dataType.simpleString() == \
+        "struct<order_id:string,amount_cents:bigint>"
+    cents = {r["position"]: r["data"]["amount_cents"] for r in fields.collect()}
+    assert cents == by_position
+    with pytest.raises(Exception, match="name payload fields, which need typed payloads"):
+        spark.read.format("lakefold_events").option("dsn", store) \
+            .option("columns", "position,data.amount_cents").load()
+    with pytest.raises(Exception, match=r"no selected event type has payload field\(s\) nope"):
+        spark.read.format("lakefold_events").option("dsn", store).option("registry", REGISTRY) \
+            .option("columns", "data.nope").load()
     with pytest.raises(Exception, match="unknown event column"):
         spark.read.format("lakefold_events").option("dsn", store) \
             .option("columns", "position,nope").load().count()
@@ -193,27 +206,3 @@ def test_changelog_source_typed_columns_batch_and_stream(spark, captured, tmp_pa
     assert sorted(seen) == [r["_position"] for r in rows]
 
 
-def test_copy_reader_matches_the_store_reader(store):
-    import pyarrow as pa
-
-    from lakefold.eventstore import read_events_range
-    from lakefold.spark._events_copy import copy_events_range
-
-    for kwargs in ({}, {"category": "order"}, {"types": ["order.paid"]}):
-        ours = pa.Table.from_batches(list(copy_events_range(store, 2, 14, page_positions=5,
-                                                            **kwargs)))
-        theirs = pa.Table.from_batches(list(read_events_range(store, 2, 14, **kwargs)))
-        assert ours.schema == theirs.schema
-        assert ours.to_pylist() == theirs.to_pylist()
-        assert ours.num_rows > 0
-
-
-def test_copy_reader_errors_say_what_is_wrong_without_the_password(pg):
-    from lakefold.spark._events_copy import copy_events_range
-    from lakefold.spark.exceptions import SourceUnavailable
-
-    with pytest.raises(SparkLayerError, match=r"event store is not installed.*events install"):
-        list(copy_events_range(pg.dsn, 1, 10))  # a database without the event store
-    with pytest.raises(SourceUnavailable, match="cannot connect to the event store") as caught:
-        list(copy_events_range("host=127.0.0.1 port=1 user=x password=s3cret dbname=y", 1, 10))
-    assert "s3cret" not in str(caught.value)
