@@ -92,7 +92,7 @@ def _prepare(report: Report, dsn: str, events: int, per_stream: int, customers: 
         head = load_history(dsn, events, per_stream=per_stream, customers=customers)
         report.params["load_events_per_s"] = round(events / (time.perf_counter() - began))
         with psycopg.connect(dsn, autocommit=True) as conn:
-            conn.execute("ANALYZE")  # what autovacuum would do soon after a bulk load
+            conn.execute("VACUUM ANALYZE")  # what autovacuum does soon after a bulk load
     if head != events:
         raise LakefoldError(f"the store holds {head} events, the benchmark wants {events}; "
                             "use an empty store (or one loaded by this benchmark at this size)")
