@@ -18,6 +18,7 @@ import pyarrow as pa
 from lakefold import adbc
 from lakefold.dsn import mask_dsn
 from lakefold.eventstore._arrow import EVENTS_ARROW_SCHEMA, read_rows
+from lakefold.eventstore._background import WakeableThread
 from lakefold.eventstore._ddl import SEAL_LOCK_KEY
 from lakefold.eventstore._model import Sealed
 from lakefold.eventstore._readers import open_reader
@@ -83,43 +84,22 @@ def seal(dsn: str, *, size: int = SEGMENT_POSITIONS, stop: threading.Event | Non
     return Sealed(segments, events, head)
 
 
-class BackgroundSealer:
+class BackgroundSealer(WakeableThread):
     """A daemon thread that seals ranges soon after the head completes them (``notice``) and
     after deletions (``poke``). Failures are logged and retried at a later wake-up; a store
     without the segments table (installed by an older lakefold) is reported once, and the
     thread ends."""
 
     def __init__(self, dsn: str, *, size: int = SEGMENT_POSITIONS) -> None:
+        super().__init__("lakefold-sealer", join_timeout_s=60)
         self._dsn = dsn
         self._size = size
         self._next_end = 0  # wake when head + 1 reaches this: a block is complete
-        self._wake = threading.Event()
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-        self._start_lock = threading.Lock()
 
     def notice(self, head: int) -> None:
         """The head is now ``head``: wake the thread if that completes a block."""
         if head + 1 >= self._next_end:
             self.poke()
-
-    def poke(self) -> None:
-        """Ask for a sealing run soon; never blocks."""
-        if self._thread is None:
-            with self._start_lock:
-                if self._thread is None and not self._stop.is_set():
-                    self._thread = threading.Thread(target=self._run, daemon=True,
-                                                    name="lakefold-sealer")
-                    self._thread.start()
-        self._wake.set()
-
-    def close(self) -> None:
-        """Stop the thread (after the segment in progress)."""
-        self._stop.set()
-        self._wake.set()
-        thread = self._thread
-        if thread is not None:
-            thread.join(timeout=60)
 
     def _run(self) -> None:
         while not self._stop.is_set():

@@ -63,7 +63,6 @@ mutex for too long.
 from __future__ import annotations
 
 import logging
-import threading
 from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Final
@@ -71,6 +70,7 @@ from typing import Final
 import psycopg
 from psycopg.rows import TupleRow
 
+from lakefold.eventstore._background import WakeableThread
 from lakefold.eventstore._model import EventStoreStatus, Sequenced, WatermarkHolder
 from lakefold.eventstore.exceptions import EventStoreError
 
@@ -144,7 +144,7 @@ def read_status(conn: psycopg.Connection[TupleRow], threshold_s: float) -> Event
                             unsealed_positions=int(head) - int(sealed))
 
 
-class BackgroundSequencer:
+class BackgroundSequencer(WakeableThread):
     """A daemon thread that runs sequencing rounds soon after appends (``poke``), so positions
     appear and subscribers are woken within milliseconds without making writers wait.
 
@@ -158,35 +158,14 @@ class BackgroundSequencer:
     def __init__(self, connect: Callable[[], psycopg.Connection[TupleRow]], *,
                  interval_s: float, threshold_s: float, max_backoff_s: float = 1.0,
                  on_head: Callable[[int], None] | None = None) -> None:
+        super().__init__("lakefold-sequencer", join_timeout_s=30)
         self._connect = connect
         self._on_head = on_head
         self._interval = interval_s
         self._threshold = threshold_s
         self._max_backoff = max_backoff_s
-        self._wake = threading.Event()
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-        self._start_lock = threading.Lock()
         self._pending_since: datetime | None = None
         self._warned_at: datetime | None = None
-
-    def poke(self) -> None:
-        """Ask for a round soon; never blocks."""
-        if self._thread is None:
-            with self._start_lock:
-                if self._thread is None and not self._stop.is_set():
-                    self._thread = threading.Thread(target=self._run, daemon=True,
-                                                    name="lakefold-sequencer")
-                    self._thread.start()
-        self._wake.set()
-
-    def close(self) -> None:
-        """Stop the thread (finishing the round in progress) and close its connection."""
-        self._stop.set()
-        self._wake.set()
-        thread = self._thread
-        if thread is not None:
-            thread.join(timeout=30)
 
     def _run(self) -> None:
         conn: psycopg.Connection[TupleRow] | None = None
