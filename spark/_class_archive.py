@@ -19,6 +19,10 @@ The archive's name is a hash of everything its classes depend on: the ``java`` b
 pyspark jars and the session's extra jars. A JVM that still finds it unusable starts as usual,
 only without the speed-up. A failed attempt to write it is not repeated for a day.
 ``LAKEFOLD_CLASS_ARCHIVE=off`` turns all of this off.
+
+Each archive is some 180 MB, and an upgrade of pyspark or Java, another ``spark.jars`` or a new
+training makes a new one: a session that maps an archive marks it used (its mtime, at most
+hourly), and writing a new archive deletes those unused for ``UNUSED_ARCHIVE_DAYS``.
 """
 
 from __future__ import annotations
@@ -62,6 +66,8 @@ _RETRY_FAILED_S: Final = 86_400.0
 _DETACH: Final = "import subprocess, sys; subprocess.Popen(sys.argv[1:], start_new_session=True)"
 _TRAINING: Final = "training 2"  # part of the archive's name: a new training, a new archive
 _TRAINING_ROWS: Final = 4_000
+UNUSED_ARCHIVE_DAYS: Final = 7
+_MARK_USED_S: Final = 3_600.0
 
 
 def _directory() -> Path:
@@ -94,9 +100,29 @@ def driver_options(conf: Mapping[str, str]) -> str:
     if path is None:
         return ""
     if path.is_file():
+        _mark_used(path)
         return f"-XX:SharedArchiveFile={path} {_QUIET}"
     _start_creation(path, conf)
     return ""
+
+
+def _mark_used(path: Path) -> None:
+    try:
+        if time.time() - path.stat().st_mtime > _MARK_USED_S:
+            os.utime(path)  # read-only files may still have their times set by their owner
+    except OSError:
+        pass  # another user's archive: it stays, and mapping it works all the same
+
+
+def prune_unused(directory: Path, *, keep: Path) -> None:
+    """Delete the archives in ``directory`` not used for ``UNUSED_ARCHIVE_DAYS``, but ``keep``."""
+    cutoff = time.time() - UNUSED_ARCHIVE_DAYS * 86_400
+    for archive in directory.glob("spark-driver-*.jsa"):
+        try:
+            if archive != keep and archive.stat().st_mtime < cutoff:
+                archive.unlink()
+        except OSError:
+            continue
 
 
 def _start_creation(path: Path, conf: Mapping[str, str]) -> None:
@@ -152,6 +178,7 @@ def create(path: Path, class_path: Mapping[str, str]) -> None:
             process.stdin.close()  # the JVM exits at the end of its input, writing the archive
             if process.wait(timeout=300) == 0 and scratch.is_file():
                 scratch.replace(path)
+                prune_unused(path.parent, keep=path)
     finally:
         if not path.is_file():
             path.with_suffix(".failed").touch()

@@ -3,6 +3,7 @@ driver; a driver that cannot use it (a damaged file) starts without it."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import time
@@ -10,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from lakefold.spark._class_archive import archive_path, driver_options
+from lakefold.spark._class_archive import UNUSED_ARCHIVE_DAYS, archive_path, driver_options
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(400)]
 
@@ -37,6 +38,12 @@ def test_the_archive_is_written_once_then_mapped_and_a_damaged_one_is_passed_ove
     assert path is not None and path.is_relative_to(tmp_path)
     assert archive_path({"spark.jars": "/opt/extra.jar"}) != path  # another class path
 
+    path.parent.mkdir(parents=True)
+    stale = path.with_name("spark-driver-0123456789abcdef.jsa")  # left by an older pyspark
+    stale.write_bytes(b"old")
+    week_ago = time.time() - (UNUSED_ARCHIVE_DAYS + 1) * 86_400
+    os.utime(stale, (week_ago, week_ago))
+
     assert driver_options({}) == ""  # none yet: a background process starts writing it
     lock = path.with_suffix(".lock")
     assert lock.exists()
@@ -44,8 +51,11 @@ def test_the_archive_is_written_once_then_mapped_and_a_damaged_one_is_passed_ove
     deadline = time.monotonic() + 240
     while (lock.exists() or not path.is_file()) and time.monotonic() < deadline:
         time.sleep(0.5)
-    assert sorted(path.parent.iterdir()) == [path]  # no scratch file, no lock left
+    # no scratch file, no lock left, and the archive unused for a week deleted
+    assert sorted(path.parent.iterdir()) == [path]
+    os.utime(path, (week_ago, week_ago))
     assert driver_options({}).startswith(f"-XX:SharedArchiveFile={path} ")
+    assert path.stat().st_mtime > time.time() - 60  # marked used: pruning spares it
 
     # -Xshare:on makes the JVM refuse to start unless it maps the archive
     mapped = _driver("-Xshare:on")
