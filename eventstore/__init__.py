@@ -20,9 +20,10 @@ Public interface (see each docstring for guarantees):
   record batches (``EVENTS_ARROW_SCHEMA``, or ``events_schema(columns)``) for Spark workers and
   rebuilds; ``head_position(dsn)`` gives the range's end. Complete ranges of the log are sealed
   into compressed columnar segments in the background (``EventStore.seal()`` on request;
-  ``StoreOptions.seal_segments``), which bulk reads read instead of rows. Bulk consumers that
-  move rows themselves (``COPY ... TO STDOUT``) take the log read as one literal SELECT from
-  ``events_range_select(conn, start, end, ...)``.
+  ``StoreOptions.seal_segments``), which bulk reads read instead of rows; with
+  ``shredded=True`` their payloads' scalar fields come parsed too (column
+  ``PAYLOAD_FIELDS``). Bulk consumers that move rows themselves (``COPY ... TO STDOUT``) take
+  the log read as one literal SELECT from ``events_range_select(conn, start, end, ...)``.
 - ``list_categories(dsn)`` and ``list_event_types(dsn, category)``: what the store holds, for
   checking names before reading.
 - Ports: ``EventRecorder`` with ``PostgresRecorder`` and ``InMemoryRecorder``.
@@ -54,6 +55,7 @@ from lakefold.eventstore._model import (
 )
 from lakefold.eventstore._postgres import PostgresRecorder, save_checkpoint
 from lakefold.eventstore._recorder import EventRecorder, Waiter
+from lakefold.eventstore._segments import PAYLOAD_FIELDS
 from lakefold.eventstore._store import EventStore, StoreOptions, StreamEvents, UnitOfWork
 from lakefold.eventstore._subscriptions import EventBatch, Subscription, SubscriptionOptions
 from lakefold.eventstore.exceptions import (
@@ -71,6 +73,7 @@ __all__: list[str] = [
     "ANY",
     "EVENTS_ARROW_SCHEMA",
     "NO_STREAM",
+    "PAYLOAD_FIELDS",
     "STREAM_EXISTS",
     "AppendResult",
     "AppendedEvent",

@@ -167,8 +167,23 @@ def _runs(bounds: list[tuple[int, int]]) -> Iterator[list[tuple[int, int]]]:
         yield run
 
 
+def _segment_batches(table: pa.Table, schema: pa.Schema, shredded: bool
+                     ) -> list[pa.RecordBatch]:
+    """A decoded segment's batches of ``schema``, its shredded payload fields appended when
+    asked for and present."""
+    events = table.select(schema.names)
+    events = pa.Table.from_arrays(events.columns, schema=schema) \
+        if events.schema.types == schema.types else events.cast(schema)
+    if shredded and _segments.PAYLOAD_FIELDS in table.column_names:
+        events = events.append_column(_segments.PAYLOAD_FIELDS,
+                                      table.column(_segments.PAYLOAD_FIELDS))
+    batches: list[pa.RecordBatch] = events.to_batches()
+    return batches
+
+
 def _sealed_then_rows(reader: adbc.Connection, conn: psycopg.Connection[Any], start: int,
-                      end: int, schema: pa.Schema) -> Iterator[pa.RecordBatch]:
+                      end: int, schema: pa.Schema, shredded: bool
+                      ) -> Iterator[pa.RecordBatch]:
     """``[start, end)`` from its segments, and the gaps between them as rows, in position
     order, all in the reader's current snapshot."""
     masked = mask_dsn(conn.info.dsn)
@@ -177,6 +192,8 @@ def _sealed_then_rows(reader: adbc.Connection, conn: psycopg.Connection[Any], st
               for first, stop in zip(batch.column(0).to_pylist(), batch.column(1).to_pylist(),
                                      strict=True)]
     columns = list(dict.fromkeys(["position", *schema.names]))  # position: to slice by
+    if shredded:
+        columns.append(_segments.PAYLOAD_FIELDS)
     position = start
     for run in _runs(bounds):
         if position < run[0][0]:
@@ -188,7 +205,7 @@ def _sealed_then_rows(reader: adbc.Connection, conn: psycopg.Connection[Any], st
                 table = _segments.decode(data, columns)
                 if first < start or stop > end:
                     table = _segments.slice_positions(table, start, end)
-                yield from (conformed(b, schema) for b in table.select(schema.names).to_batches())
+                yield from _segment_batches(table, schema, shredded)
         position = run[-1][1]
     if position < end:
         yield from read_rows(reader, conn, position, end, schema=schema)
@@ -205,7 +222,7 @@ def _at_most(batches: Iterator[pa.RecordBatch], rows: int) -> Iterator[pa.Record
 def read_events_range(dsn: str, start: int, end: int, *, category: str | None = None,
                       types: Sequence[str] | None = None, include_deleted: bool = False,
                       columns: Sequence[str] | None = None, batch_size: int = 65_536,
-                      ) -> Iterator[pa.RecordBatch]:
+                      shredded: bool = False) -> Iterator[pa.RecordBatch]:
     """Yield the events at global positions ``[start, end)`` as Arrow record batches of at most
     ``batch_size`` rows, in position order, optionally only one category and/or some types
     (deletion records always pass a type filter), only ``columns`` (fewer columns read
@@ -213,7 +230,10 @@ def read_events_range(dsn: str, start: int, end: int, *, category: str | None = 
     EventStoreNotInstalled.
 
     Positions are 1-based and dense; erased (hard-deleted) and hidden (soft-deleted) events
-    leave holes, so a batch may hold fewer rows than its position span."""
+    leave holes, so a batch may hold fewer rows than its position span.
+
+    ``shredded``: batches read from a sealed segment that has shredded payload fields
+    (``_segments.py``) carry them as one more column, ``PAYLOAD_FIELDS``, a struct."""
     _checked_read(start, end, category, types, include_deleted)
     check_limit(batch_size)
     schema = events_schema(columns)
@@ -227,7 +247,8 @@ def read_events_range(dsn: str, start: int, end: int, *, category: str | None = 
                                           schema=schema), batch_size)
             return
         reader.execute("BEGIN ISOLATION LEVEL REPEATABLE READ, READ ONLY")
-        yield from _at_most(_sealed_then_rows(reader, conn, start, end, schema), batch_size)
+        yield from _at_most(_sealed_then_rows(reader, conn, start, end, schema, shredded),
+                            batch_size)
         reader.execute("ROLLBACK")  # read only: nothing to keep
 
 

@@ -18,15 +18,14 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.json as pajson
 from pydantic import BaseModel
 
 from lakefold.schemas import EventRegistry
 from lakefold.schemas.arrow import JSON_TEXT, arrow_type_for, payload_schema, spark_compatible
 from lakefold.schemas.exceptions import SchemaError
+from lakefold.schemas.json_payloads import parse_payloads
 from lakefold.spark.exceptions import SparkLayerError
 
 
@@ -115,30 +114,28 @@ class PayloadDecoder:
             mask = pc.or_(mask, rows.fill_null(False))
         return pc.indices_nonzero(mask)
 
-    def _parse(self, data: pa.Array) -> pa.Table:
-        """Each payload of ``data`` as a row: the array's character data, a line end after
-        each payload, is the newline-delimited input of Arrow's JSON reader."""
-        lines = pc.binary_join_element_wise(data, "", "\n")
-        _, offsets, chars = lines.buffers()
-        width = np.int64 if pa.types.is_large_string(lines.type) else np.int32
-        bounds = np.frombuffer(offsets, dtype=width)[[lines.offset, lines.offset + len(lines)]]
-        payload = chars.slice(int(bounds[0]), int(bounds[1] - bounds[0]))
-        return pajson.read_json(
-            pa.BufferReader(payload),
-            # 1 MiB blocks parse a third faster than one block of everything (cache-sized);
-            # one thread: Spark runs a task per core.
-            read_options=pajson.ReadOptions(block_size=1 << 20, use_threads=False),
-            parse_options=pajson.ParseOptions(
-                explicit_schema=self.schema, unexpected_field_behavior="ignore"
-            ),
-        )
+    def _from_shredded(self, shredded: pa.StructArray) -> pa.StructArray | None:
+        """The struct from a segment's shredded payload fields, if it has every field of the
+        schema with the very type the JSON reader gives it (then the values are the same)."""
+        kinds = {field.name: field.type for field in shredded.type}
+        if any(kinds.get(field.name) != field.type for field in self.schema):
+            return None
+        columns = [pc.struct_field(shredded, [shredded.type.get_field_index(field.name)])
+                   for field in self.schema]
+        return pa.StructArray.from_arrays(columns, fields=list(self.schema))
 
-    def decode(self, types: pa.Array, versions: pa.Array, data: pa.Array) -> pa.StructArray:
+    def decode(self, types: pa.Array, versions: pa.Array, data: pa.Array,
+               shredded: pa.StructArray | None = None) -> pa.StructArray:
         """One struct per event; fields a type lacks are null. Payloads at their type's current
-        version never become Python objects: Arrow's JSON reader parses them in bulk."""
+        version never become Python objects: Arrow's JSON reader parses them in bulk, or they
+        come already parsed from a sealed segment (``shredded``)."""
         if len(data) == 0:
             return pa.array([], type=self.struct_type)
         rewritten = self._rewritten_rows(types, versions).to_pylist()
+        if shredded is not None and not rewritten:
+            typed = self._from_shredded(shredded)
+            if typed is not None:
+                return typed
         if rewritten:
             texts: list[str] = data.to_pylist()
             type_list = types.to_pylist()
@@ -147,14 +144,9 @@ class PayloadDecoder:
                 texts[i] = self._rewrite(type_list[i], version_list[i], texts[i])
             data = pa.array(texts, pa.string())
         try:
-            table = self._parse(data)
-        except pa.ArrowInvalid:
-            # JSON text has newlines only as whitespace, never raw in a string, but such a
-            # payload can straddle the reader's block boundary; as spaces they cannot.
-            table = self._parse(pc.replace_substring(data, "\n", " "))
-        if table.num_rows != len(data):
+            table = parse_payloads(data, self.schema)
+        except pa.ArrowInvalid as e:
             raise SparkLayerError(
-                f"decoding {len(data)} event payloads produced {table.num_rows} rows"
-            )
+                f"event payloads do not fit the registered models' fields: {e}") from e
         columns = [table.column(f.name).combine_chunks() for f in self.schema]
         return pa.StructArray.from_arrays(columns, fields=list(self.schema))

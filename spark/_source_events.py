@@ -30,7 +30,13 @@ from dataclasses import dataclass
 
 import pyarrow as pa
 
-from lakefold.eventstore import InvalidRequest, events_schema, head_position, read_events_range
+from lakefold.eventstore import (
+    PAYLOAD_FIELDS,
+    InvalidRequest,
+    events_schema,
+    head_position,
+    read_events_range,
+)
 from lakefold.schemas.arrow import conform_batch
 from lakefold.spark._event_payloads import PayloadDecoder, load_registry
 from lakefold.spark._position_source import PositionSource
@@ -100,10 +106,13 @@ class EventsQuery:
         for batch in read_events_range(
             self.dsn, positions.start, positions.end,
             category=self.category, types=self.types, columns=self.read_columns(),
+            shredded=decoder is not None,
         ):
             if decoder is not None and "data" in batch.schema.names:
+                shredded = batch.column(PAYLOAD_FIELDS) \
+                    if PAYLOAD_FIELDS in batch.schema.names else None
                 data = decoder.decode(batch.column("type"), batch.column("schema_version"),
-                                      batch.column("data"))
+                                      batch.column("data"), shredded)
                 index = batch.schema.get_field_index("data")
                 batch = batch.set_column(index, pa.field("data", data.type), data)
             yield batch if batch.schema == schema else conform_batch(batch, schema)

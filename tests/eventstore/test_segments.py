@@ -20,6 +20,7 @@ from hypothesis import strategies as st
 
 from lakefold.eventstore import (
     EVENTS_ARROW_SCHEMA,
+    PAYLOAD_FIELDS,
     EventStore,
     EventStoreNotInstalled,
     StoreOptions,
@@ -100,6 +101,35 @@ def test_a_sealed_read_returns_what_the_rows_return(filled: str) -> None:
         assert all(b.num_rows <= 5 for b in read_events_range(filled, *r, batch_size=5))
     payloads = [json.loads(d) for d in _table(read_events_range(filled, 1, 61))["data"].to_pylist()]
     assert payloads == [{"i": i, "text": "ünï\nline"} for i in range(60)]
+
+
+def test_segments_hold_the_payloads_scalar_fields_parsed(pg: TestDatabase) -> None:
+    _fill(pg.dsn, events=16)  # positions 1-16: {"i": position - 1, "text": ...}
+    with EventStore(pg.dsn, options=MANUAL) as store:
+        # 17-24: a nested field too, which stays in the text only
+        store.append("order-9", [NewEvent("order.placed", {"i": n, "text": "ünï\nline",
+                                                           "nested": {"a": [1]}})
+                                 for n in range(16, 24)])
+        # 25-32: a field that is a string in one payload and a number in the others
+        store.append("order-9", [NewEvent("order.placed", {"i": "twenty-four"})]
+                     + [NewEvent("order.placed", {"i": n}) for n in range(25, 32)])
+        assert store.seal().segments == 4
+    batches = list(read_events_range(pg.dsn, 1, 40, columns=["position", "data"],
+                                     shredded=True))
+    with_fields = [b for b in batches if PAYLOAD_FIELDS in b.schema.names]
+    assert [b.column("position")[0].as_py() for b in with_fields] == [1, 9, 17]
+    for batch in with_fields:
+        fields = batch.column(PAYLOAD_FIELDS)
+        assert fields.type == pa.struct([("i", pa.int64()), ("text", pa.string())])
+        assert fields.to_pylist() == [{"i": p - 1, "text": "ünï\nline"}
+                                      for p in batch.column("position").to_pylist()]
+    unshredded = pa.Table.from_batches(
+        [b.select(["position", "data"]) for b in batches])
+    assert unshredded.equals(_table(read_events_range(pg.dsn, 1, 40, columns=["position",
+                                                                              "data"]),
+                                    events_schema(["position", "data"])))
+    assert all(PAYLOAD_FIELDS not in b.schema.names
+               for b in read_events_range(pg.dsn, 1, 40))  # only when asked for
 
 
 def test_deleting_a_stream_drops_its_segments_and_sealing_restores_them(filled: str) -> None:

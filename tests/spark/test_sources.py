@@ -14,7 +14,7 @@ import pytest
 from psycopg import sql
 
 from lakefold.capture import Capture, CaptureConfig, ChangelogStore
-from lakefold.eventstore import EventStore
+from lakefold.eventstore import EventStore, StoreOptions
 from lakefold.schemas import NewEvent
 from lakefold.spark import SparkLayerError
 from lakefold.spark._positions import PositionRange, ReadOptions, split_range
@@ -54,6 +54,9 @@ def store(pg):
     with EventStore(pg.dsn) as raw:
         raw.append("order-old", [NewEvent(type="order.placed", schema_version=1,
                                           data={"order_id": "old", "amount": 1.5})])
+    # Positions 1-12 sealed into segments (shredded payloads), 13-14 read as rows.
+    with EventStore(pg.dsn, options=StoreOptions(segment_positions=4)) as sealer:
+        assert sealer.seal().segments == 3
     return pg.dsn
 
 
