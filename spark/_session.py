@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import sys
 import tempfile
 from collections.abc import Mapping
@@ -38,8 +39,10 @@ DEFAULT_CONF: dict[str, str] = {
 
 # A local driver runs every task too: the throughput collector suits that better than G1's
 # concurrent work on a small machine (2 cores: a first streaming replay 7.5 -> 7.2 s, the first
-# 10M-event read ~8% faster; measured 2026-11-24). The user's own options come after, and win.
-_LOCAL_JAVA_OPTIONS = "-XX:+UseParallelGC"
+# 10M-event read ~8% faster; measured 2026-11-24). Only when the user's options choose no
+# collector: the JVM refuses to start with two.
+_LOCAL_COLLECTOR = "-XX:+UseParallelGC"
+_COLLECTOR_CHOICE = re.compile(r"-XX:\+Use\w*GC\b")
 
 
 # Spark's JVM logs WARN lines to stderr while starting (native Hadoop, hostname); a command
@@ -66,6 +69,19 @@ def _log4j2_config() -> str:
     return str(path)
 
 
+def driver_java_options(master: str | None, settings: Mapping[str, str]) -> str:
+    """The driver JVM's options: lakefold's (log threshold, collector, class archive), then
+    the user's ``spark.driver.extraJavaOptions``."""
+    from lakefold.spark._class_archive import driver_options
+
+    user = settings.get("spark.driver.extraJavaOptions", "")
+    local = (master or "local").startswith("local")
+    options = [f"-Dlog4j2.configurationFile={_log4j2_config()}",
+               _LOCAL_COLLECTOR if local and not _COLLECTOR_CHOICE.search(user) else "",
+               driver_options(settings), user]
+    return " ".join(o for o in options if o)
+
+
 def spark_session(
     master: str | None = None,
     *,
@@ -80,8 +96,6 @@ def spark_session(
     from pyspark import SparkContext
     from pyspark.sql import SparkSession
 
-    from lakefold.spark._class_archive import driver_options
-
     # PySpark takes the workers' interpreter from PYSPARK_PYTHON only (the spark.pyspark.python
     # conf is ignored by SparkContext), defaulting to `python3` on PATH, which is not this venv
     # and cannot import lakefold's sources and sinks.
@@ -92,11 +106,7 @@ def spark_session(
     settings = {**DEFAULT_CONF, "spark.pyspark.python": sys.executable,
                 "spark.pyspark.driver.python": sys.executable, **(conf or {})}
     if SparkContext._active_spark_context is None:  # a new driver JVM: its options count
-        java_options = [f"-Dlog4j2.configurationFile={_log4j2_config()}",
-                        _LOCAL_JAVA_OPTIONS if (master or "local").startswith("local") else "",
-                        driver_options(settings),
-                        settings.get("spark.driver.extraJavaOptions", "")]
-        settings["spark.driver.extraJavaOptions"] = " ".join(o for o in java_options if o)
+        settings["spark.driver.extraJavaOptions"] = driver_java_options(master, settings)
     for key, value in settings.items():
         builder = builder.config(key, value)
     session = builder.getOrCreate()
