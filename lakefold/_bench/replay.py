@@ -14,6 +14,9 @@ session (``local[*]``):
   the exactly-once sink; the table is checked against the expected totals afterwards. Like the
   reads, it is measured warm: the same replay into a scratch table runs first, untimed, for
   two micro-batches of at most ``WARM_UP_BATCH`` events (``params.replay_warm_up_events``);
+  then two whole replays, each into a new table, of which the best is reported (both in
+  ``params.replay_rounds_events_per_s``): the JVM keeps compiling the replay's code for some
+  ten micro-batches, so one replay's figure varies by a fifth from run to run;
 - ``baseline.jdbc_read_events_per_s``: Spark's own JDBC reader (``spark.read.jdbc``
   partitioned on the indexed ``first_position``, as many partitions as the lakefold source
   uses) over the store's tables, through the same ``noop`` sink. The PostgreSQL JDBC driver
@@ -54,6 +57,8 @@ if TYPE_CHECKING:
 _DEBIAN_JAR = Path("/usr/share/java/postgresql.jar")
 #: Events per micro-batch of the warm-up replay: two source partitions, one per core.
 WARM_UP_BATCH = 2_000_000
+#: Whole replays measured, each into a new table; the best is reported, like the reads.
+_REPLAY_ROUNDS = 2
 
 # What a spark.read.jdbc user writes to read the store's events with their positions: the events
 # joined to their transactions' runs of positions, only sequenced and visible events. Spark adds
@@ -244,15 +249,21 @@ def run(events: int, per_stream: int, batch_events: int, jdbc_jar: Path | None,
                 warm_up = min(batch_events, WARM_UP_BATCH)
                 _warm_up_replay(spark, dsn, scratch / "warm-up", warm_up)
                 report.params["replay_warm_up_events"] = min(2 * warm_up, events)
-                path = str(scratch / "totals")
-                began = time.perf_counter()
-                _replay(spark, dsn, path, str(scratch / "checkpoint"), batch_events)
-                report.results["replay_events_per_s"] = events / (time.perf_counter() - began)
-                got = {r["stream_id"]: (r["events"], r["amount"], r["last_position"])
-                       for r in DeltaTable(path).to_pyarrow_table().to_pylist()}
-                if got != expected_totals(events, per_stream):
-                    raise LakefoldError("the replayed Delta aggregate differs from the expected "
-                                        "totals; the benchmark's result is invalid")
+                expected = expected_totals(events, per_stream)
+                rates: list[float] = []
+                for replay_round in range(_REPLAY_ROUNDS):
+                    path = str(scratch / f"totals-{replay_round}")
+                    began = time.perf_counter()
+                    _replay(spark, dsn, path, str(scratch / f"checkpoint-{replay_round}"),
+                            batch_events)
+                    rates.append(events / (time.perf_counter() - began))
+                    got = {r["stream_id"]: (r["events"], r["amount"], r["last_position"])
+                           for r in DeltaTable(path).to_pyarrow_table().to_pylist()}
+                    if got != expected:
+                        raise LakefoldError("the replayed Delta aggregate differs from the "
+                                            "expected totals; the benchmark's result is invalid")
+                report.params["replay_rounds_events_per_s"] = [round(x) for x in rates]
+                report.results["replay_events_per_s"] = max(rates)
             finally:
                 spark.stop()
     finally:
