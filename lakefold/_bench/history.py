@@ -96,6 +96,12 @@ def _prepare(report: Report, dsn: str, events: int, per_stream: int, customers: 
     if head != events:
         raise LakefoldError(f"the store holds {head} events, the benchmark wants {events}; "
                             "use an empty store (or one loaded by this benchmark at this size)")
+    # The store's background sealer follows the load, and stops with it: what it had not
+    # sealed yet is sealed now, as a running store would soon after (a no-op on a reused one).
+    from lakefold.eventstore import EventStore
+
+    with EventStore(dsn) as store:
+        report.params["segments_sealed_before_reading"] = store.seal().segments
 
 
 @contextmanager
