@@ -102,7 +102,7 @@ class EventsQuery:
     def read_range(self, positions: PositionRange, schema: pa.Schema
                    ) -> Iterator[pa.RecordBatch]:
         """The events at ``positions`` as record batches of ``schema`` (in a task)."""
-        decoder = self.decoder()
+        decoder = self.decoder() if self.columns is None or "data" in self.columns else None
         for batch in read_events_range(
             self.dsn, positions.start, positions.end,
             category=self.category, types=self.types, columns=self.read_columns(),
