@@ -23,7 +23,7 @@ consumers that move the rows themselves (``COPY (...) TO STDOUT``).
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from typing import Any, Final
+from typing import Any, Final, TypeVar
 
 import psycopg
 import pyarrow as pa
@@ -41,6 +41,7 @@ from lakefold.eventstore.exceptions import (
     EventStoreError,
     EventStoreNotInstalled,
     EventStoreUnavailable,
+    InvalidRequest,
 )
 
 #: The columns of every batch ``read_events_range`` yields.
@@ -66,11 +67,10 @@ _COLUMNS: Final = sql.SQL(
     "e.correlation_id::text, e.causation_id::text, e.recorded_at"
 )
 
+
 def events_schema(columns: Sequence[str] | None = None) -> pa.Schema:
     """``EVENTS_ARROW_SCHEMA``, or the part of it with ``columns`` (in the schema's order);
     InvalidRequest names unknown columns."""
-    from lakefold.eventstore.exceptions import InvalidRequest
-
     if columns is None:
         return EVENTS_ARROW_SCHEMA
     unknown = sorted(set(columns) - set(EVENTS_ARROW_SCHEMA.names))
@@ -116,10 +116,13 @@ def events_range_select(conn: psycopg.Connection[Any], start: int, end: int, *,
         names=sql.SQL(", ").join(sql.Identifier(n) for n in EVENTS_ARROW_SCHEMA.names))
 
 
-def conformed(batch: pa.RecordBatch, schema: pa.Schema) -> pa.RecordBatch:
+_Columns = TypeVar("_Columns", pa.RecordBatch, pa.Table)
+
+
+def conformed(batch: _Columns, schema: pa.Schema) -> _Columns:
     """``batch`` under ``schema`` (ADBC marks every column nullable and adds field metadata)."""
     if batch.schema.types == schema.types:
-        return pa.RecordBatch.from_arrays(batch.columns, schema=schema)
+        return type(batch).from_arrays(batch.columns, schema=schema)
     return batch.cast(schema)
 
 
@@ -171,9 +174,7 @@ def _segment_batches(table: pa.Table, schema: pa.Schema, shredded: bool
                      ) -> list[pa.RecordBatch]:
     """A decoded segment's batches of ``schema``, its shredded payload fields appended when
     asked for and present."""
-    events = table.select(schema.names)
-    events = pa.Table.from_arrays(events.columns, schema=schema) \
-        if events.schema.types == schema.types else events.cast(schema)
+    events = conformed(table.select(schema.names), schema)
     if shredded and _segments.PAYLOAD_FIELDS in table.column_names:
         events = events.append_column(_segments.PAYLOAD_FIELDS,
                                       table.column(_segments.PAYLOAD_FIELDS))

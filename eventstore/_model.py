@@ -529,6 +529,13 @@ class EventStoreStatus:
         }
 
 
+def positive_int(value: object, what: str) -> int:
+    """Validate a count (an int >= 1)."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise InvalidRequest(f"{what} {value!r} is invalid: use an int >= 1")
+    return value
+
+
 def finite_seconds(value: object, what: str) -> float:
     """Validate a duration in seconds (a finite number >= 0)."""
     if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(

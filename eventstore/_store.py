@@ -31,6 +31,7 @@ from lakefold.eventstore._model import (
     check_types,
     finite_seconds,
     normalise_expected,
+    positive_int,
 )
 from lakefold.eventstore._postgres import PostgresRecorder, append_on
 from lakefold.eventstore._postgres import save_checkpoint as save_checkpoint_on
@@ -73,16 +74,11 @@ class StoreOptions:
     segment_positions: int = SEGMENT_POSITIONS
 
     def __post_init__(self) -> None:
-        if isinstance(self.pool_size, bool) or not isinstance(self.pool_size, int) \
-                or self.pool_size < 1:
-            raise InvalidRequest(f"pool_size {self.pool_size!r} is invalid: use an int >= 1")
+        positive_int(self.pool_size, "pool_size")
         finite_seconds(self.connect_timeout_s, "connect_timeout_s")
         finite_seconds(self.watermark_threshold_s, "watermark_threshold_s")
         finite_seconds(self.sequence_interval_s, "sequence_interval_s")
-        if isinstance(self.segment_positions, bool) or not isinstance(
-                self.segment_positions, int) or self.segment_positions < 1:
-            raise InvalidRequest(f"segment_positions {self.segment_positions!r} is invalid: "
-                                 "use an int >= 1")
+        positive_int(self.segment_positions, "segment_positions")
 
 
 @dataclass(frozen=True, slots=True)

@@ -108,7 +108,7 @@ class EventsQuery:
             category=self.category, types=self.types, columns=self.read_columns(),
             shredded=decoder is not None,
         ):
-            if decoder is not None and "data" in batch.schema.names:
+            if decoder is not None:  # only when data is read
                 shredded = batch.column(PAYLOAD_FIELDS) \
                     if PAYLOAD_FIELDS in batch.schema.names else None
                 data = decoder.decode(batch.column("type"), batch.column("schema_version"),
