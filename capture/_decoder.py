@@ -390,6 +390,12 @@ class Decoder:
                 table=message.name)
             stream = _Stream(stream_id, name, 0, 1, None)
             self._streams[name] = stream
+        if self._stream_xid is None and self._skip_upto < 0 and stream.schema is not None:
+            # A transaction an earlier run stored whole, decoded again after a restart: none of
+            # its changes is written, so none registers its shape (a version no record would
+            # carry). The relation is resolved again for the next change.
+            self._announced[message.relid] = message
+            return _Rel(message.relid, stream, schema, stream.schema.version)
         if not schema.key_columns:
             # No primary key and no replica identity index right now: a keyless version,
             # keyed by the stream's last key or the whole row (see StreamSchema).
