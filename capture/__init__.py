@@ -11,6 +11,9 @@ initial snapshot runs when the slot is created (``CaptureConfig.snapshot``);
 
 Read side: ``ChangelogStore(store_dsn)`` (``streams``, ``head``, ``read``, ``read_events``,
 ``follow``, ``stream_schema``, ``compact``) and ``read_changelog_range`` for Spark workers.
+Durable readers (``commit_reader``, ``release_reader``, ``readers``) hold compaction back at
+the position they have processed; ``compaction_state`` says what holds a stream, and
+``keep_history`` keeps a stream's full history (no compaction) for history readers.
 Positions start at 1; ``read``'s ``from_position`` is inclusive; ranges are ``[start, end)``.
 """
 
@@ -26,6 +29,7 @@ from lakefold.capture._health import (
 )
 from lakefold.capture._options import HealthThresholds, HeartbeatPolicy, SnapshotPolicy
 from lakefold.capture._pgoutput import format_lsn, parse_lsn
+from lakefold.capture._readers import CompactionState, ReaderPosition
 from lakefold.capture._resnapshot import resnapshot
 from lakefold.capture._snapshot import SnapshotListener, SnapshotStats
 from lakefold.capture._store import (
@@ -38,10 +42,13 @@ from lakefold.capture._types import ColumnSchema, StreamSchema
 from lakefold.capture._values import Interval
 from lakefold.capture.exceptions import (
     CaptureError,
+    CaptureRunningError,
     ConnectionLostError,
     DecodingError,
     InvalidConfigError,
     OwnershipError,
+    OwnershipLostError,
+    ReaderBehindCompactionError,
     SlotError,
     SourceConfigurationError,
     StoreError,
@@ -54,10 +61,12 @@ __all__: list[str] = [
     "Capture",
     "CaptureConfig",
     "CaptureError",
+    "CaptureRunningError",
     "CaptureStats",
     "ChangelogStore",
     "ColumnSchema",
     "CompactionPolicy",
+    "CompactionState",
     "ConnectionLostError",
     "DecodingError",
     "HealthThresholds",
@@ -65,6 +74,9 @@ __all__: list[str] = [
     "Interval",
     "InvalidConfigError",
     "OwnershipError",
+    "OwnershipLostError",
+    "ReaderBehindCompactionError",
+    "ReaderPosition",
     "SlotError",
     "SlotHealth",
     "SlotInvalidatedError",

@@ -10,21 +10,36 @@ The guarantees:
   decoder skips what the store's checkpoint covers: a SIGKILL at any instant loses nothing and
   duplicates nothing.
 * Set-up checks everything before it creates anything; a failure in set-up removes what that
-  set-up created.
+  set-up created. A crash in the middle of creating the slot is recognised and repaired by
+  the next set-up (``_slot_intent``).
+* One live capture per slot and store (``_ownership``): a second one refuses, naming the
+  first, unless told to take over; the first then stops cleanly and never takes the slot back.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import selectors
 import threading
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import psycopg
 
-from lakefold.capture import _ddl, _health, _resnapshot, _snapshot, _snapshot_store, _source
+from lakefold.capture import (
+    _ddl,
+    _guard,
+    _health,
+    _ownership,
+    _resnapshot,
+    _slot_intent,
+    _snapshot,
+    _snapshot_store,
+    _source,
+)
 from lakefold.capture._config import CaptureConfig
 from lakefold.capture._control import CaptureControl
 from lakefold.capture._decoder import Decoder, DecoderOptions
@@ -43,10 +58,11 @@ from lakefold.capture.exceptions import (
     CaptureError,
     ConnectionLostError,
     OwnershipError,
+    OwnershipLostError,
     SlotError,
     StoreError,
 )
-from lakefold.dsn import mask_dsn
+from lakefold.dsn import error_text, mask_dsn
 from lakefold.exceptions import LakefoldError, TransientError
 
 log = logging.getLogger(__name__)
@@ -82,7 +98,7 @@ def _connect(dsn: str, *, what: str, setup: bool) -> psycopg.Connection[Any]:
     try:
         return psycopg.connect(dsn, autocommit=True, connect_timeout=10)
     except psycopg.OperationalError as e:
-        reason = str(e).strip().splitlines()[-1] if str(e).strip() else type(e).__name__
+        reason = error_text(e)
         if setup:
             cls: type[CaptureError] = StoreError if what == "store" else CaptureError
             raise cls(
@@ -94,11 +110,27 @@ def _connect(dsn: str, *, what: str, setup: bool) -> psycopg.Connection[Any]:
                                   f"{reason}") from e
 
 
+def _store_session(dsn: str, slot: str) -> psycopg.Connection[Any]:
+    """A store connection that reads or writes the slot's records, named so that a later owner
+    of the slot can end it (fencing, see ``_ownership``)."""
+    conn = _connect(dsn, what="store", setup=False)
+    try:
+        conn.execute("SELECT set_config('application_name', %s, false)",
+                     (_ownership.store_application_name(slot),))
+    except psycopg.Error as e:
+        conn.close()
+        raise translate_store_error(e, f"the store ({mask_dsn(dsn)})", "name a session") from e
+    return conn
+
+
 def drop_capture(source_dsn: str, store_dsn: str, *, slot: str, publication: str) -> None:
     """Drop a capture's slot (ending a walsender of this capture that still holds it) and its
     publication if lakefold created it, and forget the slot in the store. Streams stay.
-    Raises SlotError when another program holds the slot."""
-    with _connect(store_dsn, what="store", setup=True) as store, \
+    Raises CaptureRunningError while a capture of the slot runs, SlotError when another
+    program holds the slot."""
+    with _ownership.SlotOwnership.acquire(
+            store_dsn, slot, refusal="Stop that capture first, then drop its slot"), \
+            _connect(store_dsn, what="store", setup=True) as store, \
             _connect(source_dsn, what="source database", setup=True) as source:
         info = _source.slot_info(source, slot)
         if info is not None:
@@ -109,8 +141,12 @@ def drop_capture(source_dsn: str, store_dsn: str, *, slot: str, publication: str
         if exists and comment == _source.PUBLICATION_MARKER:
             source.execute(psycopg.sql.SQL("DROP PUBLICATION {}").format(
                 psycopg.sql.Identifier(publication)))
+        _guard.uninstall(source, publication)
+        if _snapshot_store.is_installed(store):
+            _snapshot_store.forget_scope(store, slot)
         if _ddl.is_installed(store):
             ChangelogWriter(store, slot).forget_slot()
+            _slot_intent.forget(store, slot)
 
 
 class Capture:
@@ -125,12 +161,42 @@ class Capture:
         self._database = ""
         self._system_id = ""
         self._listener = listener  # progress of snapshots (the CLI's progress bar)
+        self._ownership: _ownership.SlotOwnership | None = None  # held by setup() and run()
+
+    # -- ownership -------------------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def _owned(self) -> Iterator[_ownership.SlotOwnership]:
+        """Own the slot for the block, or keep the ownership ``run`` already holds."""
+        if self._ownership is not None:
+            yield self._ownership
+            return
+        cfg = self.config
+        ownership = _ownership.SlotOwnership.acquire(
+            cfg.resolved_store_dsn, cfg.slot, take_over=cfg.take_over,
+            take_over_timeout=cfg.take_over_timeout.total_seconds())
+        self._ownership = ownership
+        try:
+            yield ownership
+        finally:
+            self._ownership = None
+            ownership.release()
+
+    def _owner(self) -> _ownership.SlotOwnership:
+        if self._ownership is None:
+            raise CaptureError("the capture does not own its slot here; call setup() or run()")
+        return self._ownership
 
     # -- set-up ----------------------------------------------------------------------------
 
     def setup(self) -> None:
         """Check the source and the store, then create what is missing: store tables,
-        publication, slot. Idempotent. Nothing is left half-made when it fails."""
+        publication, slot. Idempotent. Nothing is left half-made when it fails. Owns the slot
+        meanwhile: raises CaptureRunningError while another capture runs on it."""
+        with self._owned():
+            self._setup()
+
+    def _setup(self) -> None:
         cfg = self.config
         store_dsn = cfg.resolved_store_dsn
         with _connect(store_dsn, what="store", setup=True) as store, \
@@ -139,10 +205,16 @@ class Capture:
             existing = _source.slot_info(source, cfg.slot)
             _source.resolve_tables(source, schema=cfg.schema, tables=cfg.table_refs,
                                    require_keys=existing is None)
+            guard = _source.check_guard(source, schema=cfg.schema)
             self._system_id, self._database = _source.system_identity(source)
             writer = ChangelogWriter(store, cfg.slot)
             record = writer.slot_record() if _ddl.is_installed(store) else None
-            self._check_ownership(existing, record)
+            intent = _slot_intent.load(store, cfg.slot) if record is None else None
+            if intent is None:
+                self._check_ownership(existing, record)
+            else:  # an earlier set-up was interrupted while creating the slot
+                _slot_intent.check(intent, system_id=self._system_id, database=self._database,
+                                   source=source)
             had_publication, comment = _source.publication_comment(source, cfg.publication)
             if had_publication and comment != _source.PUBLICATION_MARKER:
                 raise OwnershipError(
@@ -151,10 +223,24 @@ class Capture:
                     "another publication name, or drop that publication if it is unused")
             _ddl.install(store)
             _snapshot_store.install(store)
+            self._owner().record()
+            if intent is not None:
+                _slot_intent.discard_orphan(source, store, intent,
+                                            application_name=cfg.application_name)
+                existing = None
             _source.ensure_publication(source, cfg.publication, schema=cfg.schema,
-                                       tables=cfg.table_refs)
+                                       tables=cfg.table_refs, guard=guard)
+            _snapshot_store.record_scope(store, cfg.slot, cfg.publication, cfg.schema,
+                                         [(t.schema, t.table) for t in cfg.table_refs],
+                                         guarded=guard)
             if existing is None:
-                self._create_slot(source, writer, drop_publication=not had_publication)
+                try:
+                    self._create_slot(source, writer, drop_publication=not had_publication)
+                except BaseException:
+                    if not had_publication:  # what this set-up created goes again
+                        _guard.uninstall(source, cfg.publication)
+                        _snapshot_store.forget_scope(store, cfg.slot)
+                    raise
 
     def _check_ownership(self, slot: _source.SlotInfo | None,
                          record: dict[str, Any] | None) -> None:
@@ -186,10 +272,15 @@ class Capture:
     def _create_slot(self, source: psycopg.Connection[Any], writer: ChangelogWriter, *,
                      drop_publication: bool) -> None:
         cfg = self.config
+        store = writer.connection
         repl = ReplicationConnection(cfg.source_dsn, application_name=cfg.application_name)
         created = None
         snapshot_id = None
         try:
+            # The intent first: a crash from here until the slot is registered leaves an
+            # intent the next set-up recognises (_slot_intent), never an unknown slot.
+            _slot_intent.record(store, slot=cfg.slot, system_id=self._system_id,
+                                database=self._database, source=source)
             repl.open()
             # With an initial snapshot the connection stays open (and idle) until the rows are
             # copied: that keeps the exported snapshot alive (see _snapshot).
@@ -200,14 +291,18 @@ class Capture:
                                                      consistent_lsn=created.consistent_point)
             else:
                 repl.close()
-            writer.register_slot(publication=cfg.publication, system_id=self._system_id,
-                                 database=self._database,
-                                 consistent_point=created.consistent_point)
+            with store.transaction():
+                writer.register_slot(publication=cfg.publication, system_id=self._system_id,
+                                     database=self._database,
+                                     consistent_point=created.consistent_point)
+                _slot_intent.forget(store, cfg.slot)
             log.info("created slot %s at %s", cfg.slot, format_lsn(created.consistent_point))
         except BaseException:
             repl.close()
             if created is not None:
                 _source.drop_slot(source, cfg.slot)
+            with contextlib.suppress(psycopg.Error):  # else the next set-up forgets it
+                _slot_intent.forget(store, cfg.slot)
             if drop_publication:
                 source.execute(psycopg.sql.SQL("DROP PUBLICATION IF EXISTS {}").format(
                     psycopg.sql.Identifier(cfg.publication)))
@@ -228,16 +323,36 @@ class Capture:
 
     # -- running ---------------------------------------------------------------------------
 
-    def run(self, *, stop: threading.Event | None = None,
-            until_lsn: int | None = None) -> CaptureStats:
+    def run(self, *, stop: threading.Event | None = None, until_lsn: int | None = None,
+            on_started: Callable[[], None] | None = None) -> CaptureStats:
         """Capture until ``stop`` is set, or until everything up to ``until_lsn`` is durable in
         the store. For "everything committed so far" pass the source's
         ``pg_current_wal_insert_lsn()`` (``pg_current_wal_lsn()`` lags behind commits made
-        with ``synchronous_commit = off``).
+        with ``synchronous_commit = off``). ``on_started`` is called once the set-up (checks,
+        publication, slot, initial snapshot) has succeeded, before streaming begins.
 
         Connection drops are retried with exponential backoff (up to
         ``config.max_backoff``); terminal errors raise.
+
+        The run owns the slot (``_ownership``): CaptureRunningError when another capture runs
+        on it (unless ``config.take_over``). When another capture takes the slot over, this
+        run stops cleanly, sets ``stop`` and raises OwnershipLostError.
         """
+        stop = stop or threading.Event()
+        with self._owned() as ownership:
+            ownership.watch(stop.set)  # a take-over request or a lost lock ends the run
+            try:
+                stats = self._run(stop, until_lsn, on_started)
+            except LakefoldError as e:
+                if ownership.lost is None or isinstance(e, OwnershipLostError):
+                    raise
+                raise OwnershipLostError(ownership.lost) from e
+        if ownership.lost is not None:
+            raise OwnershipLostError(ownership.lost)
+        return stats
+
+    def _run(self, stop: threading.Event, until_lsn: int | None,
+             on_started: Callable[[], None] | None) -> CaptureStats:
         started = time.monotonic()
         try:
             self.setup()
@@ -246,10 +361,11 @@ class Capture:
             if explained is e:
                 raise
             raise explained from e
-        stop = stop or threading.Event()
         counters = _Counters()
         control = CaptureControl(self.config, stop, listener=self._listener).start()
         compactor = self._start_compactor(stop)
+        if on_started is not None:
+            on_started()
         backoff = 0.1
         failures = 0
         initial_pending = True
@@ -285,7 +401,8 @@ class Capture:
                     backoff = min(backoff * 2, self.config.max_backoff.total_seconds())
         except LakefoldError as e:
             explained = _health.explain_failure(self.config, e)
-            control.record_error(explained)
+            if not isinstance(e, OwnershipLostError):  # the slot is fine: another capture has it
+                control.record_error(explained)
             if explained is e:
                 raise
             raise explained from e
@@ -308,11 +425,13 @@ class Capture:
                  counters: _Counters) -> None:
         cfg = self.config
         store_dsn = cfg.resolved_store_dsn
-        meta = _connect(store_dsn, what="store", setup=False)
+        ownership = self._owner()
+        meta = _store_session(store_dsn, cfg.slot)
         pipeline: StorePipeline | None = None
         repl = ReplicationConnection(cfg.source_dsn, application_name=cfg.application_name)
         side: psycopg.Connection[Any] | None = None
         try:
+            ownership.check()  # before reading the slot's state: only its owner may
             side = _connect(cfg.source_dsn, what="source database", setup=False)
             registry = ChangelogWriter(meta, cfg.slot)
             state = registry.load_state()
@@ -323,14 +442,14 @@ class Capture:
                 options=DecoderOptions(database=self._database, stream_prefix=cfg.stream_prefix,
                                        keep_messages=cfg.keep_messages,
                                        batch_rows=cfg.batch_rows, batch_bytes=cfg.batch_bytes,
-                                       slot=cfg.slot),
+                                       slot=cfg.slot, publication=cfg.publication),
             )
             self._claim_slot(side)
             repl.open()
             repl.start(cfg.slot, options=self._plugin_options())
-            pipeline = StorePipeline(_connect(store_dsn, what="store", setup=False),
+            pipeline = StorePipeline(_store_session(store_dsn, cfg.slot),
                                      slot=cfg.slot, dsn=store_dsn,
-                                     flushed=state.checkpoint.flush_lsn)
+                                     flushed=state.checkpoint.flush_lsn, owner=ownership.token)
             _Loop(self, repl, decoder, pipeline, side, stop, until_lsn, counters).run()
             repl.close()
             _wait_released(side, cfg.slot)
@@ -355,6 +474,7 @@ class Capture:
                             "run `lakefold capture drop` and capture again from a snapshot")
         _source.check_slot(slot, database=self._database,
                            application_name=self.config.application_name)
+        self._owner().check()  # only the slot's owner may end a walsender of its name
         if _source.terminate_stale_walsender(side, slot, self.config.application_name):
             raise SlotInUseError(f"slot {self.config.slot!r} was still held by the walsender "
                                  f"of an earlier run (pid {slot.active_pid}); ended it")

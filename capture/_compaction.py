@@ -19,12 +19,20 @@ first, in the same transaction, so the steps above see every record.
 Then tombstones (deletes) and truncate records below ``compacted_to`` whose commit is older
 than the retention are removed with their key map entries.
 
+Durable readers (``_readers``: projection generations, subscriptions) hold compaction back:
+a chunk never reaches past the lowest position a reader of the stream has processed, and
+tombstones are expired only below it, so a slow or paused reader still reads every update and
+delete it has not processed. The highest position of any removed record (``removed_to``) and
+of any expired tombstone (``expired_to``) are recorded, which is how a reader that falls behind
+them is detected. A stream that keeps its full history is not compacted at all.
+
 Compaction never touches records above the head (where the capture appends), takes no table
 locks, and only short row locks; readers keep their MVCC snapshots. After a full run, reading
 the stream from position 1 yields exactly one record per live key (its latest insert, update
-or snapshot read), plus tombstones still within retention. A consumer must read a tombstone
+or snapshot read), plus tombstones still within retention (and everything after the
+lowest reader position). A consumer that is not a registered reader must read a tombstone
 within the retention period to learn of the delete (as with Kafka's
-``delete.retention.ms``); a slower consumer should rebuild from the compacted stream.
+``delete.retention.ms``); a slower one should rebuild from the compacted stream.
 
 Only one compaction of a stream runs at a time (advisory lock); a second one skips it.
 """
@@ -38,7 +46,7 @@ from typing import Any, Final
 
 import psycopg
 
-from lakefold.capture import _segments
+from lakefold.capture import _readers, _segments
 from lakefold.capture._config import CompactionPolicy
 
 log = logging.getLogger(__name__)
@@ -54,12 +62,12 @@ WITH latest AS (
     DELETE FROM lakefold.changelog c USING latest l
     WHERE c.stream_id = %(s)s AND c.position > %(lo)s AND c.position <= %(hi)s
       AND c.key = l.key AND c.position < l.position
-    RETURNING 1
+    RETURNING c.position
 ), previous AS (
     DELETE FROM lakefold.changelog c USING lakefold.changelog_keys k, latest l
     WHERE k.stream_id = %(s)s AND k.key = l.key AND c.stream_id = %(s)s
       AND c.position = k.position
-    RETURNING 1
+    RETURNING c.position
 ), mapped AS (
     INSERT INTO lakefold.changelog_keys (stream_id, key, position)
     SELECT %(s)s, key, position FROM latest
@@ -67,7 +75,9 @@ WITH latest AS (
     RETURNING 1
 )
 SELECT (SELECT count(*) FROM older_in_chunk) + (SELECT count(*) FROM previous),
-       (SELECT count(*) FROM mapped)
+       (SELECT count(*) FROM mapped),
+       coalesce(greatest((SELECT max(position) FROM older_in_chunk),
+                         (SELECT max(position) FROM previous)), 0)
 """
 
 _EXPIRE: Final = """
@@ -80,7 +90,8 @@ WITH gone AS (
     WHERE k.stream_id = %(s)s AND k.key = g.key AND k.position = g.position
     RETURNING 1
 )
-SELECT (SELECT count(*) FROM gone), (SELECT count(*) FROM unmapped)
+SELECT (SELECT count(*) FROM gone), (SELECT count(*) FROM unmapped),
+       coalesce((SELECT max(position) FROM gone), 0)
 """
 
 
@@ -112,54 +123,97 @@ def _compact_locked(conn: psycopg.Connection[Any], stream_id: int, retention: ti
     conn.execute("INSERT INTO lakefold.changelog_compaction (stream_id) VALUES (%s) "
                  "ON CONFLICT DO NOTHING", (stream_id,))
     row = conn.execute(
-        "SELECT c.compacted_to, s.head FROM lakefold.changelog_compaction c "
+        "SELECT c.compacted_to, s.head, s.name FROM lakefold.changelog_compaction c "
         "JOIN lakefold.changelog_streams s USING (stream_id) WHERE stream_id = %s",
         (stream_id,),
     ).fetchone()
     if row is None:
         return 0
-    done, head = int(row[0]), int(row[1])
+    done, head, name = int(row[0]), int(row[1]), str(row[2])
     removed = 0
+    held: int | None = None
     while done < head:
-        upper = min(head, done + chunk)
         with conn.transaction(), conn.cursor() as cur:
+            keep_history, lowest = _readers.lock_for_compaction(conn, stream_id)
+            if keep_history:
+                log.info("stream %s keeps its full history; not compacted", name)
+                return removed
+            upper = min(head, done + chunk)
+            if lowest is not None and lowest < upper:
+                held, upper = lowest, lowest
+            if upper <= done:
+                break
             if _segments.explode(cur, stream_id, done, upper):
                 # The planner must know of the rows just written, or it takes the chunk for
                 # empty and joins it with nested loops (quadratic in the chunk).
                 cur.execute("ANALYZE lakefold.changelog")
             counts = cur.execute(_CHUNK, {"s": stream_id, "lo": done, "hi": upper}).fetchone()
             chunk_removed = int(counts[0]) if counts else 0
-            chunk_removed += _apply_truncate(conn, stream_id, done, upper)
+            removed_to = int(counts[2]) if counts else 0
+            truncated, truncated_to = _apply_truncate(conn, stream_id, done, upper)
             conn.execute(
                 "UPDATE lakefold.changelog_compaction SET compacted_to = %s, "
-                "removed = removed + %s, last_run = now() WHERE stream_id = %s",
-                (upper, chunk_removed, stream_id),
+                "removed = removed + %s, removed_to = greatest(removed_to, %s), "
+                "last_run = now() WHERE stream_id = %s",
+                (upper, chunk_removed + truncated, max(removed_to, truncated_to), stream_id),
             )
-        removed += chunk_removed
+        removed += chunk_removed + truncated
         done = upper
+    if held is not None and held < head:
+        _report_hold(conn, stream_id, name, retention)
     with conn.transaction():
-        counts = conn.execute(_EXPIRE, {"s": stream_id, "done": done,
+        keep_history, lowest = _readers.lock_for_compaction(conn, stream_id)
+        if keep_history:
+            return removed
+        limit = done if lowest is None else min(done, lowest)
+        counts = conn.execute(_EXPIRE, {"s": stream_id, "done": limit,
                                         "retention": retention}).fetchone()
         expired = int(counts[0]) if counts else 0
+        expired_to = int(counts[2]) if counts else 0
         conn.execute(
-            "UPDATE lakefold.changelog_compaction SET removed = removed + %s, last_run = now() "
-            "WHERE stream_id = %s", (expired, stream_id))
+            "UPDATE lakefold.changelog_compaction SET removed = removed + %s, "
+            "removed_to = greatest(removed_to, %s), expired_to = greatest(expired_to, %s), "
+            "last_run = now() WHERE stream_id = %s",
+            (expired, expired_to, expired_to, stream_id))
     return removed + expired
 
 
-def _apply_truncate(conn: psycopg.Connection[Any], stream_id: int, lo: int, hi: int) -> int:
-    """A truncate record in ``(lo, hi]`` supersedes every earlier record of the stream."""
+def _report_hold(conn: psycopg.Connection[Any], stream_id: int, name: str,
+                 retention: timedelta) -> None:
+    """Say which reader holds the stream's compaction; a warning when it has not moved for
+    longer than the tombstone retention (it may be gone for good, or paused for days)."""
+    holder = next(iter(_readers.readers(conn, stream_id)), None)
+    if holder is None:
+        return
+    row = conn.execute("SELECT now() - %s > %s", (holder.moved_at, retention)).fetchone()
+    if row is not None and row[0]:
+        log.warning(
+            "compaction of %s is held at position %d by reader %s, which has not moved since "
+            "%s (longer than the tombstone retention %s); if it is gone for good, release it "
+            "with `lakefold capture release-reader %s`", name, holder.position, holder.reader,
+            holder.moved_at.isoformat(), retention, holder.reader)
+    else:
+        log.info("compaction of %s is held at position %d by reader %s", name,
+                 holder.position, holder.reader)
+
+
+def _apply_truncate(conn: psycopg.Connection[Any], stream_id: int, lo: int, hi: int
+                    ) -> tuple[int, int]:
+    """A truncate record in ``(lo, hi]`` supersedes every earlier record of the stream;
+    returns (records removed, the highest position removed or 0)."""
     row = conn.execute(
         "SELECT max(position) FROM lakefold.changelog WHERE stream_id = %s AND op = 't' "
         "AND position > %s AND position <= %s", (stream_id, lo, hi),
     ).fetchone()
     if row is None or row[0] is None:
-        return 0
-    cur = conn.execute("DELETE FROM lakefold.changelog WHERE stream_id = %s AND position < %s",
-                       (stream_id, row[0]))
+        return 0, 0
+    gone = conn.execute(
+        "WITH gone AS (DELETE FROM lakefold.changelog WHERE stream_id = %s AND position < %s "
+        "RETURNING position) SELECT count(*), coalesce(max(position), 0) FROM gone",
+        (stream_id, row[0])).fetchone()
     conn.execute("DELETE FROM lakefold.changelog_keys WHERE stream_id = %s AND position < %s",
                  (stream_id, row[0]))
-    return max(cur.rowcount, 0)
+    return (int(gone[0]), int(gone[1])) if gone else (0, 0)
 
 
 class BackgroundCompactor:

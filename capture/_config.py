@@ -33,7 +33,9 @@ class CaptureConfig:
     ``slot`` / ``publication``: the replication slot and publication lakefold creates and
     owns (slot names: lower-case letters, digits and ``_``).
     ``schema`` or ``tables``: capture every table of one schema (tables created later
-    included), or the listed ``schema.table`` names. Exactly one of them.
+    included), or the listed ``schema.table`` names. Exactly one of them. Only tables with a
+    key PostgreSQL can use as replica identity are published (``_publishable``); a schema
+    capture needs a superuser (``_guard``).
     ``stream_prefix``: streams are named ``<prefix><schema>.<table>``.
     ``streaming``: protocol v2 with streaming of large in-progress transactions: the server
     sends them while they run instead of spilling them to disk on the source first; lakefold
@@ -46,6 +48,9 @@ class CaptureConfig:
     ``snapshot``: the initial snapshot when the slot is created, and chunking of snapshots
     (``SnapshotPolicy(initial=False)`` captures only changes made after the slot exists).
     ``heartbeat``: heartbeats that keep the slot advancing while captured tables are idle.
+    ``take_over``: when another capture runs on the slot (in this store), ask it to stop
+    cleanly and take the slot over, instead of refusing to start; ``take_over_timeout``: how
+    long to wait for it to stop before giving up (it is never forced).
     """
 
     source_dsn: str
@@ -65,6 +70,8 @@ class CaptureConfig:
     compaction: CompactionPolicy | None = None
     snapshot: SnapshotPolicy = field(default_factory=SnapshotPolicy)
     heartbeat: HeartbeatPolicy | None = field(default_factory=HeartbeatPolicy)
+    take_over: bool = False
+    take_over_timeout: timedelta = timedelta(seconds=30)
     table_refs: tuple[TableRef, ...] = field(init=False, default=())
 
     def __post_init__(self) -> None:
@@ -90,6 +97,10 @@ class CaptureConfig:
         object.__setattr__(self, "table_refs", refs)
         if self.batch_rows < 1 or self.batch_bytes < 1024:
             raise InvalidConfigError("batch_rows must be >= 1 and batch_bytes >= 1024")
+        if self.take_over_timeout.total_seconds() <= 0:
+            raise InvalidConfigError(
+                f"take_over_timeout must be positive, not {self.take_over_timeout}; it is how "
+                "long to wait for the running capture to hand the slot over")
 
     @property
     def resolved_store_dsn(self) -> str:

@@ -21,7 +21,16 @@ Rows to read again
 Unfinished snapshots
     Snapshot runs left unfinished by a crash (an initial snapshot interrupted after its slot
     was created, or an incremental one whose process died) are finished in the background
-    while the capture streams (``_resnapshot.resume``).
+    while the capture streams (``_resnapshot.resume``); so are the runs planned for tables
+    that join the publication (``_inband``), which wake the thread with a notification.
+
+The publication
+    Every ``_RECONCILE_S`` the thread makes the publication equal the publishable tables of
+    the capture's scope (``_publishable.reconcile``). With the publication guard (``_guard``)
+    this only repairs what the guard could not do at once (a table it could not add while
+    another transaction held the publication); without it (a capture role that is not a
+    superuser) it takes a table whose key was dropped out of the publication within seconds,
+    which ends PostgreSQL's refusal of its UPDATE and DELETE.
 """
 
 from __future__ import annotations
@@ -34,6 +43,7 @@ from typing import TYPE_CHECKING, Any
 import psycopg
 from psycopg import sql
 
+from lakefold.capture import _publishable
 from lakefold.capture import _snapshot_store as state
 from lakefold.capture._inband import HEARTBEAT_PREFIX, encode_heartbeat
 from lakefold.capture._reread import reread_rows
@@ -47,6 +57,7 @@ log = logging.getLogger(__name__)
 
 _TICK_S = 0.2  # how often the side thread looks at stop, notifications, heartbeat timing
 _CHECK_S = 1.0  # how often it reads the pause flag without a notification
+_RECONCILE_S = 5.0  # how often it brings the publication in line with the capture's scope
 
 
 def pause(store_dsn: str, slot: str) -> None:
@@ -144,6 +155,7 @@ class CaptureControl:
         source: psycopg.Connection[Any] | None = None
         store: psycopg.Connection[Any] | None = None
         next_check = 0.0
+        next_reconcile = time.monotonic() + _RECONCILE_S
         try:
             while not self._closed.wait(_TICK_S):
                 if self._stop.is_set():
@@ -156,7 +168,12 @@ class CaptureControl:
                         next_check = time.monotonic() + _CHECK_S
                         self._check_paused(store)
                     if not self._paused.is_set():
-                        self._start_snapshots()
+                        self._start_snapshots(store, checking)
+                    if time.monotonic() >= next_reconcile:
+                        next_reconcile = time.monotonic() + _RECONCILE_S
+                        source = source or source_connection(self.config.source_dsn,
+                                                             autocommit=True)
+                        self._reconcile(source)
                     if checking and not self._paused.is_set():
                         source = source or source_connection(self.config.source_dsn,
                                                              autocommit=True)
@@ -210,9 +227,27 @@ class CaptureControl:
 
             self.last_heartbeat_lsn = parse_lsn(row[0])
 
-    def _start_snapshots(self) -> None:
+    def _reconcile(self, source: psycopg.Connection[Any]) -> None:
+        cfg = self.config
+        scope = _publishable.Scope(cfg.schema, tuple((t.schema, t.table)
+                                                     for t in cfg.table_refs))
+        try:
+            _publishable.reconcile(source, cfg.publication, scope, lock_timeout_ms=2_000,
+                                   report_excluded=False)
+        except psycopg.errors.LockNotAvailable:
+            pass  # another transaction is changing the publication: next time
+        except psycopg.errors.InsufficientPrivilege as e:
+            log.warning("capture %s cannot bring publication %r in line with its tables: %s",
+                        cfg.slot, cfg.publication, e.diag.message_primary)
+
+    def _start_snapshots(self, store: psycopg.Connection[Any], checking: bool) -> None:
+        """Start the thread that finishes unfinished snapshot runs: once at the start, and
+        again (when it has ended) for incremental runs planned since."""
         if self._snapshots is not None:
-            return
+            if self._snapshots.is_alive() or not checking or not any(
+                    r.kind == "incremental"
+                    for r in state.runs(store, self.config.slot, status="running")):
+                return
         self._snapshots = threading.Thread(target=self._finish_snapshots, daemon=True,
                                            name=f"lakefold-snapshot-{self.config.slot}")
         self._snapshots.start()

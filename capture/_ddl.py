@@ -11,7 +11,12 @@
 ``changelog_segments``  runs of ``read`` records of an initial snapshot, one row per run (see
                         ``_segments``); readers merge them with ``changelog`` by position.
 ``changelog_keys``      the latest compacted position of each key (kept by compaction).
-``changelog_compaction`` how far each stream has been compacted.
+``changelog_compaction`` how far each stream has been compacted, the highest positions
+                        compaction removed a record at (any, and expired tombstones), and
+                        whether the stream keeps its full history (never compacted).
+``changelog_readers``   durable readers of a stream (projection generations, subscriptions)
+                        and the position each has processed: compaction never passes the
+                        lowest one (see ``_readers``).
 ``capture_staging_<slot>`` per slot: rows of large in-progress transactions streamed by the
                         server (protocol v2), moved into ``changelog`` when they commit.
                         UNLOGGED and without indexes: it is emptied at every capture start.
@@ -19,6 +24,9 @@
                         value; the capture reads them again, in-band (``_reread``).
 ``capture_messages``    logical decoding messages (``pg_logical_emit_message``) captured
                         when the capture is configured to keep them.
+``capture_slot_intents`` slots being created: the store's intent, recorded before the slot
+                        exists, so a crash in between is recognised (``_slot_intent``).
+``capture_owners``      the live capture of each slot and take-over requests (``_ownership``).
 
 ``install`` is idempotent and safe to run concurrently (it takes an advisory lock).
 """
@@ -105,8 +113,39 @@ CREATE TABLE IF NOT EXISTS lakefold.changelog_compaction (
     stream_id integer PRIMARY KEY REFERENCES lakefold.changelog_streams ON DELETE CASCADE,
     compacted_to bigint NOT NULL DEFAULT 0,
     removed bigint NOT NULL DEFAULT 0,
-    last_run timestamptz
+    last_run timestamptz,
+    removed_to bigint NOT NULL DEFAULT 0,
+    expired_to bigint NOT NULL DEFAULT 0,
+    keep_history boolean,  -- null: nobody decided (a history view may ask for it)
+    keep_history_reason text
 );
+-- Added after the first release. Stores compacted before it: what compaction removed is not
+-- known, so everything up to compacted_to counts as removed (readers below it must rebuild).
+DO $$ BEGIN
+    IF NOT EXISTS (SELECT 1 FROM information_schema.columns WHERE table_schema = 'lakefold'
+                   AND table_name = 'changelog_compaction' AND column_name = 'removed_to') THEN
+        ALTER TABLE lakefold.changelog_compaction
+            ADD COLUMN removed_to bigint NOT NULL DEFAULT 0,
+            ADD COLUMN expired_to bigint NOT NULL DEFAULT 0,
+            ADD COLUMN keep_history boolean,
+            ADD COLUMN keep_history_reason text;
+        UPDATE lakefold.changelog_compaction SET removed_to = compacted_to,
+            expired_to = compacted_to WHERE removed > 0;
+    END IF;
+END $$;
+-- Durable readers and the last position each has processed (committed after its effect):
+-- compaction never removes a record after the lowest one of a stream (see _readers).
+CREATE TABLE IF NOT EXISTS lakefold.changelog_readers (
+    reader text NOT NULL,
+    stream_id integer NOT NULL REFERENCES lakefold.changelog_streams ON DELETE CASCADE,
+    position bigint NOT NULL,
+    history boolean NOT NULL DEFAULT false,
+    registered_at timestamptz NOT NULL DEFAULT now(),
+    moved_at timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (reader, stream_id)
+);
+CREATE INDEX IF NOT EXISTS changelog_readers_stream_idx
+    ON lakefold.changelog_readers (stream_id, position);
 -- Rows to read again in-band: an update whose unchanged TOASTed value had no earlier record
 -- of its key to be filled from (see _toast); the control thread reads them (_reread).
 CREATE TABLE IF NOT EXISTS lakefold.capture_rereads (
@@ -167,6 +206,29 @@ CREATE TABLE IF NOT EXISTS lakefold.capture_messages (
     prefix text NOT NULL,
     content bytea NOT NULL,
     PRIMARY KEY (slot_name, lsn, ordinal)
+);
+-- A slot being created (_slot_intent): recorded before CREATE_REPLICATION_SLOT, removed in the
+-- transaction that registers the slot in capture_slots; wal_lsn is the source's WAL insert
+-- position before the creation (the slot's restart LSN cannot be older).
+CREATE TABLE IF NOT EXISTS lakefold.capture_slot_intents (
+    slot_name text PRIMARY KEY,
+    source_system_id text NOT NULL,
+    source_database text NOT NULL,
+    wal_lsn bigint NOT NULL,
+    created_at timestamptz NOT NULL DEFAULT now()
+);
+-- The live capture of each slot (_ownership): the holder of the slot's advisory lock (token,
+-- host, pid, its lock session, since when) and a pending take-over request.
+CREATE TABLE IF NOT EXISTS lakefold.capture_owners (
+    slot_name text PRIMARY KEY,
+    token text,
+    host text,
+    pid integer,
+    session_pid integer,
+    started_at timestamptz,
+    takeover_host text,
+    takeover_pid integer,
+    takeover_at timestamptz
 );
 """
 

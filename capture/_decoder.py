@@ -88,6 +88,7 @@ class DecoderOptions:
     batch_rows: int = 20_000
     batch_bytes: int = 8 << 20
     slot: str = ""  # the capture's slot: in-band snapshot chunks addressed to it are applied
+    publication: str = ""  # the capture's publication: its tables joining or leaving it
 
 
 class _Stream:
@@ -147,7 +148,8 @@ class Decoder:
         self._batch = Batch()
         self._dirty = False
         # snapshot chunks, heartbeats, unchanged TOAST (``_inband``); indexes of 'u' values
-        self._ext = _inband.DecoderExtension(options.slot)
+        self._ext = _inband.DecoderExtension(options.slot, publication=options.publication,
+                                             stream_prefix=options.stream_prefix)
         self._unchanged: list[int] = []
         # the open (non-streamed) transaction
         self._in_txn = False
@@ -539,6 +541,16 @@ class Decoder:
         for relid in message.relids:
             rel = self._rel(relid)
             self._emit(rel, _OP_TRUNCATE, NULL_FIELD, NULL_FIELD, NULL_FIELD, subxid)
+
+    def truncate_stream(self, name: str, relid: int, subxid: int) -> bool:
+        """Emit a truncate record for stream ``name`` at this point of the open transaction
+        (its latest schema version); False when the stream has no records yet."""
+        stream = self._streams.get(name)
+        if stream is None or stream.schema is None:
+            return False
+        rel = _Rel(relid, stream, stream.schema, stream.schema.version)
+        self._emit(rel, _OP_TRUNCATE, NULL_FIELD, NULL_FIELD, NULL_FIELD, subxid)
+        return True
 
     def _message(self, message: pgo.Message) -> None:
         if self._ext.handle_message(self, message):

@@ -27,12 +27,13 @@ from typing import TYPE_CHECKING, Any
 
 import psycopg
 
+from lakefold.capture import _guard, _publishable
 from lakefold.capture import _snapshot_store as state
 from lakefold.capture._options import HealthThresholds
 from lakefold.capture._pgoutput import format_lsn, parse_lsn
 from lakefold.capture._writer import NOTIFY_CHANNEL
 from lakefold.capture.exceptions import SlotError, StoreUnavailableError
-from lakefold.dsn import mask_dsn
+from lakefold.dsn import error_text, mask_dsn
 from lakefold.exceptions import LakefoldError
 
 if TYPE_CHECKING:
@@ -72,6 +73,12 @@ class SlotHealth:
     last_error: str | None
     last_error_at: datetime | None
     snapshots: tuple[dict[str, Any], ...] = field(default_factory=tuple)
+    # tables of the capture's scope left out of its publication ({"table", "reason", "fix"}),
+    # published tables whose UPDATE and DELETE PostgreSQL refuses now, and whether the
+    # publication guard (event trigger) watches the publication (None: scope unknown)
+    tables_not_captured: tuple[dict[str, Any], ...] = field(default_factory=tuple)
+    tables_refused: tuple[dict[str, Any], ...] = field(default_factory=tuple)
+    publication_guard: bool | None = None
 
     def as_dict(self) -> dict[str, Any]:
         """JSON-ready: datetimes in ISO form, LSNs also as ``X/Y`` text."""
@@ -84,6 +91,8 @@ class SlotHealth:
                 out[name] = value.isoformat()
         out["problems"] = list(self.problems)
         out["snapshots"] = [dict(s) for s in self.snapshots]
+        out["tables_not_captured"] = [dict(t) for t in self.tables_not_captured]
+        out["tables_refused"] = [dict(t) for t in self.tables_refused]
         return out
 
 
@@ -110,8 +119,9 @@ def slot_health(config: CaptureConfig, *,
                 current_lsn = parse_lsn(current[0]) if current else 0
     except psycopg.OperationalError as e:
         raise StoreUnavailableError(
-            f"cannot reach the source at {mask_dsn(config.source_dsn)}: {str(e).strip()}") from e
+            f"cannot reach the source at {mask_dsn(config.source_dsn)}: {error_text(e)}") from e
     store = _store_side(config)
+    tables = _publication_side(config, store["scope"])
     problems: list[str] = []
     if row is None:
         return _judge(SlotHealth(
@@ -121,7 +131,7 @@ def slot_health(config: CaptureConfig, *,
             retained_bytes=None, safe_wal_size=None, lag_seconds=None, inactive_since=None,
             store_flush_lsn=store["flush_lsn"], records=store["records"],
             last_heartbeat_at=store["heartbeat_at"], last_error=store["last_error"],
-            last_error_at=store["last_error_at"], snapshots=store["snapshots"]),
+            last_error_at=store["last_error_at"], snapshots=store["snapshots"], **tables),
             thresholds, problems, known=store["known"])
     (active, pid, wal_status, reason, confirmed, restart, safe, inactive_since, current,
      flush_lag) = row
@@ -152,14 +162,33 @@ def slot_health(config: CaptureConfig, *,
         inactive_since=inactive_since, store_flush_lsn=store["flush_lsn"],
         records=store["records"], last_heartbeat_at=store["heartbeat_at"],
         last_error=store["last_error"], last_error_at=store["last_error_at"],
-        snapshots=store["snapshots"])
+        snapshots=store["snapshots"], **tables)
     return _judge(health, thresholds, problems, known=store["known"])
+
+
+def _publication_side(config: CaptureConfig,
+                      scope: tuple[str, str | None, list[tuple[str, str]], bool] | None
+                      ) -> dict[str, Any]:
+    """The tables the capture leaves out of its publication and those PostgreSQL refuses
+    UPDATE and DELETE on (see ``_publishable``), read from the source now."""
+    publication = scope[0] if scope else config.publication
+    try:
+        with psycopg.connect(config.source_dsn, autocommit=True, connect_timeout=10) as src:
+            excluded, refused, guarded = _guard.report(
+                src, publication, None if scope is None else _publishable.Scope(
+                    scope[1], tuple(scope[2])))
+    except psycopg.OperationalError as e:
+        raise StoreUnavailableError(
+            f"cannot reach the source at {mask_dsn(config.source_dsn)}: {error_text(e)}") from e
+    return {"tables_not_captured": tuple(t.as_dict() for t in excluded),
+            "tables_refused": tuple(t.as_dict() for t in refused),
+            "publication_guard": guarded if scope is not None else None}
 
 
 def _store_side(config: CaptureConfig) -> dict[str, Any]:
     out: dict[str, Any] = {"paused": False, "flush_lsn": None, "records": 0,
                            "heartbeat_at": None, "last_error": None, "last_error_at": None,
-                           "snapshots": (), "known": False}
+                           "snapshots": (), "known": False, "scope": None}
     try:
         with psycopg.connect(config.resolved_store_dsn, autocommit=True,
                              connect_timeout=10) as conn:
@@ -171,6 +200,7 @@ def _store_side(config: CaptureConfig) -> dict[str, Any]:
                 out.update(flush_lsn=int(row[0]), records=int(row[1]), known=True)
             if not state.is_installed(conn):
                 return out
+            out["scope"] = state.scope(conn, config.slot)
             control = state.control(conn, config.slot)
             out.update(paused=control["paused"], last_error=control["last_error"],
                        last_error_at=control["last_error_at"])
@@ -233,6 +263,19 @@ def _judge(health: SlotHealth, thresholds: HealthThresholds, problems: list[str]
         elif health.safe_wal_size <= warn:
             flag("warning", f"{health.safe_wal_size:,} bytes of WAL before the server "
                             "invalidates the slot (safe_wal_size)")
+    for table in health.tables_refused:
+        flag("critical", f"table {table['table']} is published but {table['reason']}: "
+                         f"PostgreSQL refuses UPDATE and DELETE on it now. Fix: {table['fix']}; "
+                         "or run the capture, which takes it out of the publication")
+    for table in health.tables_not_captured:
+        flag("warning", f"table {table['table']} is not captured: {table['reason']}. Fix: "
+                        f"{table['fix']}; lakefold then captures it from a fresh snapshot")
+    if health.publication_guard is False:
+        flag("warning", "no publication guard (event trigger) on the source: the capture "
+                        "role is not a superuser. If a captured table loses its primary key, "
+                        "PostgreSQL refuses UPDATE and DELETE on it until the running capture "
+                        "takes it out of the publication; run the capture once as a superuser "
+                        "to install the guard")
     if health.paused:
         flag("warning", "the capture is paused; the slot keeps its place and retains WAL")
     elif not health.active:

@@ -18,17 +18,28 @@ Heartbeats (prefix ``lakefold.heartbeat``)
     (the WAL written elsewhere is released); the capture's own heartbeats are stored with the
     batch, mapping LSNs to times for the lag in seconds.
 
+Publication changes (prefix ``lakefold.publication``, transactional)
+    Written by the publication guard or ``_publishable.reconcile`` in the transaction that
+    changes the capture's publication. A table that joined gets, at that point of the
+    stream, a truncate record when its stream already has records (its rows may have changed
+    or been deleted while it was out), and an incremental snapshot run, recorded in the same
+    store transaction as the batch and executed by the capture's side thread (``_control``):
+    its stream then equals the table again. A table that left keeps its stream as it was
+    (logged as a warning); one that rejoined within one transaction without changes needs
+    nothing.
+
 Records of a chunk use ``commit_lsn`` = the message's LSN minus one (pgoutput reports the end
 of the message's WAL record, which can equal the next commit's LSN) and ordinals 1..n, so a
 restarted capture de-duplicates them like any transaction (``Checkpoint.covers``).
 
 This module works on the decoder's internals on purpose: it is the decoder's extension, kept
-apart so that the hot path stays small. ``Decoder`` calls it at four hook points.
+apart so that the hot path stays small. ``Decoder`` calls it at five hook points.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import struct
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -37,13 +48,15 @@ from typing import TYPE_CHECKING, Any, Final
 import psycopg
 
 from lakefold.capture import _pgoutput as pgo
-from lakefold.capture import _snapshot_store
+from lakefold.capture import _publishable, _snapshot_store
 from lakefold.capture._toast import FillItem, ToastFill, fill_from_before
 from lakefold.capture._writer import NULL_FIELD, Batch, Checkpoint
 from lakefold.capture.exceptions import DecodingError
 
 if TYPE_CHECKING:
     from lakefold.capture._decoder import Decoder
+
+log = logging.getLogger(__name__)
 
 SNAPSHOT_PREFIX: Final = "lakefold.snapshot"
 HEARTBEAT_PREFIX: Final = "lakefold.heartbeat"
@@ -135,6 +148,20 @@ class _StoreHeartbeats:
 
 
 @dataclass
+class _PlanResnapshot:
+    """Record an incremental snapshot run of tables that joined the publication (relid ->
+    (relid, schema, table, stream)) and wake the capture's side thread."""
+
+    slot: str
+    tables: dict[int, tuple[int, str, str, str]] = field(default_factory=dict)
+
+    def __call__(self, cur: psycopg.Cursor[Any]) -> None:
+        _snapshot_store.insert_run(cur, slot=self.slot, kind="incremental",
+                                   consistent_lsn=None, tables=list(self.tables.values()))
+        cur.execute("SELECT pg_notify(%s, %s)", (_snapshot_store.CONTROL_CHANNEL, self.slot))
+
+
+@dataclass
 class _StagedFill:
     seq: int
     stream_id: int
@@ -158,9 +185,12 @@ def _action(batch: Batch, kind: type[Any], *args: Any) -> Any:
 class DecoderExtension:
     """Per-decoder state of the in-band features; see the module docstring."""
 
-    def __init__(self, slot: str) -> None:
+    def __init__(self, slot: str, *, publication: str = "", stream_prefix: str = "") -> None:
         self.slot = slot
+        self.publication = publication
+        self.stream_prefix = stream_prefix
         self._streamed_fills: dict[int, list[_StagedFill]] = {}
+        self._streamed_joins: dict[int, dict[int, tuple[int, str, str, str]]] = {}
         self.snapshot_rows = 0
 
     # messages
@@ -168,6 +198,9 @@ class DecoderExtension:
     def handle_message(self, decoder: Decoder, message: pgo.Message) -> bool:
         """Consume lakefold's own messages; False for anything else."""
         if message.transactional:
+            if message.prefix == _publishable.MESSAGE_PREFIX:
+                self._publication(decoder, message)
+                return True
             return False
         if message.prefix == SNAPSHOT_PREFIX:
             self._chunk(decoder, message)
@@ -214,6 +247,39 @@ class DecoderExtension:
             batch.head_ts[stream.stream_id] = header.at
         d._checkpoint = Checkpoint(lsn, max(header.rows, 1), True, d._flush_lsn)
         d._dirty = True
+
+    def _publication(self, d: Decoder, message: pgo.Message) -> None:
+        change = _publishable.decode_message(message.content)
+        if change is None or change.publication != self.publication:
+            return  # another capture's publication (or not ours at all)
+        if d._stream_xid is None and d._skip_upto < 0:
+            return  # a transaction an earlier run stored whole
+        for state in change.removed:
+            log.warning("table %s left publication %r (%s): its stream keeps the records "
+                        "captured so far and gets no new ones until it is captured again",
+                        state.qualified, self.publication, state.reason)
+        for state in change.excluded:
+            log.warning("%s", _publishable.not_captured_text(state, self.publication))
+        for state in change.rejoined:
+            log.info("table %s is back in publication %r within the same transaction, with no "
+                     "change while it was out: nothing to re-read", state.qualified,
+                     self.publication)
+        if not change.added:
+            return
+        subxid = message.xid if message.xid is not None else d._xid
+        joined: dict[int, tuple[int, str, str, str]] = {}
+        for state in change.added:
+            stream = f"{self.stream_prefix}{state.schema}.{state.table}"
+            truncated = d.truncate_stream(stream, state.relid, subxid)
+            joined[state.relid] = (state.relid, state.schema, state.table, stream)
+            log.info("table %s joined publication %r: %sre-snapshotting it into stream %s",
+                     state.qualified, self.publication,
+                     "truncating and " if truncated else "", stream)
+        if d._stream_xid is None:
+            _action(d._batch, _PlanResnapshot, self.slot).tables.update(joined)
+            d._dirty = True
+        else:  # planned when (and if) the streamed transaction commits
+            self._streamed_joins.setdefault(d._stream_xid, {}).update(joined)
 
     def _heartbeat(self, d: Decoder, message: pgo.Message) -> None:
         try:
@@ -264,6 +330,9 @@ class DecoderExtension:
                          bases: dict[int, int]) -> None:
         """A streamed transaction committed: its staged fills get their final positions
         (numbered as ``ChangelogWriter._move_streamed`` numbers the moved rows)."""
+        joined = self._streamed_joins.pop(txn.xid, None)
+        if joined:
+            _action(d._batch, _PlanResnapshot, self.slot).tables.update(joined)
         fills = self._streamed_fills.pop(txn.xid, None)
         if not fills:
             return
@@ -293,6 +362,7 @@ class DecoderExtension:
     def stream_dropped(self, xid: int) -> None:
         """A streamed transaction aborted, or was stored by an earlier run."""
         self._streamed_fills.pop(xid, None)
+        self._streamed_joins.pop(xid, None)
 
 
 def chunk_time(at: int) -> datetime:

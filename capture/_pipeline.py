@@ -44,11 +44,12 @@ def translate_store_error(e: psycopg.Error, where: str, action: str) -> Lakefold
 
 class StorePipeline:
     """A writer thread over its own store connection. ``submit`` blocks while two batches are
-    already waiting; errors of the thread surface in the reader on its next call."""
+    already waiting; errors of the thread surface in the reader on its next call. ``owner``:
+    the capture's ownership token, checked by every batch (see ``ChangelogWriter``)."""
 
     def __init__(self, conn: psycopg.Connection[Any], *, slot: str, dsn: str,
-                 flushed: int) -> None:
-        self._writer = ChangelogWriter(conn, slot)
+                 flushed: int, owner: str | None = None) -> None:
+        self._writer = ChangelogWriter(conn, slot, owner=owner)
         self._conn = conn
         self._dsn = dsn
         self._queue: queue.Queue[Batch | None] = queue.Queue(maxsize=2)

@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING, Any, Final
 import psycopg
 from psycopg import errors, sql
 
+from lakefold.capture import _publishable
 from lakefold.capture import _snapshot_store as state
 from lakefold.capture._inband import SNAPSHOT_PREFIX, ChunkHeader, encode_chunk, encode_tuple
 from lakefold.capture._pgoutput import pg_time
@@ -145,6 +146,8 @@ def run_locked(config: CaptureConfig, snapshot_id: int, *,
                 for table in tables:
                     if table.status == "done":
                         continue
+                    if run.kind == "incremental" and not _published(src, store, config, table):
+                        continue
                     copied, n = _table(src, store, config, table, listener, stop)
                     rows += copied
                     chunks += n
@@ -162,6 +165,20 @@ def run_locked(config: CaptureConfig, snapshot_id: int, *,
             raise
         state.finish_run(store, snapshot_id)
     return SnapshotStats(snapshot_id, len(tables), rows, chunks, time.monotonic() - started)
+
+
+def _published(src: psycopg.Connection[Any], store: psycopg.Connection[Any],
+               config: CaptureConfig, table: state.SnapshotTable) -> bool:
+    """Whether the capture's publication still publishes ``table``; a table that left it
+    before its re-snapshot (a run planned when it joined, see ``_inband``) is marked done
+    without reading it: its rows are read when it joins again."""
+    with src.transaction():
+        if table.relid in _publishable.published(src, config.publication):
+            return True
+    log.warning("table %s is no longer in publication %r; its re-snapshot is skipped (it is "
+                "re-snapshotted when it joins again)", table.qualified, config.publication)
+    state.record_chunk(store, table.snapshot_id, table.relid, last_key=None, rows=0, done=True)
+    return False
 
 
 def _drop_unfinished_chunks(store: psycopg.Connection[Any],

@@ -43,7 +43,7 @@ import pyarrow as pa
 from psycopg import sql
 
 from lakefold import adbc
-from lakefold.capture import _segments, _source
+from lakefold.capture import _publishable, _segments, _source
 from lakefold.capture import _snapshot_store as state
 from lakefold.capture._pipeline import translate_store_error
 from lakefold.capture._replication import SESSION_OPTIONS
@@ -54,7 +54,7 @@ from lakefold.capture.exceptions import (
     SourceConfigurationError,
     StoreError,
 )
-from lakefold.dsn import mask_dsn
+from lakefold.dsn import error_text, mask_dsn
 
 if TYPE_CHECKING:
     from lakefold.capture._config import CaptureConfig
@@ -120,7 +120,7 @@ def source_connection(dsn: str, *, autocommit: bool) -> psycopg.Connection[Any]:
         return psycopg.connect(_source_conninfo(dsn), autocommit=autocommit)
     except psycopg.OperationalError as e:
         raise ConnectionLostError(f"cannot connect to the source at {mask_dsn(dsn)}: "
-                                  f"{str(e).strip()}") from e
+                                  f"{error_text(e)}") from e
 
 
 def estimated_rows(conn: psycopg.Connection[Any], relid: int) -> int:
@@ -131,9 +131,9 @@ def estimated_rows(conn: psycopg.Connection[Any], relid: int) -> int:
 
 def plan_initial(store: psycopg.Connection[Any], source: psycopg.Connection[Any],
                  config: CaptureConfig, *, consistent_lsn: int) -> int:
-    """Record the initial snapshot of every table the capture covers; returns the snapshot
-    id."""
-    relids = _source.resolve_tables(source, schema=config.schema, tables=config.table_refs)
+    """Record the initial snapshot of every table the capture's publication publishes (the
+    publishable tables of its scope, see ``_publishable``); returns the snapshot id."""
+    relids = sorted(_publishable.published(source, config.publication))
     tables = []
     for relid in capture_tables(source, relids):
         row = source.execute(

@@ -5,6 +5,8 @@
 ``capture_snapshot_tables``  per snapshot and table: status, the key of the last row copied
                              (the chunk boundary a resumed run continues after), rows, chunks.
 ``capture_control``          per slot: paused or not, and the capture's last error.
+``capture_scopes``           per slot: its publication and what it covers (a schema or listed
+                             tables), for ``capture status`` (``_publishable``).
 ``capture_heartbeats``       the last heartbeats a capture wrote into the source's WAL: their
                              LSN and time (for lag in seconds), and when they were stored.
 
@@ -57,6 +59,15 @@ CREATE TABLE IF NOT EXISTS lakefold.capture_control (
     paused_at timestamptz,
     last_error text,
     last_error_at timestamptz,
+    updated_at timestamptz NOT NULL DEFAULT now()
+);
+CREATE TABLE IF NOT EXISTS lakefold.capture_scopes (
+    slot_name text PRIMARY KEY,
+    publication text NOT NULL,
+    schema_name text,
+    table_schemas text[] NOT NULL DEFAULT '{}',
+    table_names text[] NOT NULL DEFAULT '{}',
+    guarded boolean NOT NULL DEFAULT false,
     updated_at timestamptz NOT NULL DEFAULT now()
 );
 CREATE TABLE IF NOT EXISTS lakefold.capture_heartbeats (
@@ -130,24 +141,31 @@ def create_run(conn: psycopg.Connection[Any], *, slot: str, kind: str,
                tables: list[tuple[int, str, str, str]]) -> int:
     """Record a new snapshot run of ``tables`` (relid, schema, table, stream) and return its
     id. A new initial snapshot abandons earlier unfinished runs of the slot."""
-    with conn.transaction():
+    with conn.transaction(), conn.cursor() as cur:
         if kind == "initial":
-            conn.execute(
+            cur.execute(
                 "UPDATE lakefold.capture_snapshots SET status = 'abandoned', finished_at = now() "
                 "WHERE slot_name = %s AND status = 'running'", (slot,))
-        row = conn.execute(
-            "INSERT INTO lakefold.capture_snapshots (slot_name, kind, consistent_lsn) "
-            "VALUES (%s, %s, %s) RETURNING snapshot_id", (slot, kind, consistent_lsn),
-        ).fetchone()
-        if row is None:
-            raise psycopg.DataError("INSERT ... RETURNING returned no row")
-        snapshot_id = int(row[0])
-        with conn.cursor() as cur:
-            cur.executemany(
-                "INSERT INTO lakefold.capture_snapshot_tables (snapshot_id, relid, ord, "
-                "source_schema, source_table, stream) VALUES (%s, %s, %s, %s, %s, %s)",
-                [(snapshot_id, relid, i, schema, table, stream)
-                 for i, (relid, schema, table, stream) in enumerate(tables)])
+        return insert_run(cur, slot=slot, kind=kind, consistent_lsn=consistent_lsn,
+                          tables=tables)
+
+
+def insert_run(cur: psycopg.Cursor[Any], *, slot: str, kind: str, consistent_lsn: int | None,
+               tables: list[tuple[int, str, str, str]]) -> int:
+    """Insert a snapshot run of ``tables`` (relid, schema, table, stream) in the caller's
+    transaction and return its id."""
+    row = cur.execute(
+        "INSERT INTO lakefold.capture_snapshots (slot_name, kind, consistent_lsn) "
+        "VALUES (%s, %s, %s) RETURNING snapshot_id", (slot, kind, consistent_lsn),
+    ).fetchone()
+    if row is None:
+        raise psycopg.DataError("INSERT ... RETURNING returned no row")
+    snapshot_id = int(row[0])
+    cur.executemany(
+        "INSERT INTO lakefold.capture_snapshot_tables (snapshot_id, relid, ord, "
+        "source_schema, source_table, stream) VALUES (%s, %s, %s, %s, %s, %s)",
+        [(snapshot_id, relid, i, schema, table, stream)
+         for i, (relid, schema, table, stream) in enumerate(tables)])
     return snapshot_id
 
 
@@ -242,6 +260,39 @@ def control(conn: psycopg.Connection[Any], slot: str) -> dict[str, Any]:
         return {"paused": False, "paused_at": None, "last_error": None, "last_error_at": None}
     return {"paused": bool(row[0]), "paused_at": row[1], "last_error": row[2],
             "last_error_at": row[3]}
+
+
+# -- scope: what a slot's publication covers -------------------------------------------------
+
+def record_scope(conn: psycopg.Connection[Any], slot: str, publication: str,
+                 schema: str | None, tables: list[tuple[str, str]], *, guarded: bool) -> None:
+    """Remember what ``slot``'s capture covers (a schema, or (schema, table) pairs) and
+    whether the source's publication guard watches it."""
+    conn.execute(
+        "INSERT INTO lakefold.capture_scopes (slot_name, publication, schema_name, "
+        "table_schemas, table_names, guarded) VALUES (%s, %s, %s, %s, %s, %s) "
+        "ON CONFLICT (slot_name) DO UPDATE SET publication = EXCLUDED.publication, "
+        "schema_name = EXCLUDED.schema_name, table_schemas = EXCLUDED.table_schemas, "
+        "table_names = EXCLUDED.table_names, guarded = EXCLUDED.guarded, updated_at = now()",
+        (slot, publication, schema, [s for s, _ in tables], [t for _, t in tables], guarded))
+
+
+def scope(conn: psycopg.Connection[Any],
+          slot: str) -> tuple[str, str | None, list[tuple[str, str]], bool] | None:
+    """(publication, schema, tables, guarded) recorded for ``slot``, or None."""
+    if conn.execute("SELECT to_regclass('lakefold.capture_scopes')").fetchone() == (None,):
+        return None
+    row = conn.execute("SELECT publication, schema_name, table_schemas, table_names, guarded "
+                       "FROM lakefold.capture_scopes WHERE slot_name = %s", (slot,)).fetchone()
+    if row is None:
+        return None
+    return (str(row[0]), row[1], list(zip(row[2], row[3], strict=True)), bool(row[4]))
+
+
+def forget_scope(conn: psycopg.Connection[Any], slot: str) -> None:
+    """Forget ``slot``'s scope (its capture was dropped)."""
+    if conn.execute("SELECT to_regclass('lakefold.capture_scopes')").fetchone() != (None,):
+        conn.execute("DELETE FROM lakefold.capture_scopes WHERE slot_name = %s", (slot,))
 
 
 # -- heartbeats ----------------------------------------------------------------------------

@@ -14,6 +14,7 @@ from typing import Any, Final
 import psycopg
 from psycopg import errors, sql
 
+from lakefold.capture import _guard, _publishable
 from lakefold.capture import _pgoutput as pgo
 from lakefold.capture._types import (
     ColumnSchema,
@@ -96,25 +97,13 @@ def system_identity(conn: psycopg.Connection[Any]) -> tuple[str, str]:
     return str(row[0]), str(row[1])
 
 
-def _keyless(conn: psycopg.Connection[Any], oids: list[int]) -> list[str]:
-    """Tables among ``oids`` that have neither a primary key nor a replica identity index."""
-    rows = conn.execute(
-        "SELECT format('%%I.%%I', n.nspname, c.relname) FROM pg_class c "
-        "JOIN pg_namespace n ON n.oid = c.relnamespace WHERE c.oid = ANY(%s) "
-        "AND NOT EXISTS (SELECT 1 FROM pg_index i WHERE i.indrelid = c.oid "
-        "  AND (i.indisprimary OR (i.indisreplident AND c.relreplident = 'i'))) "
-        "ORDER BY 1",
-        (oids,),
-    ).fetchall()
-    return [r[0] for r in rows]
-
-
 def resolve_tables(conn: psycopg.Connection[Any], *, schema: str | None,
                    tables: tuple[TableRef, ...], require_keys: bool = True) -> list[int]:
-    """OIDs of the tables to capture (a whole schema, or a list); checks they exist, are
-    ordinary or partitioned tables, are not lakefold's, and (``require_keys``: a new capture,
-    whose snapshot copies rows in key order) have a key. A running capture accepts a table
-    that lost its key for a while: its changes form a keyless version (see StreamSchema)."""
+    """Check what the capture covers and return the OIDs of its publishable tables (see
+    ``_publishable``). A schema must exist and not be lakefold's; its tables that are not
+    publishable are left out (``reconcile`` warns about them). Listed tables must exist, be
+    ordinary or partitioned tables and not lakefold's; one that is not publishable is an error
+    for a new capture (``require_keys``) and is left out, with a warning, by a running one."""
     if schema is not None:
         if schema == "lakefold":
             raise SourceConfigurationError(
@@ -126,43 +115,54 @@ def resolve_tables(conn: psycopg.Connection[Any], *, schema: str | None,
         if exists is None:
             raise SourceConfigurationError(
                 f"schema {schema!r} does not exist in the source database; check the name")
-        rows = conn.execute(
-            "SELECT c.oid FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
-            "WHERE n.nspname = %s AND c.relkind IN ('r', 'p') AND NOT c.relispartition",
-            (schema,),
-        ).fetchall()
-        oids = [int(r[0]) for r in rows]
-    else:
-        oids = []
-        for ref in tables:
-            if ref.schema == "lakefold":
-                raise SourceConfigurationError(
-                    f"{ref} belongs to lakefold's own store and is never captured")
-            row = conn.execute(
-                "SELECT c.oid, c.relkind FROM pg_class c JOIN pg_namespace n "
-                "ON n.oid = c.relnamespace WHERE n.nspname = %s AND c.relname = %s",
-                (ref.schema, ref.table),
-            ).fetchone()
-            if row is None:
-                raise SourceConfigurationError(
-                    f"table {ref} does not exist in the source database; check the name")
-            if row[1] not in ("r", "p"):
-                raise SourceConfigurationError(
-                    f"{ref} is not a table (relkind {row[1]!r}); only tables can be captured")
-            oids.append(int(row[0]))
-    keyless = _keyless(conn, oids)
-    if keyless and not require_keys:
-        log.warning("table(s) %s have no primary key and no replica identity index right now; "
-                    "their changes are keyed by their previous key or whole row until a key "
-                    "returns", ", ".join(keyless))
-    elif keyless:
+        return [s.relid for s in _publishable.candidates(conn, _publishable.Scope(schema))
+                if s.reason is None]
+    for ref in tables:
+        if ref.schema == "lakefold":
+            raise SourceConfigurationError(
+                f"{ref} belongs to lakefold's own store and is never captured")
+        row = conn.execute(
+            "SELECT c.oid, c.relkind FROM pg_class c JOIN pg_namespace n "
+            "ON n.oid = c.relnamespace WHERE n.nspname = %s AND c.relname = %s",
+            (ref.schema, ref.table),
+        ).fetchone()
+        if row is None:
+            raise SourceConfigurationError(
+                f"table {ref} does not exist in the source database; check the name")
+        if row[1] not in ("r", "p"):
+            raise SourceConfigurationError(
+                f"{ref} is not a table (relkind {row[1]!r}); only tables can be captured")
+    states = _publishable.candidates(conn, _publishable.Scope(
+        None, tuple((t.schema, t.table) for t in tables)))
+    unfit = [s for s in states if s.reason is not None]
+    if unfit and require_keys:
         raise SourceConfigurationError(
-            f"table(s) {', '.join(keyless)} have no primary key and no replica identity index, "
-            "so changes cannot be keyed (and UPDATE/DELETE on them would fail once published); "
-            "add a primary key, or ALTER TABLE ... REPLICA IDENTITY USING INDEX <unique index>, "
-            "or leave them out of the capture"
-        )
-    return oids
+            f"table(s) {', '.join(s.qualified for s in unfit)} have no primary key or no "
+            "usable replica identity, so changes cannot be keyed or PostgreSQL would refuse "
+            "UPDATE/DELETE on them once published: "
+            + "; ".join(f"{s.qualified}: {s.reason} (fix: {s.fix})" for s in unfit)
+            + ". Fix that (add a primary key), or leave them out of the capture")
+    return [s.relid for s in states if s.reason is None]
+
+
+def check_guard(conn: psycopg.Connection[Any], *, schema: str | None) -> bool:
+    """Whether the capture can install its publication guard (``_guard``: needs a
+    superuser). A schema capture cannot do without it: raises SourceConfigurationError. A
+    capture of listed tables goes on with a warning."""
+    if _guard.can_install(conn):
+        return True
+    if schema is not None:
+        raise SourceConfigurationError(
+            f"capturing schema {schema!r} needs a superuser on the source: lakefold installs "
+            "an event trigger there that keeps tables without a primary key out of the "
+            "publication as they are created or altered (PostgreSQL would refuse their UPDATE "
+            "and DELETE otherwise). Capture as a superuser, or list the tables (--table)")
+    log.warning(
+        "the capture role is not a superuser, so lakefold cannot install its publication guard "
+        "(an event trigger) on the source: if a captured table loses its primary key, "
+        "PostgreSQL refuses UPDATE and DELETE on it until the running capture takes it out of "
+        "the publication (within seconds). Capture as a superuser to close that gap")
+    return False
 
 
 def publication_comment(conn: psycopg.Connection[Any], name: str) -> tuple[bool, str | None]:
@@ -175,9 +175,13 @@ def publication_comment(conn: psycopg.Connection[Any], name: str) -> tuple[bool,
 
 
 def ensure_publication(conn: psycopg.Connection[Any], name: str, *, schema: str | None,
-                       tables: tuple[TableRef, ...]) -> None:
-    """Create publication ``name`` for the schema or tables, or bring lakefold's existing one
-    up to date. Refuses a publication lakefold did not create."""
+                       tables: tuple[TableRef, ...],
+                       guard: bool = False) -> _publishable.Reconciliation:
+    """Create publication ``name`` or bring lakefold's existing one up to date, install the
+    publication guard when ``guard``, and make the publication list exactly the publishable
+    tables of the schema or list (``_publishable.reconcile``; always table by table: ``FOR
+    TABLES IN SCHEMA`` would publish a table created later without a key). Refuses a
+    publication lakefold did not create."""
     exists, comment = publication_comment(conn, name)
     if exists and comment != PUBLICATION_MARKER:
         raise OwnershipError(
@@ -185,27 +189,24 @@ def ensure_publication(conn: psycopg.Connection[Any], name: str, *, schema: str 
             "only captures through a publication it owns. Choose another publication name, "
             "or drop that publication if it is unused"
         )
-    if schema is not None:
-        target = sql.SQL("TABLES IN SCHEMA {}").format(sql.Identifier(schema))
-    else:
-        target = sql.SQL("TABLE {}").format(sql.SQL(", ").join(
-            sql.Identifier(t.schema, t.table) for t in tables))
+    scope = _publishable.Scope(schema, tuple((t.schema, t.table) for t in tables))
     try:
         with conn.transaction():
             # Partitioned tables are published as their root table: one stream per table,
             # whatever partition a row lives in.
             if exists:
-                conn.execute(sql.SQL("ALTER PUBLICATION {} SET {}").format(
-                    sql.Identifier(name), target))
                 conn.execute(sql.SQL(
                     "ALTER PUBLICATION {} SET (publish_via_partition_root = true)").format(
                     sql.Identifier(name)))
             else:
                 conn.execute(sql.SQL(
-                    "CREATE PUBLICATION {} FOR {} WITH (publish_via_partition_root = true)"
-                ).format(sql.Identifier(name), target))
+                    "CREATE PUBLICATION {} WITH (publish_via_partition_root = true)"
+                ).format(sql.Identifier(name)))
                 conn.execute(sql.SQL("COMMENT ON PUBLICATION {} IS {}").format(
                     sql.Identifier(name), sql.Literal(PUBLICATION_MARKER)))
+            if guard:
+                _guard.install(conn, name, scope)
+            return _publishable.reconcile(conn, name, scope)
     except errors.InsufficientPrivilege as e:
         raise SourceConfigurationError(
             f"not allowed to create or alter publication {name!r}: {e.diag.message_primary}; "

@@ -40,13 +40,14 @@ import pyarrow.compute as pc
 import pyarrow.csv as pacsv
 from psycopg import sql
 
-from lakefold.capture import _ddl, _segments
+from lakefold.capture import _ddl, _readers, _segments
 from lakefold.capture._arrow import arrow_type, typed_array
+from lakefold.capture._readers import CompactionState, ReaderPosition
 from lakefold.capture._types import StreamSchema
 from lakefold.capture._values import convert_row
 from lakefold.capture._writer import NOTIFY_CHANNEL, split_key
 from lakefold.capture.exceptions import StoreError, StoreUnavailableError, UnknownStreamError
-from lakefold.dsn import mask_dsn
+from lakefold.dsn import error_text, mask_dsn
 from lakefold.schemas.change import ChangeEvent, ChangeSource, Operation
 
 META_SCHEMA: Final = pa.schema([
@@ -90,7 +91,7 @@ def connect_store(dsn: str) -> psycopg.Connection[Any]:
     except psycopg.OperationalError as e:
         raise StoreUnavailableError(
             f"cannot connect to the changelog store at {mask_dsn(dsn)}: "
-            f"{str(e).strip()}; check the store DSN and that the server is running") from e
+            f"{error_text(e)}; check the store DSN and that the server is running") from e
     conn.execute("SET TIME ZONE 'UTC'")
     return conn
 
@@ -328,6 +329,7 @@ class ChangelogStore:
     def __init__(self, store_dsn: str) -> None:
         self.dsn = store_dsn
         self._conn: psycopg.Connection[Any] | None = None
+        self._reader_streams: dict[str, int] = {}  # commit_reader's streams: name → id
 
     def _connection(self) -> psycopg.Connection[Any]:
         if self._conn is None or self._conn.closed:
@@ -368,6 +370,19 @@ class ChangelogStore:
     def head(self, stream: str) -> int:
         """The last position readers may see (0 for an empty stream)."""
         return self.stream(stream).head
+
+    def truncates(self, stream: str, start: int, end: int) -> list[tuple[int, datetime]]:
+        """The truncate records of ``stream`` at positions ``[start, end)`` (up to the head)
+        as ``(position, commit_ts)``, in position order. Truncates are never in segments, and
+        the tombstone index covers them: this reads no other record."""
+        conn = self._connection()
+        meta = _stream_meta(conn, stream)
+        rows = conn.execute(
+            "SELECT position, commit_ts FROM lakefold.changelog WHERE stream_id = %s "
+            "AND op IN ('d', 't') AND op = 't' AND position >= %s AND position < %s "
+            "AND position <= %s ORDER BY position",
+            (meta.info.stream_id, max(start, 1), end, meta.info.head)).fetchall()
+        return [(int(position), ts) for position, ts in rows]
 
     def stream_schema(self, stream: str, version: int | None = None) -> StreamSchema:
         """The captured table's columns (name, type OID, type name, key flag) at ``version``
@@ -458,12 +473,16 @@ class ChangelogStore:
     def compact(self, stream: str | None = None, *, tombstone_retention: timedelta | None = None,
                 chunk_positions: int = 50_000) -> dict[str, int]:
         """Compact one stream (or all): keep the latest record per key, drop tombstones older
-        than ``tombstone_retention`` (a timedelta; default 24 h). Online: short transactions,
-        no locks that block the capture or readers. Returns records removed per stream."""
+        than ``tombstone_retention`` (a timedelta; default 24 h), never past the lowest
+        position of a durable reader (``commit_reader``), never in a stream that keeps its
+        full history. Online: short transactions, no locks that block the capture or readers.
+        Returns records removed per stream."""
         from lakefold.capture._compaction import compact_stream, default_retention
 
         conn = self._connection()
         names = [stream] if stream is not None else [s.name for s in self.streams()]
+        if names and not _readers.installed(conn):  # a store installed by an older lakefold
+            _ddl.install(conn)
         removed = {}
         for name in names:
             info = _stream_meta(conn, name).info
@@ -472,3 +491,66 @@ class ChangelogStore:
                 retention=tombstone_retention if tombstone_retention is not None
                 else default_retention(), chunk_positions=chunk_positions)
         return removed
+
+    # ------------------------------------------------------------------ durable readers
+
+    def commit_reader(self, reader: str, stream: str, position: int, *,
+                      history: bool = False) -> None:
+        """Record that the durable reader ``reader`` has processed ``stream`` up to
+        ``position`` (0: nothing yet), once the effect of processing it is committed.
+        Compaction then keeps every record after the lowest such position of the stream.
+
+        ``history``: the reader keeps every version (SCD2, an append log), not just the latest
+        state per key. Raises ReaderBehindCompactionError (nothing is registered) when
+        compaction already removed records after ``position`` that such a reader needs: for a
+        history reader any record, for another one that has read something the deletes
+        (see ``_readers``)."""
+        conn = self._connection()
+        stream_id = self._reader_streams.get(stream)
+        if stream_id is None:  # once per stream: commits come with every micro-batch
+            stream_id = _stream_meta(conn, stream).info.stream_id
+            if not _readers.installed(conn):  # a store installed by an older lakefold
+                _ddl.install(conn)
+            self._reader_streams[stream] = stream_id
+        _readers.commit(conn, reader, stream_id, stream, position, history=history)
+
+    def release_reader(self, reader: str, stream: str | None = None) -> int:
+        """Forget a durable reader (in one stream, or in all) so that it no longer holds
+        compaction; returns how many registrations went."""
+        conn = self._connection()
+        stream_id = None if stream is None else _stream_meta(conn, stream).info.stream_id
+        if not _readers.installed(conn):
+            return 0
+        return _readers.release(conn, reader, stream_id)
+
+    def readers(self, stream: str | None = None) -> list[ReaderPosition]:
+        """The durable readers (of one stream, or of all), lowest position first."""
+        conn = self._connection()
+        stream_id = None if stream is None else _stream_meta(conn, stream).info.stream_id
+        if not _readers.installed(conn):
+            return []
+        return _readers.readers(conn, stream_id)
+
+    def compaction_state(self, stream: str) -> CompactionState:
+        """How far ``stream`` is compacted, what compaction removed, whether it keeps its full
+        history, and its durable readers (``held_by``: the one compaction cannot pass)."""
+        conn = self._connection()
+        info = _stream_meta(conn, stream).info
+        if not _readers.installed(conn):
+            _ddl.install(conn)
+        return _readers.state(conn, info.stream_id, stream)
+
+    def keep_history(self, stream: str, keep: bool = True, *, reason: str | None = None,
+                     if_unset: bool = False) -> bool:
+        """Make ``stream`` keep its full history (compaction leaves it alone) or let it be
+        compacted again; ``reason`` is shown in its compaction state. With ``if_unset``, only
+        when nobody decided yet for the stream (what history views ask for when registered;
+        an explicit ``keep_history(stream, False)`` stands). True when this changed the
+        setting. Records compaction removed before stay removed."""
+        conn = self._connection()
+        info = _stream_meta(conn, stream).info
+        if not _readers.installed(conn):
+            _ddl.install(conn)
+        default = "asked for by a user" if keep else "switched off by a user"
+        return _readers.set_keep_history(conn, info.stream_id, keep, reason or default,
+                                         if_unset=if_unset)

@@ -16,7 +16,10 @@ timestamp       naive ``datetime.datetime``
 timestamptz     aware ``datetime.datetime`` in UTC
 interval        ``Interval(months, days, microseconds)`` (exact, unlike ``timedelta``)
 uuid            ``uuid.UUID``
-json, jsonb     the parsed JSON value
+json            ``str``: the exact text (duplicate keys, key order, spacing and numbers as
+                written; Debezium's ``io.debezium.data.Json`` does the same)
+jsonb           the parsed JSON value, numbers with a fraction or exponent as
+                ``decimal.Decimal`` (exact: ``12345678901234567890.123456789`` is not rounded)
 bytea           ``bytes``
 array           nested ``list`` of the element kind, ``None`` for NULL elements
 other           ``str``: the value's text, as PostgreSQL printed it
@@ -182,6 +185,11 @@ def _bool(text: str) -> bool:
     return text == "t"
 
 
+def _jsonb(text: str) -> Any:
+    """jsonb's text parsed; its numbers are PostgreSQL numerics, so none becomes a float."""
+    return json.loads(text, parse_float=Decimal)
+
+
 SCALAR_CONVERTERS: Final[dict[str, Callable[[str], Any]]] = {
     "int2": int,
     "int4": int,
@@ -199,8 +207,8 @@ SCALAR_CONVERTERS: Final[dict[str, Callable[[str], Any]]] = {
     "timestamptz": _timestamptz,
     "interval": parse_interval,
     "uuid": UUID,
-    "json": json.loads,
-    "jsonb": json.loads,
+    "json": str,
+    "jsonb": _jsonb,
     "bytea": _bytea,
 }
 

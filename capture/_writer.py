@@ -33,7 +33,7 @@ from psycopg import sql
 
 from lakefold.capture import _ddl
 from lakefold.capture._types import StreamSchema
-from lakefold.capture.exceptions import OwnershipError, StoreError
+from lakefold.capture.exceptions import OwnershipError, OwnershipLostError, StoreError
 
 NOTIFY_CHANNEL: Final = "lakefold_changelog"
 
@@ -198,11 +198,16 @@ class ChangelogWriter:
     """Writes to the store over one connection (not thread-safe: one per thread).
 
     ``slot`` names the capture (its replication slot); streams belong to exactly one slot.
+    ``owner``: the ownership token of the capture writing (``_ownership``); then every batch
+    first checks that the slot's owner row still carries it, and a batch of a capture that
+    lost its slot raises OwnershipLostError and writes nothing.
     """
 
-    def __init__(self, conn: psycopg.Connection[Any], slot: str) -> None:
+    def __init__(self, conn: psycopg.Connection[Any], slot: str, *,
+                 owner: str | None = None) -> None:
         self._conn = conn
         self._slot = slot
+        self._owner = owner
         self._staging = _ddl.staging_table(slot)
         self._staging_copy = sql.SQL(_STAGING_COPY).format(self._staging)
 
@@ -348,6 +353,8 @@ class ChangelogWriter:
         transaction rolls back and nothing of the batch is visible."""
         conn = self._conn
         with conn.transaction(), conn.cursor() as cur:
+            if self._owner is not None:
+                self._check_owner(cur)
             if batch.drop_invisible:
                 cur.execute("SELECT lakefold.changelog_drop_beyond_head(%s)",
                             (batch.drop_invisible,))
@@ -403,6 +410,18 @@ class ChangelogWriter:
                         f"slot {self._slot!r} vanished from lakefold.capture_slots while "
                         "capturing; was the slot dropped? Restart the capture to set it up again"
                     )
+
+    def _check_owner(self, cur: psycopg.Cursor[Any]) -> None:
+        """Fencing (see ``_ownership``): a read in the batch's own transaction, so a new owner,
+        which ends earlier owners' sessions after writing its token, sees every batch that
+        passed this check."""
+        row = cur.execute("SELECT token FROM lakefold.capture_owners WHERE slot_name = %s",
+                          (self._slot,)).fetchone()
+        if row is None or row[0] != self._owner:
+            raise OwnershipLostError(
+                f"this capture lost slot {self._slot!r}: another capture owns it now, so this "
+                "batch was not written. It stopped and does not take the slot back by itself; "
+                "start it again with --take-over if it should be the one capturing")
 
     @staticmethod
     def _copy(cur: psycopg.Cursor[Any], statement: str | sql.Composed,

@@ -6,6 +6,8 @@ server restart) are retried by ``Capture.run`` with backoff; terminal ones stop 
 
 from __future__ import annotations
 
+from datetime import datetime
+
 from lakefold.exceptions import TerminalError, TransientError
 
 
@@ -22,6 +24,16 @@ class OwnershipError(CaptureError):
     """A publication, slot or stream exists but belongs to something other than this capture."""
 
 
+class CaptureRunningError(OwnershipError):
+    """Another live capture owns the slot in this store (``CaptureConfig.take_over`` asks it
+    to hand the slot over)."""
+
+
+class OwnershipLostError(CaptureError):
+    """This capture no longer owns its slot: another capture took it over. It stops and does
+    not take the slot back by itself."""
+
+
 class SlotError(CaptureError):
     """The replication slot is missing, in use by another process, or unusable."""
 
@@ -36,6 +48,22 @@ class StoreError(CaptureError):
 
 class UnknownStreamError(StoreError):
     """A stream name that the store does not hold."""
+
+
+class ReaderBehindCompactionError(StoreError):
+    """A durable reader would continue after a position below records that compaction has
+    already removed (``_readers``): reading on would silently miss them. The attributes say
+    which stream, where the reader stands and up to where compaction removed what it needs."""
+
+    def __init__(self, message: str, *, reader: str, stream: str, position: int,
+                 removed_to: int, last_run: datetime | None, history: bool) -> None:
+        super().__init__(message)
+        self.reader = reader
+        self.stream = stream
+        self.position = position
+        self.removed_to = removed_to
+        self.last_run = last_run
+        self.history = history
 
 
 class ConnectionLostError(TransientError):

@@ -69,6 +69,14 @@ class _ConditionWaiter(Waiter):
         return None
 
 
+def _stored_metadata(encoded: EncodedEvent) -> EventMetadata:
+    """The metadata of ``encoded`` as it is stored and read back (its JSON round trip)."""
+    meta = encoded.event.metadata
+    metadata = EventMetadata(meta.correlation_id, meta.causation_id,
+                             json.loads(encoded.metadata_json))
+    return EMPTY_METADATA if metadata == EMPTY_METADATA else metadata
+
+
 def _check_expected(stream_id: str, stream: _Stream | None,
                     expected: ExpectedVersion) -> None:
     if stream is not None and stream.deleted is not None:
@@ -120,15 +128,16 @@ class InMemoryRecorder(EventRecorder):
             if entry is None:  # erased by a hard delete since
                 raise StreamDeleted(append.stream_id, mode="hard")
             env = entry.envelope
-            if (env.stream_id, env.type, env.schema_version, env.data) != (
-                append.stream_id, encoded.event.type, encoded.event.schema_version,
-                json.loads(encoded.data_json),
-            ):
-                raise IdempotencyConflict(
-                    f"event id {env.event_id} is already stored with a different payload "
-                    f"({env.stream_id} v{env.stream_version}); use a new event id for a "
-                    "different event (nothing was written)"
-                )
+            event = encoded.event
+            retried = (append.stream_id, event.type, event.schema_version)
+            same_data = env.data == json.loads(encoded.data_json)
+            same_metadata = env.metadata == _stored_metadata(encoded)
+            if (env.stream_id, env.type, env.schema_version) != retried \
+                    or not (same_data and same_metadata):
+                raise IdempotencyConflict.differing(
+                    env.event_id,
+                    stored=(env.stream_id, env.stream_version, env.type, env.schema_version),
+                    retried=retried, data=not same_data, metadata=not same_metadata)
             results.append(AppendedEvent(env.event_id, env.stream_id, env.stream_version,
                                          env.position))
         return AppendResult(tuple(results), duplicate=True)
@@ -156,15 +165,10 @@ class InMemoryRecorder(EventRecorder):
     def _store(self, stream_id: str, version: int, encoded: EncodedEvent,
                now: datetime) -> EventEnvelope:
         event = encoded.event
-        meta = event.metadata
-        metadata = EventMetadata(meta.correlation_id, meta.causation_id,
-                                 json.loads(encoded.metadata_json))
         return self._store_envelope(EventEnvelope(
             event_id=event.event_id, stream_id=stream_id, stream_version=version,
             position=None, type=event.type, schema_version=event.schema_version,
-            data_json=encoded.data_json,
-            metadata=EMPTY_METADATA if metadata == EMPTY_METADATA else metadata,
-            recorded_at=now,
+            data_json=encoded.data_json, metadata=_stored_metadata(encoded), recorded_at=now,
         ))
 
     def _store_envelope(self, envelope: EventEnvelope) -> EventEnvelope:

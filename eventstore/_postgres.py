@@ -5,9 +5,10 @@ events; see ``_sequencer.py`` for why that makes the global order gap-free); a p
 autocommit connections shared by threads; a background sequencer.
 
 Idempotency: an append whose version check fails, or whose event id collides, looks the event
-ids up. If they are all stored with the same stream, type, schema version and data, the
-original result is returned (``duplicate=True``) and nothing is written; a partial or
-different match is an ``IdempotencyConflict``. The fast path pays nothing for this.
+ids up. If they are all stored with the same stream, type, schema version, data and metadata,
+the original result is returned (``duplicate=True``) and nothing is written; a partial or
+different match is an ``IdempotencyConflict`` naming what differs. The fast path pays nothing
+for this.
 """
 
 from __future__ import annotations
@@ -70,12 +71,18 @@ _APPEND: Final = (
     "%b::uuid[], %b::integer[], %b::text[], %b::integer[], %b::text[], %b::text[], "
     "%b::uuid[], %b::uuid[])"
 )
+# Per stored event id of an append: the stored event, the retry's stream, and whether its data
+# and its metadata (free-form JSON, correlation and causation ids) equal the retry's.
 _DUPLICATES: Final = """
 SELECT e.event_id, e.stream_id, e.stream_version, p.first_position + e.ordinal,
-       (e.stream_id = (%b::text[])[c.k] AND e.type = c.t AND e.schema_version = c.v
-        AND e.data::jsonb = c.d::jsonb)
-FROM unnest(%b::uuid[], %b::integer[], %b::text[], %b::integer[], %b::text[])
-     WITH ORDINALITY AS c(i, k, t, v, d, o)
+       e.type, e.schema_version, s.stream_ids[c.k], c.t, c.v,
+       e.data::jsonb = c.d::jsonb,
+       (e.metadata = COALESCE(c.m::jsonb, '{}'::jsonb)
+        AND e.correlation_id IS NOT DISTINCT FROM c.cr
+        AND e.causation_id IS NOT DISTINCT FROM c.ca)
+FROM (SELECT %b::text[] AS stream_ids) AS s,
+     unnest(%b::uuid[], %b::integer[], %b::text[], %b::integer[], %b::text[], %b::text[],
+            %b::uuid[], %b::uuid[]) WITH ORDINALITY AS c(i, k, t, v, d, m, cr, ca, o)
 JOIN lakefold.events e ON e.event_id = c.i
 LEFT JOIN lakefold.event_positions p ON p.xid = e.xid
 ORDER BY c.o
@@ -469,7 +476,7 @@ def _copy_committed(conn: Conn, appends: Sequence[StreamAppend]) -> list[int]:
 
 def _find_duplicate(conn: Conn, appends: Sequence[StreamAppend], params: tuple[Any, ...]
                     ) -> AppendResult | None:
-    rows = conn.execute(_DUPLICATES, (params[0], *params[4:9])).fetchall()
+    rows = conn.execute(_DUPLICATES, (params[0], *params[4:12])).fetchall()
     if not rows:
         return None
     total = sum(len(a.events) for a in appends)
@@ -478,13 +485,15 @@ def _find_duplicate(conn: Conn, appends: Sequence[StreamAppend], params: tuple[A
             f"{len(rows)} of the {total} event ids of this append are already stored; a retry "
             "must resend exactly the original events (nothing was written)"
         )
-    different = [row for row in rows if not row[4]]
-    if different:
-        event_id, stream_id, version = different[0][:3]
-        raise IdempotencyConflict(
-            f"event id {event_id} is already stored with a different payload ({stream_id} "
-            f"v{version}); use a new event id for a different event (nothing was written)"
-        )
+    for row in rows:
+        (event_id, stream_id, version, _, type_, schema_version,
+         new_stream, new_type, new_version, same_data, same_metadata) = row
+        if (stream_id, type_, schema_version) != (new_stream, new_type, new_version) \
+                or not (same_data and same_metadata):
+            raise IdempotencyConflict.differing(
+                event_id, stored=(stream_id, int(version), type_, schema_version),
+                retried=(new_stream, new_type, new_version), data=not same_data,
+                metadata=not same_metadata)
     return AppendResult(
         tuple(AppendedEvent(row[0], row[1], int(row[2]), row[3]) for row in rows),
         duplicate=True,

@@ -19,7 +19,7 @@ from typing import Any, Final
 import psycopg
 
 from lakefold import adbc
-from lakefold.dsn import mask_dsn
+from lakefold.dsn import error_text, mask_dsn
 from lakefold.eventstore.exceptions import EventStoreUnavailable
 
 # The log read orders by its primary key under a LIMIT; with a fresh table's statistics the
@@ -42,7 +42,7 @@ def open_reader(dsn: str) -> adbc.Connection:
         reader = adbc.Connection(dsn)
     except adbc.Error as e:
         raise EventStoreUnavailable(
-            f"cannot connect to the event store at {mask_dsn(dsn)}: {str(e).strip()}; "
+            f"cannot connect to the event store at {mask_dsn(dsn)}: {error_text(e)}; "
             "check the DSN and that the server runs"
         ) from e
     try:

@@ -47,8 +47,33 @@ class StreamDeleted(EventStoreError):
 
 
 class IdempotencyConflict(EventStoreError):
-    """An event id is already stored with a different payload (stream, type, schema version or
-    data), or only some events of a retried append are stored; nothing was written."""
+    """An event id is already stored as a different event (another stream, type, schema
+    version, data or metadata), or only some events of a retried append are stored; nothing
+    was written."""
+
+    @classmethod
+    def differing(cls, event_id: object, *, stored: tuple[str, int, str, int],
+                  retried: tuple[str, str, int], data: bool,
+                  metadata: bool) -> IdempotencyConflict:
+        """The conflict of a retried event that differs from the stored one. ``stored`` is the
+        stored event's (stream, stream version, type, schema version), ``retried`` the retry's
+        (stream, type, schema version); ``data`` and ``metadata`` say whether those differ.
+        The message names exactly the fields that differ, with both values where short."""
+        stream, version, type_, schema_version = stored
+        differences = [
+            f"{what} ({old!r} stored, {new!r} in this append)"
+            for what, old, new in (("stream", stream, retried[0]), ("type", type_, retried[1]),
+                                   ("schema version", schema_version, retried[2]))
+            if old != new
+        ]
+        differences += [what for what, differs in (("data", data), ("metadata", metadata))
+                        if differs]
+        stored_at = f"{stream} v{version}"
+        return cls(
+            f"event id {event_id} is already stored ({stored_at}) as a different event: "
+            f"{'; '.join(f'different {d}' for d in differences)}; use a new event id for a "
+            "different event, or resend the original unchanged (nothing was written)"
+        )
 
 
 class EventStoreNotInstalled(EventStoreError):

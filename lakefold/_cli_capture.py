@@ -1,5 +1,5 @@
-"""``lakefold capture run|streams|read|tail|compact|drop``: change-data capture from the
-command line.
+"""``lakefold capture run|streams|read|tail|compact|keep-history|release-reader|drop``:
+change-data capture from the command line.
 
 ``run`` captures until interrupted (Ctrl-C or SIGTERM stop it cleanly: what was received is
 stored and confirmed first), or with ``--until-current`` until everything committed when it
@@ -10,6 +10,7 @@ started is stored. DSNs come from ``--dsn`` / ``--store-dsn`` or the settings
 from __future__ import annotations
 
 import json
+import math
 import re
 import signal
 import sys
@@ -106,7 +107,8 @@ def run(
     slot: SlotOption = "lakefold",
     publication: PublicationOption = "lakefold",
     schema: Annotated[str | None, typer.Option(
-        help="Capture every table of this schema.", show_default=False)] = None,
+        help="Capture every table of this schema that has a primary key (needs a "
+             "superuser).", show_default=False)] = None,
     table: Annotated[list[str] | None, typer.Option(
         "--table", help="Capture this table (schema.table); repeat for more.",
         show_default=False)] = None,
@@ -123,9 +125,16 @@ def run(
         show_default=False)] = None,
     tombstone_retention: Annotated[str, typer.Option(
         help="Keep tombstones this long when compacting.")] = "24h",
+    take_over: Annotated[bool, typer.Option(
+        "--take-over",
+        help="If another capture runs on this slot, ask it to stop cleanly and take the slot "
+             "over (without this, this capture refuses to start).")] = False,
     as_json: JsonOption = False,
 ) -> None:
-    """Capture changes into changelog streams until interrupted (or --until-current)."""
+    """Capture changes into changelog streams until interrupted (or --until-current).
+
+    One capture runs per slot and store: a second one refuses and names the running one
+    (host, pid, since when), unless started with --take-over."""
     from lakefold.capture import Capture, CaptureConfig, CompactionPolicy
 
     source = _source_dsn(dsn)
@@ -133,7 +142,7 @@ def run(
         source_dsn=source, store_dsn=store_dsn or _configured_store_dsn(), slot=slot,
         publication=publication, schema=schema,
         tables=tuple(table or ()), stream_prefix=stream_prefix, streaming=streaming,
-        keep_messages=keep_messages,
+        keep_messages=keep_messages, take_over=take_over,
         compaction=CompactionPolicy(interval=parse_duration(compact_every),
                                     tombstone_retention=parse_duration(tombstone_retention))
         if compact_every else None,
@@ -143,13 +152,17 @@ def run(
     if threading.current_thread() is threading.main_thread():
         for sig in (signal.SIGINT, signal.SIGTERM):
             signal.signal(sig, lambda *_: stop.set())
-    if not as_json:
-        _out.print(f"capturing through slot [bold]{escape(slot)}[/] "
-                   f"(publication {escape(publication)}); Ctrl-C stops cleanly")
+
+    def started() -> None:  # said once the checks passed: an error comes alone
+        if not as_json:
+            _out.print(f"capturing through slot [bold]{escape(slot)}[/] "
+                       f"(publication {escape(publication)}); Ctrl-C stops cleanly")
+
     from lakefold._cli_snapshots import SnapshotProgress
 
     with SnapshotProgress(enabled=not as_json) as progress:  # the initial snapshot's bars
-        stats = Capture(config, listener=progress).run(stop=stop, until_lsn=until)
+        stats = Capture(config, listener=progress).run(stop=stop, until_lsn=until,
+                                                       on_started=started)
     result = {"records": stats.records, "batches": stats.batches,
               "flushed_lsn": stats.flushed_lsn_text, "reconnects": stats.reconnects,
               "seconds": round(stats.elapsed_s, 3)}
@@ -164,44 +177,73 @@ def _current_lsn(dsn: str) -> int:
     import psycopg
 
     from lakefold.capture import StoreUnavailableError, parse_lsn
-    from lakefold.dsn import mask_dsn
+    from lakefold.dsn import error_text, mask_dsn
 
     try:
         with psycopg.connect(dsn, connect_timeout=10) as conn:
             row = conn.execute("SELECT pg_current_wal_insert_lsn()::text").fetchone()
     except psycopg.OperationalError as e:
         raise StoreUnavailableError(f"cannot connect to the source at {mask_dsn(dsn)}: "
-                                    f"{str(e).strip()}") from e
+                                    f"{error_text(e)}") from e
     return parse_lsn(row[0] if row else "0/0")
 
 
 @capture_app.command("streams")
 def streams(store_dsn: StoreOption = None, as_json: JsonOption = False) -> None:
-    """List the changelog streams with their heads and schema versions."""
+    """List the changelog streams with their heads and schema versions, how far each is
+    compacted and what holds its compaction (the durable reader with the lowest position)."""
     from lakefold.capture import ChangelogStore
 
     with ChangelogStore(_store_dsn(store_dsn)) as store:
         infos = store.streams()
+        compaction = {s.name: store.compaction_state(s.name) for s in infos}
     if as_json:
         typer.echo(json.dumps([{
             "name": s.name, "slot": s.slot, "database": s.database, "schema": s.schema,
             "table": s.table, "head": s.head, "schema_version": s.schema_version,
             "last_commit_ts": s.last_commit_ts.isoformat() if s.last_commit_ts else None,
+            "compaction": compaction[s.name].as_dict(),
         } for s in infos]))
         return
     table = Table(title="changelog streams")
-    for column in ("stream", "slot", "head", "schema", "last commit"):
+    for column in ("stream", "slot", "head", "schema", "last commit", "compacted to"):
         table.add_column(column)
     for s in infos:
         table.add_row(escape(s.name), escape(s.slot), f"{s.head:,}", f"v{s.schema_version}",
-                      str(s.last_commit_ts or "-"))
+                      str(s.last_commit_ts or "-"), f"{compaction[s.name].compacted_to:,}")
     _out.print(table)
+    for name, state in compaction.items():  # what holds each stream's compaction
+        holder = state.held_by
+        if state.keep_history:
+            _out.print(f"{escape(name)}: keeps its full history, not compacted "
+                       f"({escape(state.keep_history_reason or '')})", soft_wrap=True)
+        elif holder is not None:
+            _out.print(f"{escape(name)}: compaction held at position {holder.position:,} by "
+                       f"{escape(holder.reader)} (not moved since "
+                       f"{holder.moved_at:%Y-%m-%d %H:%M:%S %Z})", soft_wrap=True)
+
+
+def _json_safe(value: Any) -> Any:
+    """``value`` with what ``json.dumps`` would write as invalid or ambiguous JSON replaced:
+    a non-finite float by PostgreSQL's spelling (``"NaN"``, ``"Infinity"``, ``"-Infinity"``),
+    a tuple with named fields (Arrow's interval, ``MonthDayNano``) by an object of them."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return "NaN" if math.isnan(value) else "Infinity" if value > 0 else "-Infinity"
+    fields = getattr(type(value), "__match_args__", None)
+    if isinstance(value, tuple) and fields:
+        return {field: _json_safe(getattr(value, field)) for field in fields}
+    if isinstance(value, list | tuple):
+        return [_json_safe(item) for item in value]
+    if isinstance(value, dict):
+        return {key: _json_safe(item) for key, item in value.items()}
+    return value
 
 
 def _print_records(records: list[dict[str, Any]], *, as_json: bool, title: str) -> None:
     if as_json:
         for record in records:
-            sys.stdout.write(json.dumps(record, default=_json_value) + "\n")
+            sys.stdout.write(json.dumps(_json_safe(record), default=_json_value,
+                                        allow_nan=False) + "\n")
         sys.stdout.flush()
         return
     table = Table(title=title)
@@ -271,6 +313,51 @@ def compact(
         return
     for name, count in removed.items():
         _out.print(f"{escape(name)}: removed {count:,} superseded records")
+
+
+@capture_app.command("keep-history")
+def keep_history(
+    stream: Annotated[str, typer.Argument(help="The stream, e.g. public.orders.")],
+    store_dsn: StoreOption = None,
+    off: Annotated[bool, typer.Option(
+        "--off", help="Let compaction trim the stream again (history views registered "
+        "later leave it so).")] = False,
+) -> None:
+    """Keep a stream's full history: compaction leaves it alone, so history views (SCD2,
+    append) over it can be rebuilt. Registering such a view does this by itself."""
+    from lakefold.capture import ChangelogStore
+
+    with ChangelogStore(_store_dsn(store_dsn)) as store:
+        store.keep_history(stream, not off, reason="set with `lakefold capture keep-history"
+                           + (" --off`" if off else "`"))
+        state = store.compaction_state(stream)
+    if off:
+        _out.print(f"{escape(stream)} is compacted again; history views over it can no longer "
+                   "be rebuilt once compaction removes records")
+    elif state.removed_to:
+        _out.print(f"{escape(stream)} keeps its history from now on; compaction already "
+                   f"removed records up to position {state.removed_to:,}, which stay removed")
+    else:
+        _out.print(f"{escape(stream)} keeps its full history")
+
+
+@capture_app.command("release-reader")
+def release_reader(
+    reader: Annotated[str, typer.Argument(help="The reader (see `lakefold capture streams`).")],
+    store_dsn: StoreOption = None,
+) -> None:
+    """Forget a durable reader that is gone for good, so that it no longer holds compaction.
+    A reader that comes back later is checked, and told to rebuild if it missed records."""
+    from lakefold.capture import ChangelogStore
+
+    with ChangelogStore(_store_dsn(store_dsn)) as store:
+        released = store.release_reader(reader)
+        known = sorted({r.reader for r in store.readers()})
+    if not released:
+        raise ConfigurationError(
+            f"no durable reader {reader!r} in this store; readers: "
+            f"{', '.join(known) if known else 'none'}")
+    _out.print(f"released {escape(reader)} from {released} stream(s)")
 
 
 @capture_app.command("drop")

@@ -20,9 +20,11 @@ from rich.table import Table
 
 from lakefold.cli import app
 from lakefold.exceptions import ConfigurationError
+from lakefold.projections.exceptions import ProjectionError
 
 if TYPE_CHECKING:
     from lakefold.projections import Catalog, Registry
+    from lakefold.projections._run_report import ProjectionReport
     from lakefold.settings import Settings
 
 dlq_app = typer.Typer(no_args_is_help=True,
@@ -77,15 +79,14 @@ def _runner(settings: Settings, location: str | None, *, only: tuple[str, ...] =
             trigger: float | None = None) -> Any:
     from lakefold.projections import Runner, RunnerConfig, SinkRoots
     from lakefold.projections._runner import RUNNER_SPARK_CONF
-    from lakefold.spark import spark_session
+    from lakefold.spark._session import session_from_settings
 
     registry = _registry(settings, location)
     redis_url = settings.redis_url.get_secret_value() if settings.redis_url else None
     config = RunnerConfig(store_dsn=_store_dsn(settings),
                           roots=SinkRoots.under(settings.home, settings.lake_dir),
                           redis_url=redis_url, trigger_seconds=trigger, only=only)
-    spark = spark_session(settings.spark_master, conf={**RUNNER_SPARK_CONF,
-                                                       **settings.spark_conf})
+    spark = session_from_settings(settings, conf=RUNNER_SPARK_CONF)
     return Runner(spark, registry, config)
 
 
@@ -99,22 +100,50 @@ def run(
              "projection's own).", show_default=False)] = None,
     only: Annotated[list[str] | None, typer.Option(
         "--only", help="Run only this projection (repeatable).", show_default=False)] = None,
+    as_json: JsonOption = False,
 ) -> None:
-    """Run every registered projection: continuously, or up to the current head."""
+    """Run every registered projection: continuously, or up to the current head. At the end,
+    print what each projection did (batches, records, position, time, state)."""
     settings = _settings()
     runner = _runner(settings, projections, only=tuple(only or ()), trigger=trigger)
     stop = threading.Event()
     try:
         runner.prepare()
         names = ", ".join(p.name for p in runner.projections)
-        _out.print(f"running {escape(names)}" + (" until caught up" if until_caught_up else
-                                                 "; Ctrl-C stops"))
-        runner.run(until_caught_up=until_caught_up, stop=stop)
-    except KeyboardInterrupt:
-        stop.set()
-        raise
+        if not as_json:
+            _out.print(f"running {escape(names)}" + (" until caught up" if until_caught_up
+                                                     else "; Ctrl-C stops"))
+        try:
+            reports = runner.run(until_caught_up=until_caught_up, stop=stop)
+        except KeyboardInterrupt:
+            stop.set()
+            _print_reports(runner.tally.report(runner.catalog, runner.projections), as_json)
+            raise
+        _print_reports(reports, as_json)
     finally:
         runner.close()
+    failed = [r for r in reports if r.state == "failed"]
+    if failed:
+        raise ProjectionError(
+            f"projection {failed[0].name} failed: {failed[0].error}; fix the cause, then run "
+            f"`lakefold resume {failed[0].name}` and `lakefold run` again")
+
+
+def _print_reports(reports: list[ProjectionReport], as_json: bool) -> None:
+    """One row per projection: what this run did with it."""
+    if as_json:
+        typer.echo(json.dumps([r.as_json() for r in reports]))
+        return
+    table = Table(title="projections this run")
+    for column in ("name", "gen", "batches", "records", "position", "time", "state"):
+        table.add_column(column, justify="right" if column in ("batches", "records") else
+                         "left")
+    for r in reports:
+        position = ", ".join(f"{alias}={at:,}" for alias, at in r.position.items())
+        state = "caught up" if r.caught_up else r.state
+        table.add_row(escape(r.name), str(r.generation), f"{r.batches:,}", f"{r.records:,}",
+                      escape(position), f"{r.seconds:.1f} s", escape(state))
+    _out.print(table)
 
 
 @app.command("rebuild")
@@ -141,6 +170,9 @@ def rebuild(
             if building is None:
                 raise ConfigurationError(f"projection {name} is not being rebuilt")
             catalog.abandon(name, building.generation)
+            from lakefold.projections._readers import release_gone
+
+            release_gone(_store_dsn(settings), catalog)  # it no longer holds compaction
         _out.print(f"abandoned generation {building.generation} of {escape(name)}")
         return
     runner = _runner(settings, projections, only=(name,))
@@ -211,6 +243,10 @@ def status(as_json: JsonOption = False) -> None:
                       f"{s.lag_seconds:.1f}", f"{s.throughput_per_s:,.0f}", str(s.dead_letters),
                       escape((s.last_error or "")[:60]))
     _out.print(table)
+    for s in statuses:  # a paused or stopped projection keeps its streams uncompacted
+        for stream, position in s.holds_compaction.items():
+            _out.print(f"{escape(s.name)} ({s.state}) holds the compaction of {escape(stream)} "
+                       f"at position {position:,}", soft_wrap=True)
     if slots:
         slot_table = Table(title="capture slots")
         for column in ("slot", "active", "wal_status", "retained", "healthy"):
@@ -282,16 +318,19 @@ def search(
         reader = SearchIndexReader(lambda name: catalog.current(name).index_dir)
         hits = reader.search(view, query, limit=limit)
     if as_json:
-        typer.echo(json.dumps([{"key": h.key, "score": h.score, "document": h.document}
+        typer.echo(json.dumps([{"key": h.key, "score": h.score, "document": h.document,
+                                "matched": {f: m.as_json() for f, m in h.matched.items()}}
                                for h in hits], default=str))
         return
     table = Table(title=f"{view}: {query}")
     table.add_column("key")
     table.add_column("score", justify="right")
+    table.add_column("matched (why it ranks here)")
     table.add_column("document")
     for hit in hits:
         fields = ", ".join(f"{k}={v}" for k, v in hit.document.items()
                            if not k.startswith("_"))
-        table.add_row(hit.key, f"{hit.score:.2f}", escape(fields[:120]))
+        matched = "; ".join(f"{f}: {m.marked()}" for f, m in hit.matched.items())
+        table.add_row(hit.key, f"{hit.score:.2f}", escape(matched), escape(fields[:120]))
     _out.print(table)
 

@@ -26,7 +26,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from lakefold import _shop
 from lakefold._demo_views import REVENUE, show_views
-from lakefold.dsn import mask_dsn
+from lakefold.dsn import error_text, mask_dsn
 from lakefold.exceptions import ConfigurationError, LakefoldError
 from lakefold.local import LocalPostgres, LocalRedis
 from lakefold.settings import Settings
@@ -57,7 +57,7 @@ def connect(dsn: str, *, setting: str = "LAKEFOLD_DSN") -> psycopg.Connection[An
     try:
         return psycopg.connect(dsn, autocommit=True, connect_timeout=10)
     except psycopg.OperationalError as e:
-        reason = str(e).strip().splitlines()[-1] if str(e).strip() else type(e).__name__
+        reason = error_text(e)
         raise ConfigurationError(
             f"cannot connect to PostgreSQL at {mask_dsn(dsn)} ({reason}); "
             f"check {setting} or unset it to use the embedded server"
@@ -85,7 +85,7 @@ def run_demo(settings: Settings, *, orders: int = 2_000, console: Console | None
     """Run the whole demo and print its views; see the module docstring."""
     from lakefold.capture import Capture, CaptureConfig
     from lakefold.projections._runner import RUNNER_SPARK_CONF
-    from lakefold.spark import spark_session
+    from lakefold.spark._session import session_from_settings
 
     console = console or Console()
     started = time.monotonic()
@@ -127,9 +127,8 @@ def run_demo(settings: Settings, *, orders: int = 2_000, console: Console | None
                       f"{stats.elapsed_s:.1f} s (slot confirmed at {stats.flushed_lsn_text})")
 
         with console.status("starting Spark"):
-            spark = spark_session(settings.spark_master, app_name="lakefold-demo", conf={
-                **RUNNER_SPARK_CONF, "spark.sql.shuffle.partitions": "2",
-                **settings.spark_conf})
+            spark = session_from_settings(settings, app_name="lakefold-demo", conf={
+                **RUNNER_SPARK_CONF, "spark.sql.shuffle.partitions": "2"})
             stack.callback(spark.stop)
         views = show_views(spark, demo_dsn, home=settings.home / "demo",
                            lake=settings.lake_path / "demo", redis_url=redis_url,

@@ -9,6 +9,9 @@ Run them with ``lakefold run --projections lakefold/_demo_projections.py`` (or t
   A deleted order is removed from its customer's state, which needs the delete to carry the
   order's ``customer_id``: ``ALTER TABLE shop.orders REPLICA IDENTITY FULL`` (without it a
   delete only carries the key, and goes to the dead letters instead of being dropped silently).
+  A ``TRUNCATE`` (or ``lakefold capture recover``) of a table reaches each customer as a
+  ``truncate`` record that clears that table's part of the state: of orders, the amounts; of
+  customers, the name (the row stays hidden until the customer is back).
 - ``customer_cache``: every customer as a Redis hash (``get("customer_cache", id)``).
 - ``product_search``: products in a Tantivy index, searchable by name and description
   (``lakefold search product_search "oak lamp"``).
@@ -46,25 +49,26 @@ revenue_per_customer = Fold(
 )
 
 
-@revenue_per_customer.on("insert", "update", "delete")
+@revenue_per_customer.on("insert", "update", "delete", "truncate")
 def _change(state: dict[str, Any], record: Record) -> dict[str, Any] | None:
     """Keep the customer's name and the amount of each of its orders; the row is hidden
-    (``_deleted``) while the customer has no orders, as in the SQL inner join."""
+    (``_deleted``) while the customer has no orders or no name, as in the SQL inner join."""
     if record.source == "customers":
         if record.type == "delete":
             return None
-        state = {**state, "name": record.data["name"]}
+        state = {**state, "name": None if record.type == "truncate" else record.data["name"]}
     else:
         amounts = dict(state["amounts"])
-        order_id = str(record.data["id"])
-        if record.type == "delete":
-            amounts.pop(order_id, None)
+        if record.type == "truncate":
+            amounts.clear()
+        elif record.type == "delete":
+            amounts.pop(str(record.data["id"]), None)
         else:
-            amounts[order_id] = Decimal(record.data["amount"])
+            amounts[str(record.data["id"])] = Decimal(record.data["amount"])
         state = {**state, "amounts": amounts}
     amounts = state["amounts"]
     return {**state, "orders": len(amounts), "revenue": sum(amounts.values(), Decimal(0)),
-            "_deleted": not amounts}
+            "_deleted": not amounts or state["name"] is None}
 
 
 @projection("customer_cache", sources=[changelog("shop.customers")],

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 import psycopg
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from lakefold import _shop
@@ -147,10 +148,12 @@ def _print_views(readers: _Readers, console: Console) -> None:
 
     hits = readers.search.search("product_search", "oak lamp", limit=3)
     found = Table(title='product_search (Tantivy): "oak lamp", best 3')
-    for column in ("id", "name", "score"):
+    for column in ("id", "name", "score", "matched (why it ranks here)"):
         found.add_column(column)
     for hit in hits:
-        found.add_row(hit.key, str(hit.document.get("name", "")), f"{hit.score:.2f}")
+        matched = "; ".join(f"{f}: {m.marked()}" for f, m in hit.matched.items())
+        found.add_row(hit.key, escape(str(hit.document.get("name", ""))), f"{hit.score:.2f}",
+                      escape(matched))
     console.print(found)
 
     history = _price_history(readers.catalog)

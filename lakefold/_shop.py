@@ -36,6 +36,7 @@ _DDL = [
 _CITIES = ["Lisbon", "Porto", "Berlin", "Lyon", "Oslo", "Turin", "Leeds", "Ghent"]
 _WORDS = ["oak", "steel", "linen", "amber", "cobalt", "maple", "slate", "wool", "birch", "clay"]
 _KINDS = ["lamp", "chair", "table", "mug", "rug", "shelf", "vase", "stool", "desk", "bowl"]
+_FINISHES = ["hand finished", "oiled", "brushed", "waxed", "glazed", "lacquered"]
 
 
 @dataclass(frozen=True)
@@ -84,12 +85,13 @@ def run_workload(
             [(i, f"Customer {i}", f"c{i}@example.com", rng.choice(_CITIES))
              for i in range(1, workload.customers + 1)],
         )
-        cur.executemany(
+        names = [f"{rng.choice(_WORDS)} {rng.choice(_KINDS)}"
+                 for _ in range(workload.products)]
+        cur.executemany(  # a description tells of its own product, never of another one
             sql.SQL("INSERT INTO {} VALUES (%s, %s, %s, %s)").format(_table("products")),
-            [(i, f"{rng.choice(_WORDS)} {rng.choice(_KINDS)}",
-              f"A {rng.choice(_WORDS)} {rng.choice(_KINDS)} made to last",
+            [(i, name, f"A {name} made to last, {rng.choice(_FINISHES)}",
               Decimal(rng.randint(500, 50_000)) / 100)
-             for i in range(1, workload.products + 1)],
+             for i, name in enumerate(names, start=1)],
         )
     step(workload.customers + workload.products)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import sys
 
 import typer
@@ -25,16 +26,58 @@ _stderr = Console(stderr=True)
 def demo(
     rows: int = typer.Option(2_000, help="How many orders the demo workload writes."),
 ) -> None:
-    """Start local services, capture a shop database, project revenue per customer into Delta,
-    and query it back."""
+    """Capture a shop database into four views (Delta, Redis, search, SCD2), rebuild one, and
+    check them all against SQL.
+
+    Starts throwaway local PostgreSQL and Redis (unless LAKEFOLD_DSN / LAKEFOLD_REDIS_URL are
+    set), writes a shop workload (customers, products, orders; inserts, updates, deletes)
+    into a fresh lakefold_demo database and captures it into changelog streams. Then runs
+    the four views of lakefold/_demo_projections.py: revenue_per_customer (a fold, Delta
+    upsert), customer_cache (Redis), product_search (Tantivy; a search shows what matched)
+    and price_history (SCD2, Delta); shows them, rebuilds customer_cache into a new
+    generation and switches to it, and checks every view against the same data computed by
+    SQL on the source. It can be run again at once."""
     from lakefold._demo import run_demo
     from lakefold.settings import load_settings
 
     run_demo(load_settings(), orders=rows)
 
 
+class _StderrLines(logging.Handler):
+    """lakefold's warnings and errors on stderr, one ``warning: ...`` line each, as the CLI's
+    own errors are printed."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            style = "bold red" if record.levelno >= logging.ERROR else "yellow"
+            _stderr.print(f"[{style}]{record.levelname.lower()}:[/] {escape(self.format(record))}",
+                          highlight=False, soft_wrap=True)
+        except Exception:
+            self.handleError(record)
+
+
+def _log_to_stderr() -> None:
+    """Route the ``lakefold`` loggers' warnings and errors to stderr (once)."""
+    logger = logging.getLogger("lakefold")
+    if not any(isinstance(h, _StderrLines) for h in logger.handlers):
+        handler = _StderrLines(logging.WARNING)
+        logger.addHandler(handler)
+
+
+def _with_driver_log(message: str) -> str:
+    """``message``, plus where the Spark driver's own output went when this command started
+    one (its details are there, not on the terminal)."""
+    session = sys.modules.get("lakefold.spark._session")
+    path = session.driver_log() if session is not None else None
+    if path is None:
+        return message
+    # After a multi-line message (a SQL error shows the statement), on a line of its own.
+    return f"{message}{chr(10) if chr(10) in message else ' '}(Spark's own log: {path})"
+
+
 def main() -> None:
     """Entry point: run the CLI, turning lakefold errors into a one-line message."""
+    _log_to_stderr()
     if sys.argv[1:2] == ["bench"]:  # the benchmarks' imports are heavy: only when asked for
         from lakefold._bench import register_benchmarks
 
@@ -42,7 +85,8 @@ def main() -> None:
     try:
         app()
     except LakefoldError as e:
-        _stderr.print(f"[bold red]error:[/] {escape(str(e))}", highlight=False, soft_wrap=True)
+        _stderr.print(f"[bold red]error:[/] {escape(_with_driver_log(str(e)))}",
+                      highlight=False, soft_wrap=True)
         sys.exit(1)
     except KeyboardInterrupt:
         _stderr.print("interrupted")

@@ -1,4 +1,5 @@
-"""Connection strings: mask passwords before a DSN reaches a log line or an error message."""
+"""Connection strings: mask passwords before a DSN reaches a log line or an error message; a
+driver's connection error as one line of an error message."""
 
 from __future__ import annotations
 
@@ -14,3 +15,10 @@ def mask_dsn(dsn: str) -> str:
     """Return ``dsn`` with every password replaced by ``***``, keeping everything else in place."""
     masked = _URI_PASSWORD.sub(r"\g<head>***\g<tail>", dsn)
     return _KEYWORD_PASSWORD.sub(r"\g<key>***", masked)
+
+
+def error_text(error: BaseException) -> str:
+    """A driver error's whole text on one line. libpq puts the cause (``connection to server
+    at "db", port 5432 failed: Connection refused``) and a hint (``Is the server running on
+    that host ...?``) on lines of their own: both are kept, in that order."""
+    return " ".join(str(error).split()) or type(error).__name__

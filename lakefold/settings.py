@@ -1,13 +1,19 @@
 """Settings: environment variables with the ``LAKEFOLD_`` prefix, or an optional ``lakefold.toml``.
 
-Environment variables win over the file. A misspelt ``LAKEFOLD_*`` variable is an error rather
-than silently ignored, because a typo in a DSN variable would otherwise point lakefold at the
-embedded default database.
+Environment variables win over the file. A ``LAKEFOLD_*`` variable that is neither a setting nor
+one of the documented environment-only variables (``DOCUMENTED_ENVIRONMENT_ONLY``) is ignored
+with a warning naming the closest known name: a typo in a DSN variable is then visible, and an
+unrelated variable that shares the prefix (another tool's, an older lakefold's) does not stop
+every command. Only the demo uses throwaway local servers when no DSN is set; the other
+commands say which variable to set.
 """
 
 from __future__ import annotations
 
+import difflib
+import logging
 import os
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Literal
 
@@ -22,8 +28,13 @@ from pydantic_settings import (
 from lakefold.exceptions import ConfigurationError
 
 ENV_PREFIX = "LAKEFOLD_"
-# Variables that share the prefix but are read elsewhere (the test harness), not settings.
-_FOREIGN_VARIABLES = frozenset({"LAKEFOLD_TEST_DSN", "LAKEFOLD_TEST_REDIS_URL"})
+#: Documented variables that share the prefix but are read from the environment directly, not
+#: settings: the Spark class archive switch (``lakefold.spark``) and the test harness's servers.
+DOCUMENTED_ENVIRONMENT_ONLY = frozenset({
+    "LAKEFOLD_CLASS_ARCHIVE", "LAKEFOLD_TEST_DSN", "LAKEFOLD_TEST_REDIS_URL",
+})
+log = logging.getLogger(__name__)
+_warned: set[str] = set()  # unknown names already warned about in this process
 
 
 class Settings(BaseSettings):
@@ -85,19 +96,11 @@ class Settings(BaseSettings):
 def load_settings(**overrides: object) -> Settings:
     """Read settings from the environment and ``lakefold.toml``.
 
-    Raises ConfigurationError with a one-line explanation for a misspelt variable or a value of
-    the wrong type.
+    Unknown ``LAKEFOLD_*`` variables are ignored, each with a warning (see
+    ``warn_unknown_variables``). Raises ConfigurationError with a one-line explanation for a
+    value of the wrong type or an unknown key in ``lakefold.toml``.
     """
-    known = {ENV_PREFIX + name.upper() for name in Settings.model_fields}
-    unknown = sorted(
-        name
-        for name in os.environ
-        if name.startswith(ENV_PREFIX) and name not in known and name not in _FOREIGN_VARIABLES
-    )
-    if unknown:
-        raise ConfigurationError(
-            f"unknown setting {', '.join(unknown)}; known settings are {', '.join(sorted(known))}"
-        )
+    warn_unknown_variables(os.environ)
     try:
         return Settings(**overrides)  # type: ignore[arg-type]
     except ValidationError as e:
@@ -106,3 +109,30 @@ def load_settings(**overrides: object) -> Settings:
             for err in e.errors()
         )
         raise ConfigurationError(f"invalid setting: {problems}") from e
+
+
+def known_variables() -> frozenset[str]:
+    """Every ``LAKEFOLD_*`` name lakefold reads: the settings and the environment-only ones."""
+    return frozenset(ENV_PREFIX + name.upper() for name in Settings.model_fields) \
+        | DOCUMENTED_ENVIRONMENT_ONLY
+
+
+def warn_unknown_variables(environ: Mapping[str, str]) -> list[str]:
+    """Log a warning for each ``LAKEFOLD_*`` name in ``environ`` that lakefold does not read
+    (once per process and name), naming the closest known name when one is close; returns the
+    unknown names, sorted. Never raises: an unknown variable is ignored."""
+    known = known_variables()
+    unknown = sorted(name for name in environ if name.startswith(ENV_PREFIX)
+                     and name not in known)
+    suffixes = sorted(name.removeprefix(ENV_PREFIX) for name in known)
+    for name in unknown:
+        if name in _warned:
+            continue
+        _warned.add(name)
+        # Compare without the shared prefix, which would make every name look close.
+        close = difflib.get_close_matches(name.removeprefix(ENV_PREFIX), suffixes, n=1,
+                                          cutoff=0.6)
+        hint = f"did you mean {ENV_PREFIX}{close[0]}? " if close else ""
+        log.warning("ignored unknown setting %s: %sknown settings are %s", name, hint,
+                    ", ".join(sorted(known)))
+    return unknown

@@ -44,9 +44,12 @@ if TYPE_CHECKING:  # the real names for type checkers; at run time they load laz
         search_index,
     )
     from lakefold.projections._redis import RedisCacheReader
+    from lakefold.projections._run_report import ProjectionReport
     from lakefold.projections._runner import Runner, RunnerConfig
     from lakefold.projections._search import SearchHit, SearchIndexReader
+    from lakefold.projections._search_matches import MatchedText
     from lakefold.projections.exceptions import (
+        BehindCompactionError,
         IncompatibleTargetError,
         MissingKeyError,
         ProjectionDefinitionError,
@@ -54,6 +57,7 @@ if TYPE_CHECKING:  # the real names for type checkers; at run time they load laz
         ProjectionNotFound,
         ProjectionStateError,
         RecordFailed,
+        StatefulChangelogError,
         UnknownSourceError,
     )
     from lakefold.settings import Settings
@@ -71,16 +75,19 @@ _EXPORTS: dict[str, str] = {
     "SearchIndexTarget": "_model", "changelog": "_model", "delta_table": "_model",
     "events": "_model", "redis_cache": "_model", "search_index": "_model",
     "RedisCacheReader": "_redis",
-    "SearchHit": "_search", "SearchIndexReader": "_search",
-    "Runner": "_runner", "RunnerConfig": "_runner",
+    "SearchHit": "_search", "SearchIndexReader": "_search", "MatchedText": "_search_matches",
+    "Runner": "_runner", "RunnerConfig": "_runner", "ProjectionReport": "_run_report",
+    "BehindCompactionError": "exceptions",
     "IncompatibleTargetError": "exceptions", "MissingKeyError": "exceptions",
     "ProjectionDefinitionError": "exceptions", "ProjectionError": "exceptions",
     "ProjectionNotFound": "exceptions", "ProjectionStateError": "exceptions",
-    "RecordFailed": "exceptions", "UnknownSourceError": "exceptions",
+    "RecordFailed": "exceptions", "StatefulChangelogError": "exceptions",
+    "UnknownSourceError": "exceptions",
 }
 
 __all__ = [
     "STREAM_KEY",
+    "BehindCompactionError",
     "Catalog",
     "ChangelogSource",
     "DeadLetter",
@@ -90,12 +97,14 @@ __all__ = [
     "Fold",
     "Generation",
     "IncompatibleTargetError",
+    "MatchedText",
     "MissingKeyError",
     "Projection",
     "ProjectionDefinitionError",
     "ProjectionError",
     "ProjectionNotFound",
     "ProjectionOptions",
+    "ProjectionReport",
     "ProjectionStateError",
     "Record",
     "RecordFailed",
@@ -108,6 +117,7 @@ __all__ = [
     "SearchIndexReader",
     "SearchIndexTarget",
     "SinkRoots",
+    "StatefulChangelogError",
     "UnknownSourceError",
     "changelog",
     "current_registry",

@@ -50,6 +50,7 @@ from lakefold.projections._model import (
     event_type_name,
     fingerprint,
 )
+from lakefold.projections._truncate import check_truncatable
 from lakefold.projections.exceptions import (
     IncompatibleTargetError,
     MissingKeyError,
@@ -214,6 +215,7 @@ def check_static(projection: Projection) -> None:
         )
     fold = projection.fold
     if fold is None:
+        check_truncatable(projection)
         return
     target = projection.target
     if isinstance(target, RedisCacheTarget | SearchIndexTarget) and target.key != fold.key_column:
@@ -250,9 +252,11 @@ def projection(
     """Register a DataFrame-transform projection.
 
     The decorated function receives one streaming DataFrame per source (positionally when
-    there is one source, else by source alias) and returns the DataFrame to write. Spark's
-    stateful operators (``groupBy().agg()``, ``dropDuplicates``, windows) keep their state
-    in the projection's checkpoint. Output columns ``_deleted`` (boolean: delete the key) and
+    there is one source, else by source alias) and returns the DataFrame to write. Over event
+    sources, Spark's stateful operators (``groupBy().agg()``, ``dropDuplicates``, windows)
+    keep their state in the projection's checkpoint; over a changelog they are refused when
+    the projection is validated (Spark has no retractions: see ``_stateful``), use a ``Fold``.
+    Output columns ``_deleted`` (boolean: delete the key) and
     ``_position`` (long: the source position the row reflects) are honoured when present.
     """
     check_name("projection", name)
@@ -330,7 +334,10 @@ class Fold:
 
     def on(self, *event_types: object) -> Callable[[Handler], Handler]:
         """Register a handler for one or more event types (names or event classes) or
-        changelog operations (``"insert"``, ``"update"``, ``"delete"``)."""
+        changelog operations (``"insert"``, ``"update"``, ``"delete"``, and ``"truncate"``:
+        called once per key with state when a source table is truncated, to clear that
+        table's part of the state; a fold over several sources, one a changelog, needs one;
+        see ``_truncate``)."""
         if not event_types:
             raise ProjectionDefinitionError(f"fold {self.name}: on() needs at least one type")
         resolved = [(event_type_name(t), None if isinstance(t, str) else t) for t in event_types]

@@ -4,11 +4,16 @@ target exactly once, dead-letter what the target refuses, and note the progress.
 Order of one batch (Spark calls it with the batch's DataFrame and id; a batch interrupted by a
 crash is called again with the same id and the same records):
 
-1. Read the batch's end offsets from Spark's offset log (written before the batch ran).
+1. Read the batch's end offsets from Spark's offset log (written before the batch ran), and
+   move the generation's changelog positions to the batch's start: the previous batch is
+   committed in the target and in Spark's checkpoint, so compaction may pass it (``_readers``).
 2. Split off dead letters emitted by fold handlers.
 3. Write the rows to the target as batch ``batch_id``: Delta commits with the app transaction
    (projection@generation, batch id), Redis applies Lua chunks guarded by its checkpoint and
    per-key positions, Tantivy commits once with the batch id. Each skips what it already has.
+   When the batch holds a truncate of a changelog source (asked of the store for the batch's
+   range), the write applies it too (see ``_truncate``: the view's rows of the stream go, or
+   SCD2 closes its open versions). A fold's keys are recorded for later truncates.
 4. Record dead letters (idempotent by reference) and resolve retried ones.
 5. Record the batch in the catalog (informational: status, lag, the rebuild's catch-up test).
 
@@ -29,7 +34,7 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from lakefold.projections import _codec
+from lakefold.projections import _codec, _stores
 from lakefold.projections._api import Projection
 from lakefold.projections._catalog import Catalog, Generation
 from lakefold.projections._deadletters import DeadLetter, DeadLetters, NewDeadLetter
@@ -37,12 +42,21 @@ from lakefold.projections._delta import DRIVER_MERGE_ROWS, DeltaViewWriter
 from lakefold.projections._fold import DEAD_LETTER_COLUMN
 from lakefold.projections._model import (
     POSITION_COLUMN,
+    ChangelogSource,
     DeltaTableTarget,
     RedisCacheTarget,
     SearchIndexTarget,
 )
+from lakefold.projections._readers import GenerationReads
 from lakefold.projections._redis import RedisCacheWriter, key_text
 from lakefold.projections._search import IndexLayout, SearchIndexWriter
+from lakefold.projections._truncate import (
+    FOLD_KEY_COLUMN,
+    FoldKeys,
+    Truncate,
+    reads_changelog,
+    source_mode,
+)
 from lakefold.projections.exceptions import ProjectionError
 
 if TYPE_CHECKING:
@@ -78,6 +92,7 @@ class Progress:
     #: The end of the batch being written (its effect may be visible before ``end`` moves).
     pending: dict[str, int] = field(default_factory=dict)
     records: int = 0
+    batches: int = 0  # committed by this sink (Spark's batch ids go on across runs)
     last_batch_at: float | None = None
     error: BaseException | None = None
     lock: threading.Lock = field(default_factory=threading.Lock)
@@ -100,6 +115,12 @@ class GenerationSink:
         self._redis: RedisCacheWriter | None = None
         self._search: SearchIndexWriter | None = None
         self._delta: DeltaViewWriter | None = None
+        self._fold_keys: FoldKeys | None = None
+        if projection.fold is not None and reads_changelog(projection):
+            self._fold_keys = FoldKeys(catalog.dsn)
+            self._fold_keys.install()
+        #: The generation's positions in the changelog streams it reads (hold compaction).
+        self.reads = GenerationReads(catalog.dsn, projection, generation.generation)
         target = projection.target
         if isinstance(target, DeltaTableTarget):
             self._delta = DeltaViewWriter(target, generation.delta_path,
@@ -115,10 +136,13 @@ class GenerationSink:
                                            format=target.format)
 
     def close(self) -> None:
+        self.reads.close()
         if self._redis is not None:
             self._redis.close()
         if self._search is not None:
             self._search.close()
+        if self._fold_keys is not None:
+            self._fold_keys.close()
 
     def publish(self) -> None:
         """Point Redis readers at this generation (call after the catalog switch)."""
@@ -140,16 +164,22 @@ class GenerationSink:
         end = read_offsets(checkpoint, batch_id) or {}
         start = read_offsets(checkpoint, batch_id - 1) if batch_id > 0 else {}
         start = start or {}
-        records = sum(max(0, p - start.get(a, 0)) for a, p in end.items() if a != RETRY_SOURCE)
+        # What came before this batch is in the target and in Spark's checkpoint: compaction
+        # may pass it now (and a generation that compaction passed anyway stops here).
+        self.reads.advance({a: p for a, p in start.items() if a != RETRY_SOURCE})
+        # A new generation's first batch starts at offset 0, but positions start at 1.
+        records = sum(max(0, p - max(start.get(a, 0), 1)) for a, p in end.items()
+                      if a != RETRY_SOURCE)
         batch_position = sum(p for a, p in end.items() if a != RETRY_SOURCE)
         with self.progress.lock:
             self.progress.pending = {a: p for a, p in end.items() if a != RETRY_SOURCE}
         letters: list[NewDeadLetter] = []
         retried = self._pending_target_retries()
+        truncates = self._truncates(start, end)
         if self._delta is not None:
-            letters += self._write_delta(df, batch_id, retried, records)
+            letters += self._write_delta(df, batch_id, retried, records, truncates)
         else:
-            letters += self._write_rows(df, batch_id, batch_position, retried)
+            letters += self._write_rows(df, batch_id, batch_position, retried, truncates)
         if letters:
             self.dead_letters.add(self.projection.name, self.generation.generation, letters)
         self._resolve_retries(start, end, retried)
@@ -160,8 +190,27 @@ class GenerationSink:
             self.progress.batch_id = batch_id
             self.progress.end = source_end
             self.progress.records += records
+            self.progress.batches += 1
             self.progress.last_batch_at = time.time()
             self.progress.error = None
+
+    def _truncates(self, start: Mapping[str, int], end: Mapping[str, int]) -> list[Truncate]:
+        """The truncates of the batch's changelog ranges that the target must apply itself
+        (a transform's, unless it appends: see ``_truncate``), in position order."""
+        if self.projection.fold is not None or source_mode(self.projection) == "keep":
+            return []
+        found: list[Truncate] = []
+        for source in self.projection.sources:
+            if isinstance(source, ChangelogSource) and source.alias in end:
+                found += _stores.changelog_truncates(
+                    self.catalog.dsn, source.table, start.get(source.alias, 0),
+                    end[source.alias])
+        return sorted(found, key=lambda t: t.position)
+
+    def _record_fold_keys(self, keys: list[Any]) -> None:
+        if self._fold_keys is not None:
+            self._fold_keys.add(self.projection.name, self.generation.generation,
+                                (str(k) for k in keys if k is not None))
 
     def _pending_target_retries(self) -> list[DeadLetter]:
         return [d for d in self.dead_letters.pending_retries(
@@ -188,54 +237,63 @@ class GenerationSink:
         return letters
 
     def _write_delta(self, df: DataFrame, batch_id: int, retried: list[DeadLetter],
-                     records: int) -> list[NewDeadLetter]:
+                     records: int, truncates: list[Truncate]) -> list[NewDeadLetter]:
         assert self._delta is not None  # noqa: S101
         if self._delta.spec.mode == "append":
-            return self._write_delta_distributed(df, batch_id, retried)
+            return self._write_delta_distributed(df, batch_id, retried, truncates)
         if records <= DRIVER_MERGE_ROWS:
-            return self._write_delta_from_driver(df, batch_id, retried)
+            return self._write_delta_from_driver(df, batch_id, retried, truncates)
         # A large input batch (a rebuild's) often folds into few output rows (an aggregate
         # over few keys): compute it once, and merge it from the driver when it is small, which
         # spares the sink's distributed staging round trip.
         df = df.persist()
         try:
             if df.count() <= DRIVER_MERGE_ROWS:
-                return self._write_delta_from_driver(df, batch_id, retried)
-            return self._write_delta_distributed(df, batch_id, retried)
+                return self._write_delta_from_driver(df, batch_id, retried, truncates)
+            return self._write_delta_distributed(df, batch_id, retried, truncates)
         finally:
             df.unpersist()
 
     def _write_delta_from_driver(self, df: DataFrame, batch_id: int,
-                                 retried: list[DeadLetter]) -> list[NewDeadLetter]:
+                                 retried: list[DeadLetter], truncates: list[Truncate]
+                                 ) -> list[NewDeadLetter]:
         """One Spark job: collect, split off dead letters, merge from the driver."""
         assert self._delta is not None  # noqa: S101
         table, letters = self._collect(df, retried)
         if self._delta.spec.mode == "scd2":
-            self._delta.write_scd2(table, batch_id)
+            self._delta.write_scd2(table, batch_id, truncates=truncates)
         else:
-            self._delta.write_arrow(table, batch_id)
+            self._delta.write_arrow(table, batch_id, replace=bool(truncates))
         return letters
 
     def _write_delta_distributed(self, df: DataFrame, batch_id: int,
-                                 retried: list[DeadLetter]) -> list[NewDeadLetter]:
+                                 retried: list[DeadLetter], truncates: list[Truncate]
+                                 ) -> list[NewDeadLetter]:
         """Through the Spark sink: tasks write the files, the driver commits them."""
         from pyspark.sql import functions as F
 
         assert self._delta is not None  # noqa: S101
         letters: list[NewDeadLetter] = []
-        if DEAD_LETTER_COLUMN in df.columns:
+        internal = [c for c in (DEAD_LETTER_COLUMN, FOLD_KEY_COLUMN) if c in df.columns]
+        if internal:
             df = df.persist()
             try:
-                dead = [r[0] for r in df.filter(F.col(DEAD_LETTER_COLUMN).isNotNull())
-                        .select(DEAD_LETTER_COLUMN).collect()]
-                letters += self._fold_letters(dead)
-                data = df.filter(F.col(DEAD_LETTER_COLUMN).isNull()).drop(DEAD_LETTER_COLUMN)
-                data = self._with_retried_rows(data, retried)
-                self._delta.write(data, batch_id)
+                data = df
+                if DEAD_LETTER_COLUMN in df.columns:
+                    dead = [r[0] for r in df.filter(F.col(DEAD_LETTER_COLUMN).isNotNull())
+                            .select(DEAD_LETTER_COLUMN).collect()]
+                    letters += self._fold_letters(dead)
+                    data = df.filter(F.col(DEAD_LETTER_COLUMN).isNull())
+                if FOLD_KEY_COLUMN in df.columns:
+                    self._record_fold_keys([r[0] for r in data.select(FOLD_KEY_COLUMN)
+                                            .distinct().collect()])
+                data = self._with_retried_rows(data.drop(*internal), retried)
+                self._delta.write(data, batch_id, truncates=truncates)
             finally:
                 df.unpersist()
         else:
-            self._delta.write(self._with_retried_rows(df, retried), batch_id)
+            self._delta.write(self._with_retried_rows(df, retried), batch_id,
+                              truncates=truncates)
         return letters
 
     def _collect(self, df: DataFrame, retried: list[DeadLetter]
@@ -249,6 +307,9 @@ class GenerationSink:
             letters += self._fold_letters(table.filter(dead_mask).column(
                 DEAD_LETTER_COLUMN).to_pylist())
             table = table.filter(pc.invert(dead_mask)).drop_columns([DEAD_LETTER_COLUMN])
+        if FOLD_KEY_COLUMN in table.column_names:
+            self._record_fold_keys(pc.unique(table.column(FOLD_KEY_COLUMN)).to_pylist())
+            table = table.drop_columns([FOLD_KEY_COLUMN])
         if retried:
             rows = [_codec.loads(_codec.dumps(d.record["row"])) for d in retried]
             table = pa.concat_tables([table, pa.Table.from_pylist(rows, schema=table.schema)])
@@ -263,20 +324,25 @@ class GenerationSink:
         return df.unionByName(extra)
 
     def _write_rows(self, df: DataFrame, batch_id: int, batch_position: int,
-                    retried: list[DeadLetter]) -> list[NewDeadLetter]:
+                    retried: list[DeadLetter], truncates: list[Truncate]
+                    ) -> list[NewDeadLetter]:
         table, letters = self._collect(df, retried)
         rejected: list[tuple[dict[str, Any], str]] = []
         target = self.projection.target
         if isinstance(target, RedisCacheTarget):
             assert self._redis is not None  # noqa: S101
             self._redis.write(table, batch_id=batch_id, position=batch_position,
-                              rejected=rejected)
+                              rejected=rejected,
+                              truncated_at=truncates[-1].position if truncates else None)
         elif isinstance(target, SearchIndexTarget):
             if self._search is None:
-                layout = IndexLayout.from_arrow(self._output_schema or table.schema,
-                                                key=target.key, text=target.text)
+                schema = self._output_schema or table.schema
+                if FOLD_KEY_COLUMN in schema.names:
+                    schema = schema.remove(schema.get_field_index(FOLD_KEY_COLUMN))
+                layout = IndexLayout.from_arrow(schema, key=target.key, text=target.text)
                 self._search = SearchIndexWriter(self.generation.index_dir, layout)
-            self._search.write(table, batch_id=batch_id, rejected=rejected)
+            self._search.write(table, batch_id=batch_id, rejected=rejected,
+                               replace=bool(truncates))
         key_column = target.key if isinstance(target, RedisCacheTarget | SearchIndexTarget) \
             else ""
         for row, error in rejected:

@@ -32,7 +32,7 @@ from psycopg import sql
 from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 
-from lakefold.dsn import mask_dsn
+from lakefold.dsn import error_text, mask_dsn
 from lakefold.projections.exceptions import (
     CatalogUnavailable,
     ProjectionNotFound,
@@ -185,7 +185,8 @@ class Catalog:
                     self._connection.close()
                 self._connection = None
                 raise CatalogUnavailable(
-                    f"the projection catalog at {mask_dsn(self.dsn)} is unreachable ({e}); "
+                    f"the projection catalog at {mask_dsn(self.dsn)} is unreachable "
+                    f"({error_text(e)}); "
                     "check that PostgreSQL is running, then retry"
                 ) from e
 

@@ -11,11 +11,19 @@ skipped, so a replay after a crash is a no-op. Per key the batch's changes are a
 ``_position`` order: each change that alters the attributes closes the current version
 (``valid_to`` = the change's time, ``current`` = false) and opens a new one; a change that
 alters nothing is ignored; a ``_deleted`` row closes the current version without opening one.
+A truncate of the source in the batch (``truncates``) closes, at its commit time, every
+version open at its position: the table's current ones and those the batch opened before it.
+
+An upsert batch that holds a truncate (``replace``) replaces the table's content: the rows
+the batch does not name are deleted in the batch's transaction (the source handed over only
+the records after the truncate; see ``_truncate``).
 """
 
 from __future__ import annotations
 
+import datetime as dt
 from collections import defaultdict
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -29,6 +37,7 @@ from lakefold.projections._model import (
     POSITION_COLUMN,
     DeltaTableTarget,
 )
+from lakefold.projections._truncate import Truncate
 from lakefold.projections.exceptions import (
     IncompatibleTargetError,
     MissingKeyError,
@@ -116,16 +125,18 @@ class DeltaViewWriter:
         self.app_id = app_id
         self.name = name
 
-    def write(self, df: DataFrame, batch_id: int, *, rows_hint: int | None = None
-              ) -> DeltaWriteResult:
+    def write(self, df: DataFrame, batch_id: int, *, rows_hint: int | None = None,
+              truncates: Sequence[Truncate] = ()) -> DeltaWriteResult:
         """Write one batch. ``rows_hint`` (the batch's input records, when known) picks the
-        driver merge for small upserts."""
+        driver merge for small upserts. ``truncates``: the source's truncates in the batch
+        (see the module docstring; an append target keeps its rows)."""
         columns = df.columns
         if self.spec.mode == "scd2":
-            return self.write_scd2(df.toArrow(), batch_id)
+            return self.write_scd2(df.toArrow(), batch_id, truncates=truncates)
+        replace = bool(truncates) and self.spec.mode == "upsert"
         if self.spec.mode == "upsert" and rows_hint is not None \
                 and rows_hint <= DRIVER_MERGE_ROWS:
-            return self.write_arrow(df.toArrow(), batch_id)
+            return self.write_arrow(df.toArrow(), batch_id, replace=replace)
         mode = WriteMode.APPEND if self.spec.mode == "append" else WriteMode.UPSERT
         keyed = mode is WriteMode.UPSERT
         target = DeltaTarget(
@@ -134,6 +145,7 @@ class DeltaViewWriter:
             partition_by=self.spec.partition_by,
             order_by=POSITION_COLUMN if keyed and POSITION_COLUMN in columns else None,
             deleted_column=DELETED_COLUMN if keyed and DELETED_COLUMN in columns else None,
+            delete_unmatched=replace,
             name=self.name,
         )
         result = write_batch(df, target, batch_id)
@@ -145,9 +157,12 @@ class DeltaViewWriter:
         version = table.transaction_version(self.app_id)
         return version is not None and version >= batch_id
 
-    def write_arrow(self, rows: pa.Table, batch_id: int) -> DeltaWriteResult:
+    def write_arrow(self, rows: pa.Table, batch_id: int, *, replace: bool = False
+                    ) -> DeltaWriteResult:
         """Upsert ``rows`` by key from the driver, exactly once per batch id: per key the row
-        with the highest ``_position`` wins; rows with ``_deleted`` true delete the key."""
+        with the highest ``_position`` wins; rows with ``_deleted`` true delete the key. With
+        ``replace`` (a truncate), the table's rows that ``rows`` does not name are deleted in
+        the same transaction."""
         table = self._open()
         if self._committed(table, batch_id):
             assert table is not None  # noqa: S101
@@ -169,8 +184,13 @@ class DeltaViewWriter:
             source = _cast_like(rows, target_schema)
             predicate = " AND ".join(f't."{k}" = s."{k}"' for k in self.spec.keys)
             updates = {f'"{c}"': f's."{c}"' for c in data_columns}
+            if replace and source.num_rows == 0:
+                table.delete(commit_properties=properties)
+                return DeltaWriteResult(False, 0, table.version())
             merger = table.merge(source, predicate, source_alias="s", target_alias="t",
                                  commit_properties=properties)
+            if replace:
+                merger = merger.when_not_matched_by_source_delete()
             if flag:
                 tombstone = f's."{DELETED_COLUMN}" = true'
                 live = f'(s."{DELETED_COLUMN}" IS NULL OR s."{DELETED_COLUMN}" = false)'
@@ -195,7 +215,8 @@ class DeltaViewWriter:
         except TableNotFoundError:
             return None
 
-    def write_scd2(self, rows: pa.Table, batch_id: int) -> DeltaWriteResult:
+    def write_scd2(self, rows: pa.Table, batch_id: int, *,
+                   truncates: Sequence[Truncate] = ()) -> DeltaWriteResult:
         """Apply one batch of changes as SCD2 history (see the module docstring)."""
         table = self._open()
         if table is not None and (table.transaction_version(self.app_id) or -1) >= batch_id:
@@ -204,9 +225,13 @@ class DeltaViewWriter:
         attributes = [c for c in rows.column_names
                       if c not in keys and c not in (POSITION_COLUMN, DELETED_COLUMN,
                                                      self.spec.valid_from)]
-        current = self._current_rows(table, rows, keys) if table is not None else {}
-        closes, inserts = _versions(rows.to_pylist(), keys, attributes, self.spec.valid_from,
-                                    current)
+        current = self._current_rows(table, rows, keys, every_key=bool(truncates)) \
+            if table is not None else {}
+        changes = rows.to_pylist()
+        if truncates:
+            changes += _truncate_closes(changes, current, keys, self.spec.valid_from,
+                                        truncates, rows.schema.field(self.spec.valid_from).type)
+        closes, inserts = _versions(changes, keys, attributes, self.spec.valid_from, current)
         properties = CommitProperties(app_transactions=[Transaction(self.app_id, batch_id)])
         schema = _scd2_schema(rows.schema, self.spec.valid_from)
         new_rows = pa.Table.from_pylist(inserts, schema=schema)
@@ -239,18 +264,36 @@ class DeltaViewWriter:
             raise TargetError(f"SCD2 batch {batch_id} cannot be written to {self.path}: {e}") \
                 from e
 
-    def _current_rows(self, table: DeltaTable, rows: pa.Table,
-                      keys: list[str]) -> dict[tuple[Any, ...], dict[str, Any]]:
-        """The current version of each key of the batch, from the table."""
+    def _current_rows(self, table: DeltaTable, rows: pa.Table, keys: list[str], *,
+                      every_key: bool = False) -> dict[tuple[Any, ...], dict[str, Any]]:
+        """The current version of each key of the batch (``every_key``: of every key), from
+        the table."""
         import pyarrow.dataset as ds
 
         dataset = table.to_pyarrow_dataset()
         condition = ds.field(CURRENT) == True  # noqa: E712 - a dataset expression, not a bool
-        for key in keys:
+        for key in keys if not every_key else ():
             values = pc.unique(rows.column(key))
             condition = condition & ds.field(key).isin(values)
         found = dataset.to_table(filter=condition).to_pylist()
         return {tuple(row[k] for k in keys): row for row in found}
+
+
+def _truncate_closes(changes: list[dict[str, Any]], current: dict[tuple[Any, ...], Any],
+                     keys: list[str], valid_from: str, truncates: Sequence[Truncate],
+                     time_type: pa.DataType) -> list[dict[str, Any]]:
+    """For each truncate, a delete at its position and time for every key that may have an
+    open version then: the table's current keys and the keys of the batch's earlier changes
+    (``_versions`` ignores a delete of a key without an open version)."""
+    naive = pa.types.is_timestamp(time_type) and time_type.tz is None
+    closes: list[dict[str, Any]] = []
+    for truncate in truncates:
+        at = truncate.at.astimezone(dt.UTC).replace(tzinfo=None) if naive else truncate.at
+        open_keys = set(current) | {tuple(c[k] for k in keys) for c in changes
+                                    if c[POSITION_COLUMN] < truncate.position}
+        closes += [{**dict(zip(keys, key, strict=True)), POSITION_COLUMN: truncate.position,
+                    DELETED_COLUMN: True, valid_from: at} for key in sorted(open_keys, key=str)]
+    return closes
 
 
 def _latest_per_key(rows: pa.Table, keys: list[str]) -> pa.Table:

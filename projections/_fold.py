@@ -18,6 +18,14 @@ Plan of one fold projection:
 4. A handler that keeps failing (``retries`` attempts with backoff) either stops the
    projection (``on_error="stop"``) or emits a ``_dead_letter`` row and the key's other
    records are still folded: progress continues.
+5. A truncate of a changelog source arrives as one ``truncate`` record per key the fold has
+   emitted (``_truncate``: the source fans it out, in the truncate's place among the
+   stream's records), and is added for a key whose records of that stream in the batch
+   precede it (``_truncated_at``). For a key without state it changes nothing; otherwise
+   the key's ``on("truncate")`` handler runs, and without one (a single-source fold: all of
+   the state came from the truncated table) the key's state is dropped and the key deleted.
+   A fold over a changelog emits each row's key as ``_fold_key`` too, which the sink records
+   so that later truncates reach it.
 """
 
 from __future__ import annotations
@@ -37,6 +45,13 @@ from lakefold.projections._model import (
     ProjectionOptions,
     Record,
 )
+from lakefold.projections._truncate import (
+    FAN_KEY_COLUMN,
+    FOLD_KEY_COLUMN,
+    TRUNCATE,
+    TRUNCATED_AT_COLUMN,
+    reads_changelog,
+)
 from lakefold.projections.exceptions import RecordFailed
 
 if TYPE_CHECKING:
@@ -47,7 +62,8 @@ if TYPE_CHECKING:
 DEAD_LETTER_COLUMN = "_dead_letter"
 META_COLUMNS = ("_source", "_position", "_ts", "_type", "_stream")
 #: Metadata columns of a source frame that are not part of a record's data.
-FRAME_META = frozenset({*META_COLUMNS, DELETED_COLUMN, "_before"})
+FRAME_META = frozenset({*META_COLUMNS, DELETED_COLUMN, "_before", FAN_KEY_COLUMN,
+                        TRUNCATED_AT_COLUMN})
 STATE_SCHEMA = "state string, position long"
 
 
@@ -77,8 +93,10 @@ class FoldRuntime:
                    options=projection.options)
 
 
-def output_schema(fold: FoldLogic) -> StructType:
-    """The fold's output columns (its DDL schema) plus the runner's bookkeeping columns."""
+def output_schema(fold: FoldLogic, *, track_keys: bool = False) -> StructType:
+    """The fold's output columns (its DDL schema) plus the runner's bookkeeping columns
+    (with ``track_keys``, the row's key as ``_fold_key``: see step 5 of the module
+    docstring)."""
     from pyspark.sql.types import (
         BooleanType,
         LongType,
@@ -95,6 +113,7 @@ def output_schema(fold: FoldLogic) -> StructType:
         StructField(POSITION_COLUMN, LongType()),
         StructField(DELETED_COLUMN, BooleanType()),
         StructField(DEAD_LETTER_COLUMN, StringType()),
+        *([StructField(FOLD_KEY_COLUMN, StringType())] if track_keys else []),
     ])
 
 
@@ -116,6 +135,8 @@ def fold_input(projection: Projection, frames: Mapping[str, DataFrame],
             key = F.get_json_object(F.col("data"), f"$.{field}")
         else:
             key = F.col(field).cast("string")
+        if FAN_KEY_COLUMN in frame.columns:  # a truncate fanned out to every key
+            key = F.coalesce(F.col(FAN_KEY_COLUMN), key)
         parts.append(frame.select(
             F.lit(source.alias).alias("_source"),
             F.col("_position").cast("long").alias("_position"),
@@ -124,6 +145,8 @@ def fold_input(projection: Projection, frames: Mapping[str, DataFrame],
             F.col("_stream").cast("string").alias("_stream"),
             key.alias("_fkey"),
             F.lit(None).cast("string").alias("_retry"),
+            (F.col(TRUNCATED_AT_COLUMN) if TRUNCATED_AT_COLUMN in frame.columns
+             else F.lit(None).cast("long")).alias(TRUNCATED_AT_COLUMN),
             F.struct(*[F.col(c) for c in data_columns]).alias(source.alias),
         ))
     if retries is not None:
@@ -141,7 +164,7 @@ def apply_fold(projection: Projection, union: DataFrame) -> DataFrame:
 
     fold = projection.fold
     assert fold is not None  # noqa: S101
-    schema = output_schema(fold)
+    schema = output_schema(fold, track_keys=reads_changelog(projection))
     runtime = FoldRuntime.of(projection, tuple(schema.fieldNames()))
     return union.groupBy("_fkey").applyInPandasWithState(
         make_fold_function(runtime), schema, STATE_SCHEMA, "update",
@@ -167,6 +190,8 @@ def _record(row: dict[str, Any], runtime: FoldRuntime) -> Record:
                       timestamp=stored.get("timestamp"))
     source = str(row["_source"])
     payload = row.get(source) or {}
+    if row.get("_type") == TRUNCATE:  # no data: every row of the table is gone
+        payload = {}
     if runtime.source_kinds.get(source) == "events" and isinstance(payload.get("data"), str):
         data = _codec.loads(payload["data"])
         if not isinstance(data, dict):
@@ -195,6 +220,7 @@ def make_fold_function(runtime: FoldRuntime) -> Callable[..., Iterator[Any]]:
         rows: list[dict[str, Any]] = []
         for frame in frames:
             rows.extend(frame.to_dict("records"))
+        rows += _truncates_to_add(rows)
         # New records in position order; retried records after them (they are old records
         # applied late, by request).
         rows.sort(key=lambda r: (r.get("_retry") is not None, int(r["_position"])))
@@ -205,15 +231,26 @@ def make_fold_function(runtime: FoldRuntime) -> Callable[..., Iterator[Any]]:
             current, position = None, -1
         out: list[dict[str, Any]] = []
         changed = False
+        # The key's typed value (the group key is its text), for the row of a deleted key.
+        known = current.get(runtime.key_column) if current is not None else None
         for row in rows:
             record = _record(row, runtime)
+            if record.type == TRUNCATE and runtime.source_kinds.get(record.source) == "changelog":
+                if current is None:
+                    continue  # nothing of this key to clear
+                key_value = current.get(runtime.key_column, known)
+                if TRUNCATE not in runtime.handlers:  # one source: all of the state is gone
+                    known, current, changed = key_value, None, True
+                    position = max(position, record.position)
+                    continue
+            else:
+                key_value = _key_value(record, key[0], runtime)
             entry = runtime.handlers.get(record.type)
             if entry is None:
                 continue
             handler, event_class = entry
             if event_class is not None:
                 record = Record(**{**record.__dict__, "event_class": event_class})
-            key_value = _key_value(record, key[0], runtime)
             if key_value is None:
                 out.append(_dead_letter(runtime, record, None, "the record has no key field "
                                         f"{runtime.key_fields.get(record.source)!r}", 1))
@@ -230,6 +267,7 @@ def make_fold_function(runtime: FoldRuntime) -> Callable[..., Iterator[Any]]:
                 out.append(_dead_letter(runtime, record, key_value, error, attempts))
                 continue
             changed = True
+            known = key_value
             position = max(position, record.position)
             if result is None:
                 current = None
@@ -240,19 +278,40 @@ def make_fold_function(runtime: FoldRuntime) -> Callable[..., Iterator[Any]]:
             if current is None:
                 if state.exists:
                     state.remove()
-                out.append({runtime.key_column: _key_value_any(rows, runtime, key[0]),
-                            POSITION_COLUMN: position, DELETED_COLUMN: True})
+                out.append({runtime.key_column: known if known is not None
+                            else _key_value_any(rows, runtime, key[0]),
+                            POSITION_COLUMN: position, DELETED_COLUMN: True,
+                            FOLD_KEY_COLUMN: key[0]})
             else:
                 state.update((_codec.dumps(current), position))
                 out.append({**{c: current.get(c) for c in runtime.columns},
                             POSITION_COLUMN: position,
                             DELETED_COLUMN: bool(current.get(DELETED_COLUMN)),
-                            DEAD_LETTER_COLUMN: None})
+                            DEAD_LETTER_COLUMN: None, FOLD_KEY_COLUMN: key[0]})
         if out:
             yield pd.DataFrame([{c: r.get(c) for c in runtime.columns} for r in out],
                                columns=list(runtime.columns), dtype=object)
 
     return fold
+
+
+def _truncates_to_add(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Truncate records for this key that the source could not fan out to it: its records
+    of a stream that precede a truncate of that stream in the same batch (the key may have
+    no state before the batch, so the source did not know it)."""
+    import pandas as pd
+
+    have = {(r["_source"], int(r["_position"])) for r in rows
+            if r.get("_type") == TRUNCATE and r.get("_retry") is None}
+    added: list[dict[str, Any]] = []
+    for row in rows:
+        at = row.get(TRUNCATED_AT_COLUMN)
+        if at is None or pd.isna(at) or (row["_source"], int(at)) in have:
+            continue
+        have.add((row["_source"], int(at)))
+        added.append({"_source": row["_source"], "_position": int(at), "_ts": None,
+                      "_type": TRUNCATE, "_stream": row["_stream"], "_retry": None})
+    return added
 
 
 def _initial(runtime: FoldRuntime, key_value: object) -> dict[str, Any]:

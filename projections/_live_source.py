@@ -29,6 +29,7 @@ from pyspark.sql.streaming.datasource import ReadMaxRows
 from lakefold.projections._model import Source
 from lakefold.projections._source import (
     ProjectionSourceReader,
+    TruncateOptions,
     _Range,
     source_from_json,
     source_to_json,
@@ -64,7 +65,8 @@ class LiveSourceReader(SimpleDataSourceStreamReader):
         begin, stop = int(start["position"]), int(end["position"])
         if stop <= begin:  # Spark refuses anything, even an empty batch, for an empty range
             return iter(())
-        return self._ranges.read(_Range(begin, stop))
+        return self._ranges.read(_Range(begin, stop,
+                                        self._ranges.batch_truncates(begin, stop)))
 
     def commit(self, end: dict[str, Any]) -> None:
         """Nothing to release: the stores keep every record (the log is the buffer)."""
@@ -85,14 +87,16 @@ class LiveProjectionSource(DataSource):
         return LiveSourceReader(dict(self.options), schema)
 
 
-def live_frame(spark: SparkSession, dsn: str, source: Source, *, max_records: int
-               ) -> DataFrame:
+def live_frame(spark: SparkSession, dsn: str, source: Source, *, max_records: int,
+               truncates: TruncateOptions | None = None) -> DataFrame:
     """A streaming DataFrame over one source for a live generation (see the module
     docstring): the columns of ``_source.source_frame``, at most ``max_records`` per batch."""
     spark.dataSource.register(LiveProjectionSource)
-    return (spark.readStream.format(FORMAT)
-            .schema(spark_schema(dsn, source))
-            .option("dsn", dsn)
-            .option("source", source_to_json(source))
-            .option("max_records", str(max_records))
-            .load())
+    truncates = truncates or TruncateOptions()
+    reader = (spark.readStream.format(FORMAT)
+              .schema(spark_schema(dsn, source, truncates=truncates.mode))
+              .option("dsn", dsn)
+              .option("source", source_to_json(source))
+              .option("max_records", str(max_records)))
+    frame: DataFrame = truncates.apply(reader).load()
+    return frame

@@ -28,7 +28,14 @@ from lakefold.projections._model import (
     SearchIndexTarget,
 )
 from lakefold.projections._pruning import event_columns_read
-from lakefold.projections._source import source_frame, spark_schema
+from lakefold.projections._source import TruncateOptions, source_frame, spark_schema
+from lakefold.projections._stateful import check_no_state_over_changelogs
+from lakefold.projections._truncate import (
+    FOLD_KEY_COLUMN,
+    check_fold_truncates,
+    check_truncatable,
+    source_mode,
+)
 from lakefold.projections.exceptions import (
     IncompatibleTargetError,
     MissingKeyError,
@@ -71,21 +78,28 @@ def is_stateful(df: DataFrame) -> bool:
 
 
 def build(spark: SparkSession, projection: Projection, dsn: str, *, max_records: int,
-          retries: DataFrame | None = None, rebuild: bool = False) -> Plan:
+          retries: DataFrame | None = None, rebuild: bool = False,
+          generation: int | None = None) -> Plan:
     """The streaming output of ``projection`` reading ``dsn``'s stores. A live generation's
     small batches are read on the driver (``_live_source``); a ``rebuild``'s large ones in
     parallel tasks (``_source``), and its event sources fetch only the columns the transform
     reads (see ``_pruning``). Live batches larger than ``LIVE_READ_MAX`` are read in tasks too:
-    a driver-side read holds the whole batch in the driver's memory."""
+    a driver-side read holds the whole batch in the driver's memory. Changelog sources hand
+    over truncate records as the target needs them (see ``_truncate``); a fold's are fanned
+    out to the keys of ``generation`` (not at all without one: a plan only validated)."""
+    check_truncatable(projection)
     columns = event_columns_read(
         spark, projection, {s.alias: spark_schema(dsn, s) for s in projection.sources},
         _call_transform, _stores.event_columns()) if rebuild else {}
+    truncates = TruncateOptions(mode=source_mode(projection), fold=projection.name,
+                                generation=generation)
     if rebuild or max_records > LIVE_READ_MAX:
         frames = {s.alias: source_frame(spark, dsn, s, max_records=max_records,
-                                        columns=columns.get(s.alias))
+                                        columns=columns.get(s.alias), truncates=truncates)
                   for s in projection.sources}
     else:
-        frames = {s.alias: live_frame(spark, dsn, s, max_records=max_records)
+        frames = {s.alias: live_frame(spark, dsn, s, max_records=max_records,
+                                      truncates=truncates)
                   for s in projection.sources}
     if projection.fold is not None:
         output = apply_fold(projection, fold_input(projection, frames, retries))
@@ -100,13 +114,14 @@ def build(spark: SparkSession, projection: Projection, dsn: str, *, max_records:
                 f"{type(output).__name__}, not a DataFrame"
             )
         stateful = is_stateful(output)
+        check_no_state_over_changelogs(projection, output, stateful)
     types = {f.name: f.dataType.simpleString() for f in output.schema.fields}
     return Plan(output=output, stateful=stateful, columns=tuple(output.columns), types=types)
 
 
 def check_target(projection: Projection, plan: Plan) -> None:
     """Refuse outputs the target cannot take."""
-    columns = [c for c in plan.columns if c != DEAD_LETTER_COLUMN]
+    columns = [c for c in plan.columns if c not in (DEAD_LETTER_COLUMN, FOLD_KEY_COLUMN)]
     target = projection.target
     if POSITION_COLUMN in columns and plan.types[POSITION_COLUMN] not in ("bigint", "int"):
         raise IncompatibleTargetError(
@@ -168,6 +183,7 @@ def _check_fold_keys(projection: Projection, dsn: str) -> None:
         raise ProjectionDefinitionError(
             f"fold {projection.name} has no handlers; add one with @{projection.name}.on(...)"
         )
+    check_fold_truncates(projection)
     for source in projection.sources:
         field = fold.key[source.alias] if isinstance(fold.key, Mapping) else fold.key
         if field == STREAM_KEY or not isinstance(source, ChangelogSource):

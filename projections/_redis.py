@@ -14,6 +14,11 @@ chunk if the checkpoint is at or past it, (2) writes, or deletes, each key unles
 position is newer than the write's, and (3) stores the checkpoint, all atomically (Redis runs a
 script without interleaving). A replay after a crash is therefore a no-op, and no key ever moves
 backwards, even under a zombie writer.
+
+A truncate of the source (``truncated_at``: its position) first deletes every key whose stored
+position is at or below it (the rows written before it; the batch's own rows come after it),
+leaving the truncate's position as each key's tombstone: a replay deletes nothing newer, and
+no older write comes back.
 """
 
 from __future__ import annotations
@@ -67,6 +72,18 @@ while i <= #ARGV do
 end
 redis.call('HSET', ckpt, 'batch', batch, 'chunk', chunk)
 return {written, refused}
+"""
+_WIPE = """
+local poskey, prefix, upto = KEYS[1], ARGV[1], tonumber(ARGV[2])
+local deleted = 0
+for i = 3, #ARGV do
+  local current = redis.call('HGET', poskey, ARGV[i])
+  if current and tonumber(current) <= upto then
+    deleted = deleted + redis.call('DEL', prefix .. 'k:' .. ARGV[i])
+    redis.call('HSET', poskey, ARGV[i], ARGV[2])
+  end
+end
+return deleted
 """
 
 
@@ -126,6 +143,7 @@ class RedisCacheWriter:
         self.format = format
         self._client = redis.Redis.from_url(url)
         self._script = self._client.register_script(_APPLY)
+        self._wipe = self._client.register_script(_WIPE)
 
     def close(self) -> None:
         self._client.close()
@@ -155,12 +173,36 @@ class RedisCacheWriter:
             fields += [column, _scalar(value)]
         return [key, position, "h", len(fields), *fields]
 
+    def truncate(self, position: int) -> int:
+        """Delete every key whose stored position is at or below ``position`` (a truncate of
+        the source there), leaving ``position`` as its tombstone; returns how many values
+        went. Idempotent, in chunks: a crash part way is finished by the replay."""
+        poskey = self.prefix + "_pos"
+        deleted = 0
+        try:
+            keys = [k for k, p in self._client.hscan_iter(poskey, count=CHUNK_KEYS)
+                    if int(p) <= position]
+            for i in range(0, len(keys), CHUNK_KEYS):
+                deleted += int(self._wipe(keys=[poskey],
+                                          args=[self.prefix, position, *keys[i:i + CHUNK_KEYS]]))
+        except redis.ConnectionError as e:
+            raise TargetUnavailable(
+                f"Redis at {mask_dsn(self._url)} is unreachable ({e}); retrying"
+            ) from e
+        except redis.RedisError as e:
+            raise TargetError(f"Redis refused a truncate at position {position}: {e}") from e
+        return deleted
+
     def write(self, rows: pa.Table, *, batch_id: int, position: int,
-              rejected: list[tuple[dict[str, Any], str]] | None = None) -> RedisWriteResult:
+              rejected: list[tuple[dict[str, Any], str]] | None = None,
+              truncated_at: int | None = None) -> RedisWriteResult:
         """Apply ``rows`` as batch ``batch_id``. Rows without a ``_position`` column carry
         ``position`` (the batch's source position). Rows that cannot be encoded are appended
         to ``rejected`` with their error (the caller dead-letters them) instead of failing
-        the batch; with ``rejected=None`` they raise TargetError."""
+        the batch; with ``rejected=None`` they raise TargetError. ``truncated_at``: the
+        source was truncated at that position before these rows (``truncate`` runs first)."""
+        if truncated_at is not None:
+            self.truncate(truncated_at)
         encoded: list[tuple[str, list[str | int]]] = []
         has_position = POSITION_COLUMN in rows.column_names
         if has_position and rows.num_rows > 1:  # several rows of a key: oldest first

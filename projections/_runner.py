@@ -14,6 +14,11 @@ N+1's committed position has reached N's for every source, the catalog switches 
 in one transaction, Redis readers' pointer follows, N's query stops, and generations beyond
 ``keep_generations`` are dropped (Delta directory, Redis keys, index, checkpoint). N+1's query
 simply carries on as the live one: readers never see an empty or half-built view.
+
+Compaction: every running or building generation holds its positions in the changelog streams
+it reads, so compaction never passes it (``_readers``). A live generation that compaction
+passed anyway fails with the fix (``lakefold rebuild NAME``) and waits for its rebuild's
+switch; a rebuild that would not give the history a Delta scd2/append view holds is refused.
 """
 
 from __future__ import annotations
@@ -42,10 +47,20 @@ from lakefold.projections._catalog import (
 )
 from lakefold.projections._deadletters import DeadLetters
 from lakefold.projections._plan import Plan, build, validate
+from lakefold.projections._readers import (
+    GenerationReads,
+    check_rebuild,
+    committed_positions,
+    keep_history_for,
+    release_gone,
+)
 from lakefold.projections._redis import drop_prefix
+from lakefold.projections._run_report import RUNNING_STATES, ProjectionReport, RunTally
 from lakefold.projections._source import retry_frame
 from lakefold.projections._targeted import PartReport, rebuild_part
+from lakefold.projections._truncate import FoldKeys
 from lakefold.projections.exceptions import (
+    BehindCompactionError,
     ProjectionNotFound,
     ProjectionStateError,
 )
@@ -128,7 +143,7 @@ class GenerationQuery:
         try:
             self._start()
         except BaseException:
-            self._release()
+            self.stop()  # closes what _start opened (the sink) and releases the lock
             raise
         return True
 
@@ -148,6 +163,9 @@ class GenerationQuery:
             redis_url=runner.config.redis_url, namespace=runner.config.roots.redis_namespace,
             output_schema=to_arrow_schema(plan.output.schema, timezone="UTC"))
         self.sink.progress.end = dict(generation.position)
+        # Hold the changelog positions the query resumes from, before it reads anything.
+        self.sink.reads.attach(committed_positions(generation.checkpoint_dir))
+        runner.tally.add_sink(projection.name, self.sink)
         if self.role == "live":
             self.sink.publish()
         trigger = runner.config.trigger_seconds
@@ -210,6 +228,8 @@ class _Health:
     given_up: bool = False
     last_error: str | None = None
     remote: set[int] = field(default_factory=set)
+    #: Live generations behind compaction, waiting for the rebuild that replaces them.
+    behind: set[int] = field(default_factory=set)
 
 
 class Runner:
@@ -227,6 +247,7 @@ class Runner:
         self._switching: dict[str, dict[str, int]] = {}
         self._plans: dict[tuple[str, int], Plan] = {}
         self._prepared = False
+        self.tally = RunTally()  # what the current (or last) ``run`` did
 
     @property
     def projections(self) -> list[Projection]:
@@ -246,7 +267,7 @@ class Runner:
             retries = retry_frame(self.spark, self.config.store_dsn, projection.name,
                                   generation)
         return build(self.spark, projection, self.config.store_dsn, max_records=max_records,
-                     retries=retries, rebuild=rebuild)
+                     retries=retries, rebuild=rebuild, generation=generation)
 
     def take_prepared_plan(self, name: str, generation: int, role: str) -> Plan | None:
         """The plan ``prepare`` validated for the live generation (used once)."""
@@ -282,15 +303,34 @@ class Runner:
                                 fingerprint=projection.fingerprint(),
                                 keep_generations=projection.options.keep_generations,
                                 definition=projection.describe())
+            keep_history_for(self.config.store_dsn, projection)
+        release_gone(self.config.store_dsn, self.catalog)
         self._prepared = True
 
     # ------------------------------------------------------------------ rebuild
 
     def request_rebuild(self, name: str) -> Generation:
         """Start building generation N+1 of NAME; the run loop switches to it when it has
-        caught up. (A part of a view is rebuilt in place with ``rebuild_part``.)"""
-        self.registry.get(name)
-        return self.catalog.begin_rebuild(name)
+        caught up. (A part of a view is rebuilt in place with ``rebuild_part``.)
+
+        A view that keeps every version (Delta scd2 or append) over a stream that compaction
+        trimmed is refused (BehindCompactionError naming the compaction): its rebuild would not
+        be the history the live generation built. The new generation holds its changelog
+        positions (at 0) from here on."""
+        projection = self.registry.get(name)
+        check_rebuild(self.config.store_dsn, projection,
+                      self.catalog.current(name).generation + 1)
+        generation = self.catalog.begin_rebuild(name)
+        reads = GenerationReads(self.config.store_dsn, projection, generation.generation)
+        try:
+            reads.attach({})
+        except BaseException:
+            self.catalog.abandon(name, generation.generation)
+            raise
+        finally:
+            reads.close()
+        self._health.pop(name, None)  # a failed live generation no longer stops NAME
+        return generation
 
     def rebuild_part(self, name: str, *, stream: str | None = None,
                      key_from: str | None = None, key_to: str | None = None) -> PartReport:
@@ -309,24 +349,47 @@ class Runner:
         return {s.alias: _stores.head(self.config.store_dsn, s) for s in projection.sources}
 
     def run(self, *, until_caught_up: bool = False, stop: threading.Event | None = None,
-            timeout: float | None = None) -> None:
+            timeout: float | None = None) -> list[ProjectionReport]:
         """Run until ``stop`` is set (or, with ``until_caught_up``, until every projection has
         processed everything that was in the stores when the call started, and every
-        requested rebuild has switched)."""
+        requested rebuild has switched). Returns what each projection did; at the end, the
+        projections this run ran are left ``stopped`` in the catalog (unless paused or
+        failed), whether it ends cleanly or by an error."""
         self.prepare()
+        self.tally = RunTally()
         stop = stop or threading.Event()
         deadline = None if timeout is None else time.monotonic() + timeout
         targets = {p.name: self.heads(p) for p in self.projections} if until_caught_up else {}
         try:
             while not stop.is_set():
                 done = [self._tick(p, targets.get(p.name)) for p in self.projections]
-                if until_caught_up and all(done):
-                    return
+                if until_caught_up:
+                    for projection, caught_up in zip(self.projections, done, strict=True):
+                        if caught_up:
+                            self.tally.caught_up(projection.name)
+                    if all(done):
+                        break
                 if deadline is not None and time.monotonic() > deadline:
                     raise TimeoutError(f"projections not caught up within {timeout} s")
                 stop.wait(self.config.poll_seconds)
         finally:
             self.stop_all()
+            try:
+                self._record_stopped()
+            except LakefoldError as e:  # the store went away; status tells by the locks
+                log.warning("could not record the projections as stopped: %s", e)
+        return self.tally.report(self.catalog, self.projections)
+
+    def _record_stopped(self) -> None:
+        """Leave the projections this run ran (not those another process runs) ``stopped``
+        in the catalog rather than ``running``: nothing runs them any more."""
+        for projection in self.projections:
+            health = self._health.get(projection.name)
+            ran = projection.name in self.tally.sinks
+            if not ran and (health is None or health.remote):
+                continue
+            if self.catalog.projection(projection.name).state in RUNNING_STATES:
+                self.catalog.set_state(projection.name, "stopped", keep_error=True)
 
     def stop_all(self) -> None:
         for query in list(self.queries.values()):
@@ -367,7 +430,10 @@ class Runner:
             self._health[name] = health = _Health()  # resumed by `lakefold resume`
         live = self.catalog.current(name)
         building = self.catalog.building(name)
-        if name not in self._switching and not self._ensure(projection, live, "live", health):
+        if building is None:
+            health.behind.clear()
+        if name not in self._switching and not self._ensure(projection, live, "live", health) \
+                and live.generation not in health.behind:
             return health.given_up
         if building is not None:
             if not self._ensure(projection, building, "rebuild", health):
@@ -401,7 +467,9 @@ class Runner:
             query.stop()
             del self.queries[key]
             if error is not None:
-                self._failed(projection, health, error)
+                self._query_failed(projection, generation, role, health, error)
+            return False
+        if generation.generation in health.behind:
             return False
         if health.given_up or time.monotonic() < health.retry_at:
             return False
@@ -409,13 +477,25 @@ class Runner:
         try:
             started = query.start()
         except Exception as e:
-            self._failed(projection, health, e)
+            self._query_failed(projection, generation, role, health, e)
             return False
         if not started:
             health.remote.add(generation.generation)
             return False
         self.queries[key] = query
         return True
+
+    def _query_failed(self, projection: Projection, generation: Generation, role: str,
+                      health: _Health, error: BaseException) -> None:
+        """A live generation behind compaction while its rebuild runs just waits for the
+        switch (the rebuild is the fix); anything else goes to ``_failed``."""
+        if role == "live" and isinstance(error, BehindCompactionError) \
+                and self.catalog.building(projection.name) is not None:
+            health.behind.add(generation.generation)
+            log.warning("projection %s: generation %d stays stopped until its rebuild switches: "
+                        "%s", projection.name, generation.generation, error)
+            return
+        self._failed(projection, health, error)
 
     def _failed(self, projection: Projection, health: _Health, error: BaseException) -> None:
         """A query stopped with ``error``. Terminal errors (a record that failed under the
@@ -469,6 +549,12 @@ class Runner:
         new.sink.publish()
         self.drop_generations(dropped)
         log.info("projection %s switched to generation %d", name, building.generation)
+        try:  # the retired generation no longer holds the compaction of its streams
+            release_gone(self.config.store_dsn, self.catalog)
+        except (LakefoldError, psycopg.Error) as e:
+            log.warning("projection %s: the changelog positions of its retired generation "
+                        "were not released (%s); the next `lakefold run` releases them",
+                        name, e)
 
     def drop_generations(self, generations: Iterable[Generation]) -> None:
         """Delete the sinks of retired generations and mark them dropped."""
@@ -482,6 +568,7 @@ class Runner:
             shutil.rmtree(generation.checkpoint_dir, ignore_errors=True)
             if self.config.redis_url is not None:
                 drop_prefix(self.config.redis_url, generation.redis_prefix)
+            FoldKeys(self.config.store_dsn).drop(generation.name, generation.generation)
             self.catalog.mark_dropped(generation.name, generation.generation)
 
 

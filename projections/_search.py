@@ -10,6 +10,9 @@ not expose Tantivy's commit payload, and a document in the same commit is just a
 batch whose id is not above the committed checkpoint is skipped, so a replay after a crash is a
 no-op; a crash before the commit leaves nothing of the batch behind. Queries never match the
 checkpoint document.
+
+A batch that holds a truncate of the source (``replace``) deletes every document first, in the
+same commit: the index then holds the batch's rows, all of them after the truncate.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ import json
 import threading
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +31,7 @@ import tantivy
 
 from lakefold.projections._model import DELETED_COLUMN, POSITION_COLUMN
 from lakefold.projections._redis import key_text
+from lakefold.projections._search_matches import MatchedText, MatchFinder
 from lakefold.projections.exceptions import (
     IncompatibleTargetError,
     ProjectionNotFound,
@@ -183,11 +187,12 @@ class SearchIndexWriter:
 
     def write(self, rows: pa.Table, *, batch_id: int,
               rejected: list[tuple[dict[str, Any], str]] | None = None,
-              repair: bool = False) -> SearchWriteResult:
+              repair: bool = False, replace: bool = False) -> SearchWriteResult:
         """Apply ``rows`` as batch ``batch_id`` in one commit, or skip it if the index already
         holds it. Rows that cannot be indexed go to ``rejected`` (or raise when it is None).
         ``repair``: apply even at or below the checkpoint (a targeted rebuild, which passes
-        the current checkpoint so that it stays where it is)."""
+        the current checkpoint so that it stays where it is). ``replace``: delete every
+        document first, in the same commit (the source was truncated before these rows)."""
         if not repair and self._last is not None and batch_id <= self._last:
             return SearchWriteResult(0, 0, skipped=True)
         upserted = deleted = 0
@@ -202,6 +207,8 @@ class SearchIndexWriter:
                     raise
                 rejected.append((row, str(e)))
         try:
+            if replace:
+                self._writer.delete_all_documents()
             for key, row in latest.items():
                 self._writer.delete_documents_by_term(KEY_FIELD, key)
                 if row.get(DELETED_COLUMN):
@@ -247,11 +254,14 @@ def _plain(document: tantivy.Document) -> dict[str, Any]:
 
 @dataclass(frozen=True)
 class SearchHit:
-    """One matching document: its key, score and stored fields."""
+    """One matching document: its key, score and stored fields, and ``matched``: the text of
+    each text field where the query matched, with the matched terms' ranges (why it ranks
+    where it does)."""
 
     key: str
     score: float
     document: dict[str, Any]
+    matched: dict[str, MatchedText] = field(default_factory=dict)
 
 
 class SearchIndexReader:
@@ -300,11 +310,13 @@ class SearchIndexReader:
         combined = tantivy.Query.boolean_query([
             (tantivy.Occur.Must, parsed), (tantivy.Occur.MustNot, not_checkpoint)])
         searcher = index.searcher()
+        finder = MatchFinder(searcher, parsed, index.schema, text_fields)
         hits = []
         for score, address in searcher.search(combined, limit=limit).hits:
-            document = _plain(searcher.doc(address))
+            stored = searcher.doc(address)
+            document = _plain(stored)
             hits.append(SearchHit(key=str(document.get("_id")), score=float(score),
-                                  document=document))
+                                  document=document, matched=finder.matched(stored)))
         return hits
 
     def get(self, view: str, key: object) -> dict[str, Any] | None:

@@ -10,6 +10,12 @@ Reads below the head are final (the stores guarantee it: the event store hands o
 sequenced positions, the changelog only committed ones), so a micro-batch replayed after a
 crash reads exactly the same records, which is what makes the sinks' batch ids meaningful.
 
+Option ``truncates`` says how a changelog's truncate records reach the projection (``keep``,
+``drop``, ``cut`` or ``fanout``; see ``_truncate``). ``cut`` and ``fanout`` need the positions
+of all the batch's truncates, which ``partitions`` asks the store for once per batch and hands
+to every partition; a fold's ``fanout`` also reads the generation's keys (option ``fold``:
+``{"name", "generation"}``).
+
 The source is registered on the session under ``lakefold_projection_source`` and is part of
 the installed package, so any Spark worker can import it.
 """
@@ -18,7 +24,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator, Sequence
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
@@ -32,6 +38,13 @@ from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMa
 
 from lakefold.projections import _stores
 from lakefold.projections._model import ChangelogSource, EventSource, Source
+from lakefold.projections._truncate import (
+    FAN_KEY_COLUMN,
+    TRUNCATED_AT_COLUMN,
+    FoldKeys,
+    Mode,
+    apply_mode,
+)
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -55,10 +68,14 @@ def source_from_json(text: str) -> Source:
 
 
 class _Range(InputPartition):
-    def __init__(self, start: int, end: int) -> None:
-        super().__init__((start, end))
+    """Positions ``[start, end)``; ``truncates``: the positions of the whole micro-batch's
+    truncates (modes cut and fanout)."""
+
+    def __init__(self, start: int, end: int, truncates: tuple[int, ...] = ()) -> None:
+        super().__init__((start, end, truncates))
         self.start = start
         self.end = end
+        self.truncates = truncates
 
 
 class ProjectionSourceReader(DataSourceStreamReader):
@@ -73,6 +90,13 @@ class ProjectionSourceReader(DataSourceStreamReader):
         self.start_position = int(options.get("start_position", "0"))
         columns = options.get("columns")
         self.columns = tuple(columns.split(",")) if columns else None
+        modes: dict[str, Mode] = {"drop": "drop", "cut": "cut", "fanout": "fanout"}
+        self.truncates: Mode = modes.get(options.get("truncates", "keep"), "keep")
+        if not isinstance(self.source, ChangelogSource):
+            self.truncates = "keep"  # events have no truncates
+        fold = json.loads(options["fold"]) if options.get("fold") else None
+        self.fold: tuple[str, int] | None = (str(fold["name"]), int(fold["generation"])) \
+            if fold else None
         from pyspark.sql.pandas.types import to_arrow_schema
 
         self.arrow_schema = to_arrow_schema(schema, timezone="UTC")
@@ -101,15 +125,28 @@ class ProjectionSourceReader(DataSourceStreamReader):
     def reportLatestOffset(self) -> dict[str, Any] | None:
         return self._offset(_stores.head(self.dsn, self.source) + 1)
 
+    def batch_truncates(self, begin: int, stop: int) -> tuple[int, ...]:
+        """Modes cut and fanout: the positions of the truncates in ``[begin, stop)``."""
+        if self.truncates not in ("cut", "fanout") or stop <= begin:
+            return ()
+        assert isinstance(self.source, ChangelogSource)  # noqa: S101 - see __init__
+        found = _stores.changelog_truncates(self.dsn, self.source.table, begin, stop)
+        return tuple(t.position for t in found)
+
     def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[InputPartition]:
         begin, stop = int(start["position"]), int(end["position"])
         step = max(1, self.partition_records)
-        return [_Range(s, min(stop, s + step)) for s in range(begin, stop, step)]
+        truncates = self.batch_truncates(begin, stop)
+        return [_Range(s, min(stop, s + step), truncates) for s in range(begin, stop, step)]
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
-        start, end = partition.value
+        start, end, truncates = partition.value
+        keys: list[str] | None = None
         for batch in _stores.read(self.dsn, self.source, int(start), int(end),
                                   columns=self.columns):
+            if self.truncates == "fanout" and keys is None:
+                keys = FoldKeys(self.dsn).keys(*self.fold) if self.fold else []
+            batch = apply_mode(batch, self.truncates, truncates=truncates, keys=keys)
             yield _conform(batch, self.arrow_schema)
 
     def commit(self, end: dict[str, Any]) -> None:
@@ -149,6 +186,8 @@ class ProjectionBatchReader(DataSourceReader):
         self._stream = ProjectionSourceReader(options, schema)
         self.start = int(options.get("start", "0"))
         self.end = int(options["end"])
+        if self._stream.truncates == "fanout":
+            raise ValueError("a fixed range is never read for a fold (truncates='fanout')")
 
     def partitions(self) -> Sequence[InputPartition]:
         return self._stream.partitions(self._stream._offset(self.start),
@@ -186,16 +225,38 @@ def register(spark: SparkSession) -> None:
     spark.dataSource.register(ProjectionSource)
 
 
-def spark_schema(dsn: str, source: Source) -> StructType:
-    """The Spark schema of a source's frame (metadata columns first)."""
+def spark_schema(dsn: str, source: Source, *, truncates: Mode = "keep") -> StructType:
+    """The Spark schema of a source's frame (metadata columns first); a fold's changelog
+    frame (``truncates="fanout"``) has ``_fan_key`` and ``_truncated_at`` too."""
     from pyspark.sql.pandas.types import from_arrow_schema
 
     result: StructType = from_arrow_schema(_stores.arrow_schema(dsn, source))
+    if truncates == "fanout" and isinstance(source, ChangelogSource):
+        from pyspark.sql.types import LongType, StringType
+
+        result = result.add(FAN_KEY_COLUMN, StringType()).add(TRUNCATED_AT_COLUMN, LongType())
     return result
 
 
-def range_frame(spark: SparkSession, dsn: str, source: Source, start: int, end: int
-                ) -> DataFrame:
+@dataclass(frozen=True)
+class TruncateOptions:
+    """How a frame's changelog source hands over truncate records (see ``_truncate``):
+    ``mode``, and for a fold's ``fanout`` the generation whose keys to fan out to."""
+
+    mode: Mode = "keep"
+    fold: str | None = None
+    generation: int | None = None
+
+    def apply(self, reader: Any) -> Any:
+        reader = reader.option("truncates", self.mode)
+        if self.fold is not None and self.generation is not None:
+            reader = reader.option("fold", json.dumps({"name": self.fold,
+                                                       "generation": self.generation}))
+        return reader
+
+
+def range_frame(spark: SparkSession, dsn: str, source: Source, start: int, end: int, *,
+                truncates: Mode = "keep") -> DataFrame:
     """A batch DataFrame of positions ``[start, end)`` of one source."""
     register(spark)
     return (spark.read.format(FORMAT)
@@ -204,24 +265,28 @@ def range_frame(spark: SparkSession, dsn: str, source: Source, start: int, end: 
             .option("source", source_to_json(source))
             .option("start", str(start))
             .option("end", str(end))
+            .option("truncates", truncates)
             .load())
 
 
 def source_frame(spark: SparkSession, dsn: str, source: Source, *, max_records: int,
                  partition_records: int = DEFAULT_PARTITION_RECORDS,
-                 columns: tuple[str, ...] | None = None) -> DataFrame:
+                 columns: tuple[str, ...] | None = None,
+                 truncates: TruncateOptions | None = None) -> DataFrame:
     """A streaming DataFrame over one source, with the projection metadata columns; with
     ``columns``, only those event columns are fetched (the others stay null)."""
     register(spark)
+    truncates = truncates or TruncateOptions()
     reader = (spark.readStream.format(FORMAT)
-              .schema(spark_schema(dsn, source))
+              .schema(spark_schema(dsn, source, truncates=truncates.mode))
               .option("dsn", dsn)
               .option("source", source_to_json(source))
               .option("max_records", str(max_records))
               .option("partition_records", str(partition_records)))
     if columns is not None:
         reader = reader.option("columns", ",".join(columns))
-    return reader.load()
+    frame: DataFrame = truncates.apply(reader).load()
+    return frame
 
 
 # ------------------------------------------------------------------------- dead-letter retries
@@ -276,7 +341,7 @@ class RetryReader(DataSourceStreamReader):
         from lakefold.projections import _codec
         from lakefold.projections._redis import key_text
 
-        start, end = partition.value
+        start, end = partition.value[:2]
         with psycopg.connect(self.dsn, autocommit=True) as conn:
             rows = conn.execute(
                 "SELECT record FROM lakefold.projection_dead_letters WHERE name = %s "

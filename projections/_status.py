@@ -1,5 +1,6 @@
 """``lakefold status``: per projection its generation, position, lag in records and seconds,
-throughput, state and last error; per capture slot its health.
+throughput, state, last error and the changelog streams whose compaction it holds; per capture
+slot its health.
 
 Everything is read from the catalog and the stores, so status works from any process, with or
 without the projections module. A projection whose catalog state says ``running`` but whose
@@ -25,6 +26,7 @@ from lakefold.projections._catalog import (
 )
 from lakefold.projections._deadletters import DeadLetters
 from lakefold.projections._model import ChangelogSource, EventSource, Source
+from lakefold.projections._readers import compaction_holders
 
 _LAG_WINDOW = 10_000
 
@@ -59,6 +61,8 @@ class ProjectionStatus:
     rebuilding_generation: int | None = None
     rebuild_position: dict[str, int] = field(default_factory=dict)
     sources: list[SourceStatus] = field(default_factory=list)
+    #: Changelog streams whose compaction this projection holds (stream → its position).
+    holds_compaction: dict[str, int] = field(default_factory=dict)
 
     def as_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -133,6 +137,7 @@ def projection_status(catalog: Catalog, dsn: str, names: list[str] | None = None
                       ) -> list[ProjectionStatus]:
     """Status of every projection in the catalog (or of ``names``)."""
     dead = DeadLetters(catalog)
+    holders = compaction_holders(dsn)
     statuses = []
     for row in catalog.projections():
         if names and row.name not in names:
@@ -157,7 +162,7 @@ def projection_status(catalog: Catalog, dsn: str, names: list[str] | None = None
             rebuilding_generation=building.generation if building else None,
             rebuild_position={a: max(0, p - 1) for a, p in building.position.items()}
             if building else {},
-            sources=sources))
+            sources=sources, holds_compaction=holders.get(row.name, {})))
     return statuses
 
 

@@ -15,6 +15,8 @@ All functions take plain arguments (a DSN, names) so they run in Spark's Python 
 
 from __future__ import annotations
 
+import difflib
+import logging
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
@@ -23,8 +25,9 @@ import psycopg
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from lakefold.dsn import mask_dsn
+from lakefold.dsn import error_text, mask_dsn
 from lakefold.projections._model import ChangelogSource, EventSource, Source
+from lakefold.projections._truncate import Truncate
 from lakefold.projections.exceptions import CatalogUnavailable, UnknownSourceError
 
 META_FIELDS = [
@@ -35,6 +38,7 @@ META_FIELDS = [
     pa.field("_deleted", pa.bool_()),
 ]
 _STREAM_DELETED = "$stream.deleted"
+log = logging.getLogger(__name__)
 
 
 def _connect(dsn: str) -> psycopg.Connection[Any]:
@@ -42,7 +46,8 @@ def _connect(dsn: str) -> psycopg.Connection[Any]:
         return psycopg.connect(dsn, autocommit=True, connect_timeout=10)
     except psycopg.OperationalError as e:
         raise CatalogUnavailable(
-            f"the store at {mask_dsn(dsn)} is unreachable ({e}); check the store DSN"
+            f"the store at {mask_dsn(dsn)} is unreachable ({error_text(e)}); check the store "
+            "DSN"
         ) from e
 
 
@@ -166,6 +171,17 @@ def changelog_head(dsn: str, stream: str) -> int:
             raise
 
 
+def changelog_truncates(dsn: str, stream: str, start: int, end: int) -> list[Truncate]:
+    """The truncate records of a changelog stream at positions ``[start, end)``, in order."""
+    with _handles_lock:
+        try:
+            found = _handle("changelog", dsn).truncates(stream, start, end)
+        except Exception:
+            _drop_handle("changelog", dsn)  # reconnect next time
+            raise
+    return [Truncate(position=int(p), at=at) for p, at in found]
+
+
 def changelog_arrow_schema(dsn: str, stream: str) -> pa.Schema:
     """The columns a changelog read yields: the metadata columns, capture's own metadata
     (``_op``, ``_commit_lsn``, ...) and the table's typed columns (newest schema version)."""
@@ -227,10 +243,20 @@ def arrow_schema(dsn: str, source: Source) -> pa.Schema:
     return changelog_arrow_schema(dsn, source.table)
 
 
+def _warn_empty_category(projection: str, category: str, categories: Sequence[str]) -> None:
+    close = difflib.get_close_matches(category, list(categories), n=1, cutoff=0.6)
+    hint = f"; did you mean {close[0]!r}?" if close else ""
+    log.warning("projection %s: event category %r has no events yet; the projection reads them "
+                "as they are appended (known categories: %s%s)", projection, category,
+                ", ".join(categories) or "none", hint)
+
+
 def check_sources_exist(dsn: str, sources: Sequence[Source], *, projection: str,
                         registered_types: Sequence[str] = ()) -> None:
     """Raise UnknownSourceError naming the first source that the stores do not know, with the
-    names they do know."""
+    names they do know. An event category without events is not an error (a new system has
+    none yet): it is logged as a warning, with the closest known category, and the source
+    reads the category's events once they are appended."""
     streams: list[str] | None = None
     categories: list[str] | None = None
     for source in sources:
@@ -248,10 +274,9 @@ def check_sources_exist(dsn: str, sources: Sequence[Source], *, projection: str,
             if categories is None:
                 categories = event_categories(dsn)
             if source.category not in categories:
-                raise UnknownSourceError(
-                    f"projection {projection}: no event category {source.category!r} in the "
-                    f"event store; known categories: {', '.join(categories) or 'none'}"
-                )
+                # Normal on a new system: the source reads the category's events as they come.
+                _warn_empty_category(projection, source.category, categories)
+                continue  # no types to check them against yet
         if source.types:
             known = set(event_types(dsn, source.category)) | set(registered_types)
             unknown = [t for t in source.types if t not in known]

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 
 import psycopg
 
-from lakefold.dsn import mask_dsn
+from lakefold.dsn import error_text, mask_dsn
 from lakefold.projections.exceptions import CatalogUnavailable
 
 if TYPE_CHECKING:
@@ -49,7 +49,8 @@ class ProjectionTableCatalog:
                     "WHERE p.target_kind = 'delta' ORDER BY p.name").fetchall()
         except psycopg.OperationalError as e:
             raise CatalogUnavailable(
-                f"cannot read the projection catalog at {mask_dsn(self.store_dsn)} ({e}); "
+                f"cannot read the projection catalog at {mask_dsn(self.store_dsn)} "
+                f"({error_text(e)}); "
                 "check LAKEFOLD_STORE_DSN"
             ) from e
         return {str(name): str(path) for name, path in rows

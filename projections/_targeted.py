@@ -8,6 +8,7 @@ transforms) and whose target can be corrected row by row (Delta upsert, Redis, s
 1. The projection is paused, and the call waits until no runner holds its live generation.
 2. Every source is read as a batch from its start up to the generation's committed position,
    narrowed to the stream, through the projection's own transform, narrowed to the key range.
+   A changelog is read from its last truncate on, as the live view applied it (``_truncate``).
 3. The rows are written to the live generation's target: Redis through the position guard
    (nothing moves backwards), search as one commit that keeps the batch checkpoint, Delta as
    a merge under a separate app id. For a key range, keys of the range that the view still
@@ -99,7 +100,8 @@ def _output(spark: SparkSession, projection: Projection, dsn: str,
             position: dict[str, int], stream: str | None) -> DataFrame:
     frames = {}
     for source in projection.sources:
-        frame = range_frame(spark, dsn, source, 0, int(position.get(source.alias, 0)))
+        frame = range_frame(spark, dsn, source, 0, int(position.get(source.alias, 0)),
+                            truncates="cut")
         if stream is not None:
             frame = frame.filter(frame["_stream"] == stream)
         frames[source.alias] = frame

@@ -29,12 +29,24 @@ class IncompatibleTargetError(ProjectionDefinitionError):
     """The projection's output cannot be written to its target (mode, columns or types)."""
 
 
+class StatefulChangelogError(ProjectionDefinitionError):
+    """A transform keeps state across records (aggregation, join, deduplication...) over a
+    changelog: Spark streaming has no retractions, so the view would silently drift."""
+
+
 class ProjectionNotFound(ProjectionError):
     """A command names a projection that is not registered or not in the catalog."""
 
 
 class ProjectionStateError(ProjectionError):
     """The catalog refuses a change of state (e.g. a rebuild while one is already running)."""
+
+
+class BehindCompactionError(ProjectionStateError):
+    """A generation would read a changelog stream after records that compaction removed and
+    it needs (missed deletes; for a history target, any version): it must not run on as if
+    nothing happened. The message names the stream, the positions, the compaction and the fix
+    (``lakefold rebuild NAME``, or why a rebuild cannot help)."""
 
 
 class TargetError(ProjectionError):

@@ -6,7 +6,9 @@ these models.
 
 Values in ``key``, ``before`` and ``after`` are typed per column (see
 ``lakefold.capture._values``): ``int``, ``Decimal``, ``float``, ``str``, ``bool``, ``date``,
-``time``, ``datetime``, ``Interval``, ``UUID``, parsed JSON, ``bytes``, lists for arrays.
+``time``, ``datetime``, ``Interval``, ``UUID``, ``bytes``, lists for arrays; a ``json``
+value is its exact text (``str``), a ``jsonb`` value parsed JSON with exact numbers
+(``Decimal``).
 """
 
 from __future__ import annotations

@@ -191,7 +191,8 @@ def commit_merge(table: DeltaTable, target: DeltaTarget, batch_id: int, plan: Wr
                  source: pa.Table, policy: CommitPolicy) -> CommitOutcome:
     """Merge ``source`` by key (upsert, delete, or upsert with tombstones) as one transaction.
 
-    An empty source commits only the app transaction, so the batch id is recorded either way.
+    An empty source commits only the app transaction, so the batch id is recorded either way
+    (with ``delete_unmatched``, it deletes every row in that transaction).
     """
     keys = target.keys
     predicate = " AND ".join(
@@ -205,6 +206,9 @@ def commit_merge(table: DeltaTable, target: DeltaTarget, batch_id: int, plan: Wr
     def attempt_once(current: DeltaTable) -> None:
         nonlocal added
         added = added or _add_columns(current, plan)
+        if source.num_rows == 0 and target.delete_unmatched:
+            current.delete(commit_properties=_properties(target, batch_id))
+            return
         if source.num_rows == 0:
             current.create_write_transaction(
                 [], "append", current.schema(),
@@ -229,6 +233,8 @@ def commit_merge(table: DeltaTable, target: DeltaTarget, batch_id: int, plan: Wr
             )
         else:
             merger = merger.when_matched_update(updates).when_not_matched_insert(updates)
+        if target.delete_unmatched:
+            merger = merger.when_not_matched_by_source_delete()
         merger.execute()
 
     skipped, attempts = _with_retry(target, table, batch_id, policy, attempt_once)

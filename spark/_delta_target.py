@@ -24,7 +24,9 @@ class WriteMode(StrEnum):
 
     - ``append``: add the rows.
     - ``upsert``: merge by ``keys``: update the matching rows, insert the others. With
-      ``deleted_column`` set, rows whose flag is true are tombstones that delete by key.
+      ``deleted_column`` set, rows whose flag is true are tombstones that delete by key. With
+      ``delete_unmatched``, the table's rows whose key the batch does not name are deleted in
+      the same transaction: the batch replaces the table's content (a truncated source).
     - ``delete``: every row is a tombstone: delete the table rows with the same keys.
     - ``overwrite``: replace the whole table with the batch (a rebuild generation, or a
       recomputed aggregate).
@@ -73,6 +75,7 @@ class DeltaTarget:
     partition_by: tuple[str, ...] = ()
     order_by: str | None = None
     deleted_column: str | None = None
+    delete_unmatched: bool = False
     # Delta table name and description, recorded in the table's metadata at creation.
     name: str | None = None
     description: str | None = None
@@ -102,6 +105,8 @@ class DeltaTarget:
             raise SparkLayerError("order_by is only used by mode 'upsert'")
         if self.deleted_column is not None and self.mode is not WriteMode.UPSERT:
             raise SparkLayerError("deleted_column is only used by mode 'upsert'")
+        if self.delete_unmatched and self.mode is not WriteMode.UPSERT:
+            raise SparkLayerError("delete_unmatched is only used by mode 'upsert'")
         for group, names in (("keys", self.keys), ("partition_by", self.partition_by)):
             if len(set(names)) != len(names):
                 raise SparkLayerError(f"DeltaTarget.{group} names a column twice: {names}")

@@ -8,7 +8,7 @@ import sys
 import tempfile
 from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, BinaryIO
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -82,16 +82,72 @@ def driver_java_options(master: str | None, settings: Mapping[str, str]) -> str:
     return " ".join(o for o in options if o)
 
 
+def default_driver_log() -> Path:
+    """Where a driver JVM's own output goes when the caller names no file: a per-user file in
+    the temporary directory (the CLI uses ``$LAKEFOLD_HOME/logs/spark-driver.log``)."""
+    return Path(tempfile.gettempdir()) / f"lakefold-{os.getuid()}" / "spark-driver.log"
+
+
+def driver_log() -> Path | None:
+    """The file the running driver JVM writes its output to (None: no driver started here)."""
+    return _driver_log
+
+
+_driver_log: Path | None = None
+_DRIVER_LOG_MAX_BYTES = 16 * 1024 * 1024
+
+
+def _open_driver_log(path: Path) -> BinaryIO:
+    """``path`` opened for appending; a file over ``_DRIVER_LOG_MAX_BYTES`` is first moved to
+    ``<name>.1`` (replacing the one before), so the log stays bounded."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        if path.stat().st_size > _DRIVER_LOG_MAX_BYTES:
+            path.replace(path.with_name(path.name + ".1"))
+    except FileNotFoundError:
+        pass
+    return path.open("ab")
+
+
+def _launch_driver(settings: Mapping[str, str], log_path: Path) -> None:
+    """Start the driver JVM (pyspark's gateway) as pyspark would, but with its standard output
+    and error appended to ``log_path`` instead of the user's terminal.
+
+    The JVM and the Spark launcher write there what is not an answer to the user: the JVM's
+    "Using incubator modules" warning, log4j's start-up lines, and the stack traces an orphaned
+    driver prints when its Python parent was killed (it notices its standard input closing
+    and exits). Spark's errors still reach Python as exceptions, which lakefold reports."""
+    global _driver_log
+    from pyspark import SparkConf, SparkContext
+    from pyspark.java_gateway import launch_gateway
+
+    with SparkContext._lock:
+        if SparkContext._gateway is not None:
+            return
+        conf = SparkConf(loadDefaults=False)
+        for key, value in settings.items():
+            conf.set(key, value)
+        with _open_driver_log(log_path) as log:
+            gateway = launch_gateway(  # type: ignore[no-untyped-call]
+                conf, popen_kwargs={"stdout": log, "stderr": log})
+        SparkContext._gateway = gateway
+        SparkContext._jvm = gateway.jvm
+        _driver_log = log_path
+
+
 def spark_session(
     master: str | None = None,
     *,
     conf: Mapping[str, str] | None = None,
     app_name: str = "lakefold",
+    log_path: Path | None = None,
 ) -> SparkSession:
     """Get or create the Spark session, with lakefold's defaults under ``conf``.
 
     Spark's Python workers use this interpreter, so they import the same installed lakefold
-    (sources and sinks must be importable there).
+    (sources and sinks must be importable there). A new driver JVM writes its own output
+    (start-up notices, log lines, stack traces) to ``log_path`` (default:
+    ``default_driver_log()``), never to this process's terminal; ``driver_log()`` says where.
     """
     from pyspark import SparkContext
     from pyspark.sql import SparkSession
@@ -107,6 +163,9 @@ def spark_session(
                 "spark.pyspark.driver.python": sys.executable, **(conf or {})}
     if SparkContext._active_spark_context is None:  # a new driver JVM: its options count
         settings["spark.driver.extraJavaOptions"] = driver_java_options(master, settings)
+    if SparkContext._gateway is None:
+        _launch_driver({"spark.master": master or "local[*]", "spark.app.name": app_name,
+                        **settings}, log_path or default_driver_log())
     for key, value in settings.items():
         builder = builder.config(key, value)
     session = builder.getOrCreate()
@@ -114,7 +173,15 @@ def spark_session(
     return session
 
 
-def session_from_settings(settings: Settings, *, app_name: str = "lakefold") -> SparkSession:
-    """The session for ``settings``: ``spark_master`` (``local[*]`` by default) and
-    ``spark_conf`` on top of lakefold's defaults."""
-    return spark_session(settings.spark_master, conf=settings.spark_conf, app_name=app_name)
+def settings_driver_log(settings: Settings) -> Path:
+    """The driver log of a session made for ``settings``: ``$LAKEFOLD_HOME/logs``."""
+    return settings.home / "logs" / "spark-driver.log"
+
+
+def session_from_settings(settings: Settings, *, app_name: str = "lakefold",
+                          conf: Mapping[str, str] | None = None) -> SparkSession:
+    """The session for ``settings``: ``spark_master`` (``local[*]`` by default), ``conf`` and
+    then ``spark_conf`` on top of lakefold's defaults; the driver's own output goes to
+    ``settings_driver_log(settings)``."""
+    return spark_session(settings.spark_master, conf={**(conf or {}), **settings.spark_conf},
+                         app_name=app_name, log_path=settings_driver_log(settings))

@@ -18,8 +18,11 @@ older versions are mapped onto them by name. A column the source table gains whi
 runs appears after the query restarts (Spark fixes a stream's schema for its lifetime).
 
 Offsets are ``{"position": next}`` over the stream's positions. The head moves only at source
-transaction boundaries, so a micro-batch never holds half a source transaction, and a range
-below the head is final (compaction only removes records a later record supersedes by key).
+transaction boundaries, so a micro-batch never holds half a source transaction. Compaction
+removes records a later record of the same key supersedes, and tombstones past their
+retention. This source is not a durable reader (it holds no position in the store, see
+``ChangelogStore.commit_reader``): a query that falls further behind than the tombstone
+retention while compaction runs can miss deletes. Projections hold their positions.
 """
 
 from __future__ import annotations

@@ -3,6 +3,7 @@ stream back as {key: row}, read the source table the same way."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 import psycopg
@@ -106,3 +107,68 @@ def store_db(postgres_server, pg: TestDatabase):
         yield TestDatabase(name=name, dsn=postgres_server.dsn_for(name), server=postgres_server)
     finally:
         drop_database(postgres_server, name)
+
+
+def _unfinished_runs(config: CaptureConfig) -> bool:
+    from lakefold.capture import _snapshot_store
+
+    with psycopg.connect(config.resolved_store_dsn) as conn:
+        return bool(_snapshot_store.runs(conn, config.slot, status="running"))
+
+
+def capture_settled(config: CaptureConfig, *, rounds: int = 10, timeout: float = 60.0) -> None:
+    """Capture until everything committed is stored and no snapshot run is unfinished: a
+    table that joins the publication is re-snapshotted by a running capture's side thread
+    (``capture_now`` alone ends before that thread gets to it)."""
+    import threading
+    import time
+
+    for _ in range(rounds):
+        capture_now(config)  # stores what is committed (and plans the runs of joins)
+        if not _unfinished_runs(config):
+            return
+        stop = threading.Event()
+        errors: list[BaseException] = []
+
+        def run(stop: threading.Event, errors: list[BaseException]) -> None:
+            try:
+                Capture(config).run(stop=stop)
+            except BaseException as e:  # re-raised below
+                errors.append(e)
+
+        thread = threading.Thread(target=run, args=(stop, errors), daemon=True)
+        thread.start()
+        deadline = time.monotonic() + timeout
+        try:
+            while _unfinished_runs(config) and not errors:
+                assert time.monotonic() < deadline, f"snapshot runs of {config.slot} hang"
+                time.sleep(0.1)
+        finally:
+            stop.set()
+            thread.join(timeout=60)
+        assert not errors, errors
+    raise AssertionError(f"snapshot runs of {config.slot} keep coming")
+
+
+@pytest.fixture
+def replication_role(pg: TestDatabase) -> Iterator[str]:
+    """A DSN for a login role with REPLICATION that is not a superuser; it may create in the
+    database and in schema public, and owns table ``t (id int PRIMARY KEY, v text)``."""
+    import uuid
+
+    from tests.fixtures.postgres import drop_database
+
+    role = f"r_{uuid.uuid4().hex[:8]}"
+    execute(pg.dsn, sql.SQL("CREATE ROLE {} LOGIN REPLICATION").format(sql.Identifier(role)),
+            sql.SQL("GRANT CREATE ON DATABASE {} TO {}").format(sql.Identifier(pg.name),
+                                                              sql.Identifier(role)),
+            sql.SQL("GRANT CREATE ON SCHEMA public TO {}").format(sql.Identifier(role)),
+            "CREATE TABLE t (id int PRIMARY KEY, v text)",
+            sql.SQL("ALTER TABLE t OWNER TO {}").format(sql.Identifier(role)))
+    params = psycopg.conninfo.conninfo_to_dict(pg.dsn)
+    params["user"] = role
+    try:
+        yield psycopg.conninfo.make_conninfo(**params)  # type: ignore[arg-type]
+    finally:  # the role owns objects in the database: drop it first
+        drop_database(pg.server, pg.name)
+        execute(pg.server.admin_dsn, sql.SQL("DROP ROLE {}").format(sql.Identifier(role)))

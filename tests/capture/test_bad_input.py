@@ -86,12 +86,15 @@ def test_missing_replication_privilege(pg: TestDatabase, plain_role: str) -> Non
 
 
 def test_table_without_primary_key_or_identity(pg: TestDatabase) -> None:
-    execute(pg.dsn, "CREATE TABLE keyed (id int PRIMARY KEY)", "CREATE TABLE loose (v int)")
-    for config in (CaptureConfig(source_dsn=pg.dsn, tables=("keyed", "public.loose")),
-                   CaptureConfig(source_dsn=pg.dsn, schema="public")):
-        with pytest.raises(SourceConfigurationError,
-                           match=r"public\.loose have no primary key.*add a primary key"):
-            Capture(config).setup()
+    execute(pg.dsn, "CREATE TABLE keyed (id int PRIMARY KEY)", "CREATE TABLE loose (v int)",
+            "CREATE TABLE deferred (id int PRIMARY KEY DEFERRABLE)")
+    # (a schema capture leaves such tables out instead: test_publication_guard)
+    with pytest.raises(SourceConfigurationError,
+                       match=r"public\.loose have no primary key.*add a primary key"):
+        Capture(CaptureConfig(source_dsn=pg.dsn, tables=("keyed", "public.loose"))).setup()
+    # PostgreSQL cannot use a DEFERRABLE primary key as replica identity
+    with pytest.raises(SourceConfigurationError, match=r"public\.deferred: .*DEFERRABLE"):
+        Capture(CaptureConfig(source_dsn=pg.dsn, tables=("deferred",))).setup()
     with pytest.raises(SourceConfigurationError, match="does not exist"):
         Capture(CaptureConfig(source_dsn=pg.dsn, tables=("missing",))).setup()
     with pytest.raises(SourceConfigurationError, match="lakefold's own store"):

@@ -3,9 +3,11 @@
 
 from __future__ import annotations
 
+import itertools
 import threading
 import uuid
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from datetime import datetime
 from typing import Any
 
@@ -41,6 +43,17 @@ def ev(type_: str = "order.placed", **data: Any) -> NewEvent:
 
 
 DUPLICATE = ev()
+
+# How a retried event can differ from the stored one, and the words the conflict uses for it.
+_CHANGES: dict[str, Callable[[NewEvent], NewEvent]] = {
+    "stream": lambda e: e,  # the retry goes to another stream
+    "type": lambda e: replace(e, type="order.cancelled"),
+    "schema_version": lambda e: replace(e, schema_version=2),
+    "data": lambda e: replace(e, data={"n": 2}),
+    "metadata": lambda e: replace(e, metadata=EventMetadata(extra={"user": "bob"})),
+}
+_NAMES = {"stream": "stream", "type": "type", "schema_version": "schema version",
+          "data": "data", "metadata": "metadata"}
 
 
 class Unregistered(BaseModel):
@@ -166,13 +179,39 @@ class RecorderContract:
         assert len(store.read_stream("pay-1")) == 3
         before = snapshot(store)
         changed = NewEvent("order.placed", {"n": 99}, event_id=events[0].event_id)
-        with pytest.raises(IdempotencyConflict, match="different payload"):
+        with pytest.raises(IdempotencyConflict, match="different data"):
             store.append("pay-1", [changed, events[1]])
-        with pytest.raises(IdempotencyConflict, match="different payload"):
+        with pytest.raises(IdempotencyConflict, match="different stream"):
             store.append("pay-2", [events[0]])  # same event, other stream
         with pytest.raises(IdempotencyConflict, match="1 of the 2"):
             store.append("pay-1", [events[0], ev(n=5)])
         assert snapshot(store) == before
+
+    def test_idempotency_conflict_names_exactly_what_differs(self, store: EventStore) -> None:
+        """A retry that reuses an event id with other fields changed is refused, and the
+        message names exactly the fields that differ (and only those), and what to do: every
+        non-empty combination of changes, in a single-event and a multi-event append."""
+        combinations = [set(c) for n in range(1, len(_CHANGES) + 1)
+                        for c in itertools.combinations(sorted(_CHANGES), n)]
+        for k, changes in enumerate(combinations):
+            stream = f"idem-{k}"
+            meta = EventMetadata(correlation_id=uuid.uuid4(), extra={"user": "ann"})
+            original = NewEvent("order.placed", {"n": 1}, metadata=meta)
+            others = [ev(n=n) for n in range(k % 3)]
+            store.wait_for_positions(store.append(stream, [original, *others]))
+            before = snapshot(store)
+            retry = original
+            for change in changes:
+                retry = _CHANGES[change](retry)
+            target = f"{stream}-b" if "stream" in changes else stream
+            with pytest.raises(IdempotencyConflict) as info:
+                store.append(target, [retry, *others])
+            message = str(info.value)
+            named = {c for c, words in _NAMES.items() if f"different {words}" in message}
+            assert named == changes, message
+            assert "payload" not in message
+            assert f"({stream} v1)" in message and "use a new event id" in message
+            assert snapshot(store) == before
 
     # -- the global log -----------------------------------------------------------------------
 

@@ -58,6 +58,7 @@ def test_demo_shows_rebuilds_and_checks_every_view_after_an_earlier_run(tmp_path
     env = {k: v for k, v in os.environ.items() if not k.startswith("LAKEFOLD_")}
     home = tmp_path / "home"
     env["LAKEFOLD_HOME"] = str(home)
+    env["COLUMNS"] = "200"  # rich's tables unwrapped
     _leave_an_earlier_run(home)
 
     out = subprocess.run([LAKEFOLD, "demo", "--rows", "800"], capture_output=True, text=True,
@@ -66,6 +67,10 @@ def test_demo_shows_rebuilds_and_checks_every_view_after_an_earlier_run(tmp_path
     for view in VIEWS:
         assert f"{view} equals the same data computed by SQL on the source" in out.stdout
     assert "generation 1 -> 2" in out.stdout
+    # the search shows why each hit ranks where it does: the text that matched
+    assert "matched (why it ranks here)" in out.stdout
+    assert "[oak]" in out.stdout or "[lamp]" in out.stdout
+    assert "Using incubator modules" not in out.stdout + out.stderr  # Spark's noise: its log
     assert not _processes_mentioning(str(tmp_path)), "the demo left processes behind"
 
     with LocalPostgres(home / "postgres", durable=False) as server:

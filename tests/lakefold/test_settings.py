@@ -1,11 +1,23 @@
 """Settings come from LAKEFOLD_* variables and lakefold.toml; mistakes are one clear error."""
 
+import logging
+import re
 from pathlib import Path
 
 import pytest
 
 from lakefold.exceptions import ConfigurationError
 from lakefold.settings import load_settings
+
+README = Path(__file__).resolve().parents[2] / "README.md"
+
+
+@pytest.fixture(autouse=True)
+def _fresh_warnings(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each test sees the warnings of its own variables (they are given once per process)."""
+    import lakefold.settings
+
+    monkeypatch.setattr(lakefold.settings, "_warned", set(), raising=False)
 
 
 def test_defaults_use_embedded_services(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
@@ -42,13 +54,64 @@ def test_toml_file_is_read_and_environment_wins(
     assert settings.home == Path("/override")
 
 
-def test_misspelt_variable_is_an_error_naming_it(
-    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+def test_misspelt_variable_warns_naming_the_closest_setting(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("LAKEFOLD_DNS", "host=db")
-    with pytest.raises(ConfigurationError, match="unknown setting LAKEFOLD_DNS; known settings"):
+    monkeypatch.setenv("LAKEFOLD_SPARK_MASTR", "local[2]")
+    with caplog.at_level(logging.WARNING, logger="lakefold.settings"):
+        settings = load_settings()
+    assert settings.dsn is None  # ignored, not guessed
+    warnings = sorted(r.getMessage() for r in caplog.records if r.levelno == logging.WARNING)
+    assert len(warnings) == 2, warnings
+    assert "LAKEFOLD_DNS" in warnings[0] and "did you mean LAKEFOLD_DSN?" in warnings[0]
+    assert "LAKEFOLD_SPARK_MASTR" in warnings[1]
+    assert "did you mean LAKEFOLD_SPARK_MASTER?" in warnings[1]
+    caplog.clear()
+    load_settings()  # once per process: a command that reads its settings twice warns once
+    assert not caplog.records
+
+
+@pytest.mark.parametrize("name", ["LAKEFOLD_CLASS_ARCHIVE", "LAKEFOLD_TEST_DSN",
+                                  "LAKEFOLD_TEST_REDIS_URL"])
+def test_documented_environment_only_variables_are_accepted_silently(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, caplog: pytest.LogCaptureFixture,
+    name: str,
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv(name, "off")
+    with caplog.at_level(logging.DEBUG, logger="lakefold.settings"):
         load_settings()
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
+
+
+def test_every_documented_variable_is_known(tmp_path: Path,
+                                            monkeypatch: pytest.MonkeyPatch,
+                                            caplog: pytest.LogCaptureFixture) -> None:
+    """Each ``LAKEFOLD_*`` name the README mentions is a setting or a documented
+    environment-only variable: none of them draws a warning."""
+    documented = set(re.findall(r"LAKEFOLD_[A-Z_]*[A-Z]", README.read_text()))
+    assert {"LAKEFOLD_CLASS_ARCHIVE", "LAKEFOLD_DSN", "LAKEFOLD_TEST_DSN"} <= documented
+    monkeypatch.chdir(tmp_path)
+    for name in documented:
+        monkeypatch.setenv(name, "off")  # a valid value for each of them
+    with caplog.at_level(logging.WARNING, logger="lakefold.settings"):
+        load_settings()
+    assert not caplog.records, [r.getMessage() for r in caplog.records]
+
+
+def test_unrelated_variable_far_from_any_setting_warns_without_a_guess(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("LAKEFOLD_XYZZY_QUUX_FROB", "1")
+    with caplog.at_level(logging.WARNING, logger="lakefold.settings"):
+        load_settings()
+    (record,) = caplog.records
+    assert "LAKEFOLD_XYZZY_QUUX_FROB" in record.getMessage()
+    assert "did you mean" not in record.getMessage()
+    assert "ignored" in record.getMessage()
 
 
 def test_wrong_type_is_an_error_naming_the_variable(

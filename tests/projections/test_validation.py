@@ -127,10 +127,6 @@ LIVE_CASES = {
         lambda: projection("p", sources=[changelog("public.nope")],
                            target=redis_cache(key="id"))(identity),
         UnknownSourceError, "no changelog stream for table public.nope; captured tables: none"),
-    "unknown category": (
-        lambda: projection("p", sources=[events("invoice")],
-                           target=redis_cache(key="id"))(identity),
-        UnknownSourceError, "no event category 'invoice'.*known categories: order"),
     "unknown event type": (
         lambda: projection("p", sources=[events("order", types=["OrderLost"])],
                            target=redis_cache(key="id"))(identity),
@@ -178,7 +174,7 @@ def test_live_validation_errors(case, pg, spark, tmp_path):
 
 def test_an_invalid_projection_registers_nothing(pg, spark, redis_url, tmp_path):
     helpers.append_orders(pg.dsn, random.Random(1), 2)
-    registry = live_registry(LIVE_CASES["unknown category"][0])
+    registry = live_registry(LIVE_CASES["unknown changelog stream"][0])
     runner = Runner(spark, registry, RunnerConfig(store_dsn=pg.dsn, redis_url=redis_url,
                                                   roots=SinkRoots.under(Path(tmp_path))))
     try:

@@ -16,12 +16,16 @@ from lakefold.spark._class_archive import UNUSED_ARCHIVE_DAYS, archive_path, dri
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(400)]
 
 
-def _driver(java_options: str = "") -> subprocess.CompletedProcess[str]:
-    """Start a local driver in a new process: its count of 5 rows and its JVM's arguments."""
+def _driver(java_options: str = "", log: Path | None = None
+            ) -> subprocess.CompletedProcess[str]:
+    """Start a local driver in a new process: its count of 5 rows and its JVM's arguments;
+    the JVM's own output goes to ``log``."""
+    log_arg = f", log_path=Path({str(log)!r})" if log else ""
     code = (
+        "from pathlib import Path\n"
         "from lakefold.spark import spark_session\n"
         "spark = spark_session('local[1]', conf={'spark.driver.extraJavaOptions': "
-        f"{java_options!r}}})\n"
+        f"{java_options!r}}}{log_arg})\n"
         "print(spark.range(5).count())\n"
         "runtime = spark.sparkContext._jvm.java.lang.management.ManagementFactory"
         ".getRuntimeMXBean()\n"
@@ -65,10 +69,12 @@ def test_the_archive_is_written_once_then_mapped_and_a_damaged_one_is_passed_ove
 
     path.chmod(0o644)
     path.write_bytes(b"not a class archive" * 1000)
-    damaged = _driver()
+    log = tmp_path / "driver.log"
+    damaged = _driver(log=log)
     assert damaged.returncode == 0, damaged.stderr[-2000:]
     assert damaged.stdout.splitlines()[-2] == "5"
-    assert "shared archive" not in damaged.stdout + damaged.stderr  # no warning either
+    # no warning either (the JVM's own output goes to the driver log)
+    assert "shared archive" not in damaged.stdout + damaged.stderr + log.read_text()
 
     monkeypatch.setenv("LAKEFOLD_CLASS_ARCHIVE", "off")
     assert driver_options({}) == ""
