@@ -258,6 +258,18 @@ BEGIN
         WHERE d.classid = 'pg_catalog.pg_class'::regclass;
         touched := touched || ARRAY(SELECT pg_partition_root(t)::oid FROM unnest(touched) t
                                     WHERE pg_partition_root(t) IS NOT NULL);
+        -- Temporary tables are never captured, and applications create them often: their
+        -- DDL costs no reconciliation (statements without a table in them still do).
+        IF touched <> '{}' AND NOT EXISTS (SELECT 1 FROM pg_class c
+                                           WHERE c.oid = ANY (touched)
+                                             AND c.relpersistence <> 't') THEN
+            RETURN;
+        END IF;
+    ELSIF tg_event = 'sql_drop' THEN
+        IF NOT EXISTS (SELECT 1 FROM pg_event_trigger_dropped_objects() d
+                       WHERE NOT d.is_temporary) THEN
+            RETURN;
+        END IF;
     END IF;
     FOR pub IN SELECT publication FROM lakefold.capture_publications ORDER BY 1 LOOP
         BEGIN

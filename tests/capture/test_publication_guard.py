@@ -159,6 +159,22 @@ def test_keyless_table_created_under_a_running_schema_capture(pg: TestDatabase,
     assert_stream_equals_table(pg.dsn, "public.t")
 
 
+def test_temporary_tables_are_left_alone(pg: TestDatabase, app: App) -> None:
+    """Applications create temporary tables often, with or without keys: the guard neither
+    publishes nor warns about them, and their statements work."""
+    app.run("CREATE TABLE t (id int PRIMARY KEY)")
+    config = CaptureConfig(source_dsn=pg.dsn, schema="public", slot="guard_temp")
+    Capture(config).setup()
+    app.run("CREATE TEMP TABLE scratch (v int)", "INSERT INTO scratch VALUES (1), (2)",
+            "UPDATE scratch SET v = 3 WHERE v = 1", "DELETE FROM scratch WHERE v = 2",
+            "ALTER TABLE scratch ADD COLUMN id int PRIMARY KEY GENERATED ALWAYS AS IDENTITY",
+            "ALTER TABLE scratch DROP CONSTRAINT scratch_pkey", "DROP TABLE scratch",
+            "CREATE TEMP TABLE keyed (id int PRIMARY KEY) ON COMMIT DROP")
+    assert app.warnings == []
+    assert published(pg.dsn) == ["public.t"]
+    assert not_captured(config) == []
+
+
 def test_dropping_a_captured_key_and_adding_it_back(pg: TestDatabase, app: App) -> None:
     app.run("CREATE TABLE t (id int PRIMARY KEY, v text)",
             "INSERT INTO t SELECT g, 'a' FROM generate_series(1, 20) g")

@@ -346,12 +346,23 @@ def test_sigkill_while_compaction_runs_leaves_every_view_exact(pg, redis_url, tm
         for kill in range(3):
             before = _batch_ids(catalog)
             child = start("run")
-            deadline = time.monotonic() + 120
-            while _batch_ids(catalog) == before and time.monotonic() < deadline:
-                time.sleep(0.2)
+
+            def committed() -> None:
+                deadline = time.monotonic() + 120
+                while not all(map(int.__lt__, before, _batch_ids(catalog))) \
+                        and time.monotonic() < deadline:
+                    time.sleep(0.2)
+
             for round_ in range(2):
+                # The first runner commits the initial rows (and so registers its readers)
+                # before anything is compacted; later ones get changes first, so that they
+                # have something to commit even when their predecessor had processed it all.
+                if round_ == 0 and kill == 0:
+                    committed()
                 _change_everything(pg.dsn, rng, 60 + 40 * (2 * kill + round_))
                 compact()
+                if round_ == 0 and kill > 0:
+                    committed()
                 time.sleep(rng.uniform(0.0, 0.6))
             os.killpg(child.pid, signal.SIGKILL)
             child.wait()

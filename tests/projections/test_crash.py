@@ -48,14 +48,19 @@ def test_sigkill_loop_every_target_equals_a_fresh_computation(pg, redis_url, tmp
     for kill in range(KILLS):
         before = batch_ids(catalog)
         child = start_child(pg.dsn, redis_url, home, "run")
-        # wait for the child to commit a batch (or give up waiting), then feed it more
-        # events and kill it at a random moment while it works on them
-        deadline = time.monotonic() + 90
-        while batch_ids(catalog) == before and time.monotonic() < deadline:
-            time.sleep(0.2)
-        more = helpers.append_orders(pg.dsn, rng, 8, poison_every=17, first=40 + 8 * kill)
-        for customer, amount in more.items():
-            expected[customer] = expected.get(customer, Decimal(0)) + amount
+        # feed it events, wait for every projection to commit a batch (or give up waiting),
+        # then feed it more and kill it at a random moment while it works on them. Events
+        # come first: a child whose predecessor had processed everything would otherwise
+        # have nothing to commit, and the wait would end only at its deadline.
+        for half in (0, 4):
+            more = helpers.append_orders(pg.dsn, rng, 4, poison_every=17,
+                                         first=40 + 8 * kill + half)
+            for customer, amount in more.items():
+                expected[customer] = expected.get(customer, Decimal(0)) + amount
+            deadline = time.monotonic() + 90
+            while half == 0 and not all(map(int.__lt__, before, batch_ids(catalog))) \
+                    and time.monotonic() < deadline:
+                time.sleep(0.2)
         time.sleep(rng.uniform(0.0, 1.5))
         os.killpg(child.pid, signal.SIGKILL)
         child.wait()

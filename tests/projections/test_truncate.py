@@ -221,8 +221,14 @@ def test_sigkill_while_applying_truncates(pg, redis_url, tmp_path):
         before = _batch_ids(catalog)
         child = subprocess.Popen([*command, "run"], stdout=subprocess.DEVNULL,
                                  stderr=subprocess.DEVNULL, start_new_session=True)
+        # a change first, so that it has something to commit even when its predecessor had
+        # processed everything; then the truncates, applied while it is killed
+        with psycopg.connect(pg.dsn, autocommit=True) as conn:
+            conn.execute("INSERT INTO customers SELECT 10000 + %s, 'new', NULL, 'Bonn'", (kill,))
+        helpers.capture_now(pg.dsn)
         deadline = time.monotonic() + 120
-        while _batch_ids(catalog) == before and time.monotonic() < deadline:
+        while not all(map(int.__lt__, before, _batch_ids(catalog))) \
+                and time.monotonic() < deadline:
             time.sleep(0.2)
         _changes(pg.dsn, rng, kill)
         helpers.capture_now(pg.dsn)
