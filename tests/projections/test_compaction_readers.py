@@ -347,7 +347,7 @@ def test_sigkill_while_compaction_runs_leaves_every_view_exact(pg, redis_url, tm
             before = _batch_ids(catalog)
             child = start("run")
 
-            def committed() -> None:
+            def committed(before: tuple[int, ...]) -> None:
                 deadline = time.monotonic() + 120
                 while not all(map(int.__lt__, before, _batch_ids(catalog))) \
                         and time.monotonic() < deadline:
@@ -358,11 +358,11 @@ def test_sigkill_while_compaction_runs_leaves_every_view_exact(pg, redis_url, tm
                 # before anything is compacted; later ones get changes first, so that they
                 # have something to commit even when their predecessor had processed it all.
                 if round_ == 0 and kill == 0:
-                    committed()
+                    committed(before)
                 _change_everything(pg.dsn, rng, 60 + 40 * (2 * kill + round_))
                 compact()
                 if round_ == 0 and kill > 0:
-                    committed()
+                    committed(before)
                 time.sleep(rng.uniform(0.0, 0.6))
             os.killpg(child.pid, signal.SIGKILL)
             child.wait()
