@@ -34,7 +34,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from lakefold.capture._types import ColumnSchema
-from lakefold.capture._values import Interval, converter_for
+from lakefold.capture._values import BOOL_TEXT, Interval, converter_for
 
 _SIMPLE: Final[dict[str, pa.DataType]] = {
     "int2": pa.int16(),
@@ -131,6 +131,16 @@ def _python_path(column: ColumnSchema, texts: pa.Array, target: pa.DataType) -> 
                     type=target)
 
 
+def _bool_array(texts: pa.Array) -> pa.Array:
+    """Booleans from their text (``_values.BOOL_TEXT``); other text is refused."""
+    known = pc.is_in(texts, value_set=pa.array(list(BOOL_TEXT)))
+    if not pc.all(pc.or_kleene(known, pc.is_null(texts))).as_py():
+        bad = pc.filter(texts, pc.invert(pc.fill_null(known, True)))[0].as_py()
+        raise ValueError(f"{bad!r} is not a boolean's text (t or f)")
+    true = pc.is_in(texts, value_set=pa.array(["t", "true"]))
+    return pc.if_else(pc.is_null(texts), pa.scalar(None, pa.bool_()), true)
+
+
 def typed_array(column: ColumnSchema, texts: pa.Array | pa.ChunkedArray) -> pa.Array:
     """Convert a string array of ``column``'s text values to its Arrow type."""
     if isinstance(texts, pa.ChunkedArray):
@@ -140,7 +150,7 @@ def typed_array(column: ColumnSchema, texts: pa.Array | pa.ChunkedArray) -> pa.A
     if target == pa.string():
         return texts
     if kind == "bool":
-        return pc.equal(texts, "t")
+        return _bool_array(texts)
     if kind in _CASTABLE:
         try:
             return pc.cast(texts, target)

@@ -181,8 +181,16 @@ def _bytea_escape(text: str) -> bytes:
     return bytes(out)
 
 
+# pgoutput prints booleans as ``t``/``f``. Snapshots taken before lakefold read them with the
+# cast's ``true``/``false``; both forms are read right, and any other text is refused.
+BOOL_TEXT: Final[dict[str, bool]] = {"t": True, "f": False, "true": True, "false": False}
+
+
 def _bool(text: str) -> bool:
-    return text == "t"
+    try:
+        return BOOL_TEXT[text]
+    except KeyError:
+        raise ValueError(f"{text!r} is not a boolean's text (t or f)") from None
 
 
 def _jsonb(text: str) -> Any:

@@ -203,3 +203,23 @@ def check_store(store: ChangelogStore, changes: list[Any], stored: list[Any]) ->
     assert rows[3]["c_int_arr"] == [1, 2, 3, 4]  # multi-dimensional arrays are flattened
     assert rows[3]["c_float8"] == float("-inf")
     assert all(v is None for k, v in rows[2].items() if not k.startswith("_") and k != "id")
+
+
+def test_booleans_read_in_both_text_forms_and_refuse_any_other() -> None:
+    """Records stored by snapshots of earlier lakefold versions hold ``true``/``false`` (the
+    cast's text) where the stream holds ``t``/``f``: both read right; other text is refused,
+    never read as False."""
+    from lakefold.capture._arrow import typed_array
+    from lakefold.capture._types import ColumnSchema
+    from lakefold.capture._values import convert_value
+
+    column = ColumnSchema(name="b", type_oid=16, type_name="bool", type_modifier=-1, key=False,
+                          kind="bool")
+    texts = ["t", "f", "true", "false", None]
+    assert [convert_value(column, t) for t in texts] == [True, False, True, False, None]
+    assert typed_array(column, pa.array(texts)).to_pylist() == [True, False, True, False, None]
+    for bad in ("x", "True", ""):
+        with pytest.raises(ValueError, match="not a boolean"):
+            convert_value(column, bad)
+        with pytest.raises(ValueError, match="not a boolean"):
+            typed_array(column, pa.array(["t", bad, None]))
