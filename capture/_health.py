@@ -96,9 +96,12 @@ class SlotHealth:
         return out
 
 
+# invalidation_reason and inactive_since exist from PostgreSQL 17 on; read through to_jsonb so
+# that the same query gives NULL for them on older servers.
 _SLOT_QUERY = """
-SELECT s.active, s.active_pid, s.wal_status, s.invalidation_reason::text,
-       s.confirmed_flush_lsn::text, s.restart_lsn::text, s.safe_wal_size, s.inactive_since,
+SELECT s.active, s.active_pid, s.wal_status, to_jsonb(s) ->> 'invalidation_reason',
+       s.confirmed_flush_lsn::text, s.restart_lsn::text, s.safe_wal_size,
+       (to_jsonb(s) ->> 'inactive_since')::timestamptz,
        pg_current_wal_lsn()::text,
        (SELECT extract(epoch FROM r.flush_lag) FROM pg_stat_replication r
         WHERE r.pid = s.active_pid)
@@ -316,8 +319,8 @@ def explain_failure(config: CaptureConfig, error: LakefoldError) -> LakefoldErro
         return error
     try:
         with psycopg.connect(config.source_dsn, autocommit=True, connect_timeout=5) as src:
-            row = src.execute("SELECT wal_status, invalidation_reason::text FROM "
-                              "pg_replication_slots WHERE slot_name = %s",
+            row = src.execute("SELECT wal_status, to_jsonb(s) ->> 'invalidation_reason' "
+                              "FROM pg_replication_slots s WHERE slot_name = %s",
                               (config.slot,)).fetchone()
     except psycopg.Error:
         return error

@@ -137,3 +137,29 @@ def test_invalidated_slot_clear_error_and_recovery() -> None:
         assert after.exists and after.wal_status == "reserved"
         # with max_slot_wal_keep_size = 1MB the headroom stays tiny: that is critical
         assert after.status == "critical" and "safe_wal_size" in after.problems[0]
+
+
+@pytest.mark.timeout(120)
+def test_health_on_a_server_older_than_postgresql_17(pg: TestDatabase) -> None:
+    """pg_replication_slots gained invalidation_reason and inactive_since in PostgreSQL 17;
+    status must work on the PostgreSQL 15 and 16 servers users run. The test server's catalog
+    view is shadowed by one without those columns (pg_catalog placed after it in the
+    search_path), as an older server has it."""
+    execute(pg.dsn, "CREATE TABLE t (id int PRIMARY KEY)", "INSERT INTO t VALUES (1)",
+            "CREATE SCHEMA pg15",
+            "CREATE VIEW pg15.pg_replication_slots AS SELECT slot_name, plugin, slot_type, "
+            "datoid, database, temporary, active, active_pid, xmin, catalog_xmin, "
+            "restart_lsn, confirmed_flush_lsn, wal_status, safe_wal_size, two_phase "
+            "FROM pg_catalog.pg_replication_slots")
+    params = psycopg.conninfo.conninfo_to_dict(pg.dsn)
+    params["options"] = "-c search_path=pg15,pg_catalog,public"
+    older = psycopg.conninfo.make_conninfo(**params)  # type: ignore[arg-type]
+    with psycopg.connect(older) as conn:  # the shadow works: the new column is unknown
+        with pytest.raises(psycopg.errors.UndefinedColumn):
+            conn.execute("SELECT invalidation_reason FROM pg_replication_slots")
+    config = CaptureConfig(source_dsn=pg.dsn, tables=("t",), slot="older")
+    capture_now(config)
+    health = slot_health(CaptureConfig(source_dsn=older, store_dsn=pg.dsn, tables=("t",),
+                                       slot="older"))
+    assert health.exists and health.wal_status == "reserved"
+    assert health.invalidation_reason is None and health.inactive_since is None
