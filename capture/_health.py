@@ -30,6 +30,7 @@ import psycopg
 from lakefold.capture import _guard, _publishable
 from lakefold.capture import _snapshot_store as state
 from lakefold.capture._options import HealthThresholds
+from lakefold.capture._ownership import current_owner
 from lakefold.capture._pgoutput import format_lsn, parse_lsn
 from lakefold.capture._writer import NOTIFY_CHANNEL
 from lakefold.capture.exceptions import SlotError, StoreUnavailableError
@@ -79,6 +80,8 @@ class SlotHealth:
     tables_not_captured: tuple[dict[str, Any], ...] = field(default_factory=tuple)
     tables_refused: tuple[dict[str, Any], ...] = field(default_factory=tuple)
     publication_guard: bool | None = None
+    # the capture running on the slot (``host h, pid p, since t``), None when none runs
+    running_capture: str | None = None
 
     def as_dict(self) -> dict[str, Any]:
         """JSON-ready: datetimes in ISO form, LSNs also as ``X/Y`` text."""
@@ -134,7 +137,8 @@ def slot_health(config: CaptureConfig, *,
             retained_bytes=None, safe_wal_size=None, lag_seconds=None, inactive_since=None,
             store_flush_lsn=store["flush_lsn"], records=store["records"],
             last_heartbeat_at=store["heartbeat_at"], last_error=store["last_error"],
-            last_error_at=store["last_error_at"], snapshots=store["snapshots"], **tables),
+            last_error_at=store["last_error_at"], snapshots=store["snapshots"],
+            running_capture=store["running_capture"], **tables),
             thresholds, problems, known=store["known"])
     (active, pid, wal_status, reason, confirmed, restart, safe, inactive_since, current,
      flush_lag) = row
@@ -165,7 +169,7 @@ def slot_health(config: CaptureConfig, *,
         inactive_since=inactive_since, store_flush_lsn=store["flush_lsn"],
         records=store["records"], last_heartbeat_at=store["heartbeat_at"],
         last_error=store["last_error"], last_error_at=store["last_error_at"],
-        snapshots=store["snapshots"], **tables)
+        snapshots=store["snapshots"], running_capture=store["running_capture"], **tables)
     return _judge(health, thresholds, problems, known=store["known"])
 
 
@@ -191,7 +195,8 @@ def _publication_side(config: CaptureConfig,
 def _store_side(config: CaptureConfig) -> dict[str, Any]:
     out: dict[str, Any] = {"paused": False, "flush_lsn": None, "records": 0,
                            "heartbeat_at": None, "last_error": None, "last_error_at": None,
-                           "snapshots": (), "known": False, "scope": None}
+                           "snapshots": (), "known": False, "scope": None,
+                           "running_capture": None}
     try:
         with psycopg.connect(config.resolved_store_dsn, autocommit=True,
                              connect_timeout=10) as conn:
@@ -201,6 +206,8 @@ def _store_side(config: CaptureConfig) -> dict[str, Any]:
                                "WHERE slot_name = %s", (config.slot,)).fetchone()
             if row is not None:
                 out.update(flush_lsn=int(row[0]), records=int(row[1]), known=True)
+            owner = current_owner(conn, config.slot)
+            out["running_capture"] = None if owner is None else owner.describe()
             if not state.is_installed(conn):
                 return out
             out["scope"] = state.scope(conn, config.slot)

@@ -181,25 +181,7 @@ class SlotOwnership:
 
     def _holder(self) -> Owner | None:
         """The owner holding the slot's lock now, or None when it is free."""
-        conn = self._connection()
-        unsigned = self._key & 0xFFFF_FFFF_FFFF_FFFF
-        row = conn.execute(
-            "SELECT l.pid, a.client_addr::text, a.backend_start FROM pg_locks l "
-            "LEFT JOIN pg_stat_activity a ON a.pid = l.pid "
-            "WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 1 "
-            "AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database()) "
-            "AND l.classid = %s::bigint::oid AND l.objid = %s::bigint::oid",
-            (unsigned >> 32, unsigned & 0xFFFF_FFFF)).fetchone()
-        if row is None:
-            return None
-        session_pid, client, since = int(row[0]), row[1], row[2]
-        if _owners_table(conn):
-            owner = conn.execute(
-                "SELECT host, pid, started_at FROM lakefold.capture_owners "
-                "WHERE slot_name = %s AND session_pid = %s", (self.slot, session_pid)).fetchone()
-            if owner is not None and owner[0] is not None:
-                return Owner(session_pid, owner[0], owner[1], owner[2])
-        return Owner(session_pid, since=since, client=client)
+        return current_owner(self._connection(), self.slot)
 
     def _request_take_over(self) -> None:
         conn = self._connection()
@@ -375,6 +357,29 @@ class SlotOwnership:
 
     def _close(self) -> None:
         self._drop_connection()
+
+
+def current_owner(conn: psycopg.Connection[Any], slot: str) -> Owner | None:
+    """The capture holding ``slot``'s lock in the store ``conn`` is connected to, or None
+    when no capture runs on it."""
+    unsigned = lock_key(slot) & 0xFFFF_FFFF_FFFF_FFFF
+    row = conn.execute(
+        "SELECT l.pid, a.client_addr::text, a.backend_start FROM pg_locks l "
+        "LEFT JOIN pg_stat_activity a ON a.pid = l.pid "
+        "WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 1 "
+        "AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database()) "
+        "AND l.classid = %s::bigint::oid AND l.objid = %s::bigint::oid",
+        (unsigned >> 32, unsigned & 0xFFFF_FFFF)).fetchone()
+    if row is None:
+        return None
+    session_pid, client, since = int(row[0]), row[1], row[2]
+    if _owners_table(conn):
+        owner = conn.execute(
+            "SELECT host, pid, started_at FROM lakefold.capture_owners "
+            "WHERE slot_name = %s AND session_pid = %s", (slot, session_pid)).fetchone()
+        if owner is not None and owner[0] is not None:
+            return Owner(session_pid, owner[0], owner[1], owner[2])
+    return Owner(session_pid, since=since, client=client)
 
 
 def _owners_table(conn: psycopg.Connection[Any]) -> bool:

@@ -194,6 +194,7 @@ def _print_health(health: Any) -> None:
          else f"{health.retained_bytes:,} bytes"),
         ("safe_wal_size", "unlimited" if health.safe_wal_size is None
          else f"{health.safe_wal_size:,} bytes"),
+        ("running capture", health.running_capture or "-"),
         ("records stored", f"{health.records:,}"),
         ("last heartbeat", str(health.last_heartbeat_at or "-")),
         ("last error", str(health.last_error or "-")),

@@ -4,6 +4,8 @@ record and a fresh snapshot; pause and resume keep the slot's place."""
 
 from __future__ import annotations
 
+import os
+import socket
 import threading
 import time
 from datetime import timedelta
@@ -47,6 +49,7 @@ def test_health_of_a_running_and_a_stopped_capture(pg: TestDatabase) -> None:
     stopped = slot_health(config)
     assert stopped.exists and not stopped.active and stopped.status == "warning"
     assert "no capture is streaming from the slot" in stopped.problems
+    assert stopped.running_capture is None
     assert stopped.wal_status == "reserved" and stopped.records == 100
     assert stopped.confirmed_lsn is not None and stopped.lag_bytes is not None
     assert stopped.as_dict()["confirmed_lsn_text"].count("/") == 1
@@ -56,6 +59,9 @@ def test_health_of_a_running_and_a_stopped_capture(pg: TestDatabase) -> None:
     runner.start()
     try:
         _wait(lambda: slot_health(config).active)
+        running = slot_health(config).running_capture  # who runs it, for the operator
+        assert running is not None and f"host {socket.gethostname()}, pid {os.getpid()}, " \
+            "since " in running, running
         execute(pg.dsn, "UPDATE t SET v = v + 1")
         _wait(lambda: slot_health(config).last_heartbeat_at is not None)
         running = slot_health(config)
