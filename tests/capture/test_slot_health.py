@@ -59,9 +59,9 @@ def test_health_of_a_running_and_a_stopped_capture(pg: TestDatabase) -> None:
     runner.start()
     try:
         _wait(lambda: slot_health(config).active)
-        running = slot_health(config).running_capture  # who runs it, for the operator
-        assert running is not None and f"host {socket.gethostname()}, pid {os.getpid()}, " \
-            "since " in running, running
+        owner = slot_health(config).running_capture  # who runs it, for the operator
+        assert owner is not None and f"host {socket.gethostname()}, pid {os.getpid()}, " \
+            "since " in owner, owner
         execute(pg.dsn, "UPDATE t SET v = v + 1")
         _wait(lambda: slot_health(config).last_heartbeat_at is not None)
         running = slot_health(config)
