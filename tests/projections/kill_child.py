@@ -1,5 +1,8 @@
-"""The victim of the SIGKILL loop: runs the event projections until killed (or, with
-``--until-caught-up``, until it has processed everything in the store)."""
+"""The victim of the SIGKILL loops: runs the projections of a test module until killed (or,
+with ``finish``, until it has processed everything in the store).
+
+``python -m tests.projections.kill_child MODULE DSN REDIS_URL HOME run|finish [NAME ...]``:
+MODULE is a file name in this folder; NAMEs restrict the run to those projections."""
 
 from __future__ import annotations
 
@@ -12,14 +15,14 @@ from lakefold.spark import spark_session
 
 
 def main() -> None:
-    dsn, redis_url, home, mode = sys.argv[1:5]
+    module, dsn, redis_url, home, mode, *only = sys.argv[1:]
     spark = spark_session("local[2]", conf={
         **RUNNER_SPARK_CONF, "spark.sql.shuffle.partitions": "2",
         # a short-lived JVM: the C1 compiler alone starts about a third faster
         "spark.driver.extraJavaOptions": "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC -Xss4m"})
-    registry = load_projections(str(Path(__file__).with_name("event_projections.py")))
+    registry = load_projections(str(Path(__file__).with_name(module)))
     config = RunnerConfig(store_dsn=dsn, roots=SinkRoots.under(Path(home)), redis_url=redis_url,
-                          poll_seconds=0.1)
+                          poll_seconds=0.1, only=tuple(only))
     with Runner(spark, registry, config) as runner:
         print("started", flush=True)
         runner.run(until_caught_up=mode == "finish", timeout=600 if mode == "finish" else None)

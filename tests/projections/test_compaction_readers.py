@@ -330,8 +330,8 @@ def test_sigkill_while_compaction_runs_leaves_every_view_exact(pg, redis_url, tm
 
     def start(mode: str) -> subprocess.Popen[bytes]:
         return subprocess.Popen(
-            [sys.executable, "-m", "tests.projections.compaction_victim", pg.dsn, redis_url,
-             str(tmp_path), mode],
+            [sys.executable, "-m", "tests.projections.kill_child", "compaction_projections.py",
+             pg.dsn, redis_url, str(tmp_path), mode, "customer_cache", "price_history"],
             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, start_new_session=True)
 
     with ChangelogStore(pg.dsn) as store, Catalog(pg.dsn) as catalog:

@@ -25,7 +25,8 @@ KILLS = 10
 
 def start_child(dsn: str, redis_url: str, home: str, mode: str) -> subprocess.Popen[bytes]:
     return subprocess.Popen(
-        [sys.executable, "-m", "tests.projections.kill_child", dsn, redis_url, home, mode],
+        [sys.executable, "-m", "tests.projections.kill_child", "event_projections.py", dsn,
+         redis_url, home, mode],
         stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, start_new_session=True)
 
 

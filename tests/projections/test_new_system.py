@@ -118,7 +118,7 @@ def test_run_until_caught_up_prints_what_each_projection_did(pg, spark, tmp_path
     again = CliRunner().invoke(app, ["run", "-p", MODULE, "--until-caught-up", "--json"],
                                env=env)
     assert again.exit_code == 0, again.output
-    (report,) = json.loads(again.output)
+    (report,) = json.loads(again.stdout)  # warnings, if any, go to stderr
     assert report["name"] == "balances" and report["caught_up"] and report["state"] == "stopped"
     assert report["position"] == {"acct": head} and report["records"] == 0  # nothing new
 

@@ -213,8 +213,8 @@ def test_sigkill_while_applying_truncates(pg, redis_url, tmp_path):
     _shop(pg)
     rng = random.Random(29)
     home = str(tmp_path)
-    command = [sys.executable, "-m", "tests.projections.truncate_child", pg.dsn, redis_url,
-               home]
+    command = [sys.executable, "-m", "tests.projections.kill_child", "truncate_projections.py",
+               pg.dsn, redis_url, home]
     catalog = Catalog(pg.dsn)
     killed_while_busy = 0
     for kill in range(KILLS):
