@@ -62,8 +62,8 @@ from lakefold.capture.exceptions import (
     SlotError,
     StoreError,
 )
-from lakefold.dsn import error_text, mask_dsn
-from lakefold.exceptions import LakefoldError, TransientError
+from lakefold.core.dsn import error_text, mask_dsn
+from lakefold.core.exceptions import LakefoldError, TransientError
 
 log = logging.getLogger(__name__)
 

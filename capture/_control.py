@@ -48,7 +48,7 @@ from lakefold.capture import _snapshot_store as state
 from lakefold.capture._inband import HEARTBEAT_PREFIX, encode_heartbeat
 from lakefold.capture._reread import reread_rows
 from lakefold.capture._snapshot import SnapshotListener, source_connection, utc_now
-from lakefold.exceptions import LakefoldError, TransientError
+from lakefold.core.exceptions import LakefoldError, TransientError
 
 if TYPE_CHECKING:
     from lakefold.capture._config import CaptureConfig

@@ -34,8 +34,8 @@ from lakefold.capture._ownership import current_owner
 from lakefold.capture._pgoutput import format_lsn, parse_lsn
 from lakefold.capture._writer import NOTIFY_CHANNEL
 from lakefold.capture.exceptions import SlotError, StoreUnavailableError
-from lakefold.dsn import error_text, mask_dsn
-from lakefold.exceptions import LakefoldError
+from lakefold.core.dsn import error_text, mask_dsn
+from lakefold.core.exceptions import LakefoldError
 
 if TYPE_CHECKING:
     from lakefold.capture._config import CaptureConfig

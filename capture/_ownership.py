@@ -60,7 +60,7 @@ from lakefold.capture.exceptions import (
     OwnershipLostError,
     StoreError,
 )
-from lakefold.dsn import error_text, mask_dsn
+from lakefold.core.dsn import error_text, mask_dsn
 
 log = logging.getLogger(__name__)
 

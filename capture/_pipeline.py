@@ -21,8 +21,8 @@ import psycopg
 
 from lakefold.capture._writer import Batch, ChangelogWriter
 from lakefold.capture.exceptions import ConnectionLostError, StoreError
-from lakefold.dsn import mask_dsn
-from lakefold.exceptions import LakefoldError
+from lakefold.core.dsn import mask_dsn
+from lakefold.core.exceptions import LakefoldError
 
 log = logging.getLogger(__name__)
 

@@ -26,7 +26,7 @@ from lakefold.capture.exceptions import (
     SlotError,
     SourceConfigurationError,
 )
-from lakefold.dsn import mask_dsn
+from lakefold.core.dsn import mask_dsn
 
 SESSION_OPTIONS: Final = (
     "-c datestyle=ISO,YMD -c intervalstyle=iso_8601 -c timezone=UTC "

@@ -57,8 +57,8 @@ from lakefold.capture.exceptions import (
     SourceConfigurationError,
     StoreError,
 )
-from lakefold.dsn import mask_dsn
-from lakefold.exceptions import TerminalError
+from lakefold.core.dsn import mask_dsn
+from lakefold.core.exceptions import TerminalError
 
 if TYPE_CHECKING:
     from lakefold.capture._config import CaptureConfig

@@ -42,7 +42,6 @@ import psycopg
 import pyarrow as pa
 from psycopg import sql
 
-from lakefold import adbc
 from lakefold.capture import _publishable, _segments, _source
 from lakefold.capture import _snapshot_store as state
 from lakefold.capture._pipeline import translate_store_error
@@ -54,7 +53,8 @@ from lakefold.capture.exceptions import (
     SourceConfigurationError,
     StoreError,
 )
-from lakefold.dsn import error_text, mask_dsn
+from lakefold.core import adbc
+from lakefold.core.dsn import error_text, mask_dsn
 
 if TYPE_CHECKING:
     from lakefold.capture._config import CaptureConfig

@@ -47,7 +47,7 @@ from lakefold.capture._types import StreamSchema
 from lakefold.capture._values import convert_row
 from lakefold.capture._writer import NOTIFY_CHANNEL, split_key
 from lakefold.capture.exceptions import StoreError, StoreUnavailableError, UnknownStreamError
-from lakefold.dsn import error_text, mask_dsn
+from lakefold.core.dsn import error_text, mask_dsn
 from lakefold.schemas.change import ChangeEvent, ChangeSource, Operation
 
 META_SCHEMA: Final = pa.schema([

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from lakefold.exceptions import TerminalError, TransientError
+from lakefold.core.exceptions import TerminalError, TransientError
 
 
 class CaptureError(TerminalError):

@@ -29,8 +29,8 @@ import psycopg
 import pyarrow as pa
 from psycopg import sql
 
-from lakefold import adbc
-from lakefold.dsn import mask_dsn
+from lakefold.core import adbc
+from lakefold.core.dsn import mask_dsn
 from lakefold.eventstore import _segments
 from lakefold.eventstore._model import check_category, check_limit, check_position, check_types
 from lakefold.eventstore._readers import read_connections

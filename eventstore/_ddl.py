@@ -61,7 +61,7 @@ from typing import Final
 import psycopg
 from psycopg import sql
 
-from lakefold.dsn import mask_dsn
+from lakefold.core.dsn import mask_dsn
 from lakefold.eventstore.exceptions import EventStoreUnavailable
 
 SCHEMA: Final = "lakefold"

@@ -12,7 +12,7 @@ from typing import Final
 
 import psycopg
 
-from lakefold.dsn import mask_dsn
+from lakefold.core.dsn import mask_dsn
 from lakefold.eventstore._model import check_category
 from lakefold.eventstore._translate import translate_errors
 

@@ -24,7 +24,7 @@ import psycopg_pool
 from psycopg import sql
 from psycopg.rows import TupleRow
 
-from lakefold.dsn import mask_dsn
+from lakefold.core.dsn import mask_dsn
 from lakefold.eventstore import _ddl
 from lakefold.eventstore._copy import COPY_THRESHOLD, copy_append, expected_code
 from lakefold.eventstore._fastpath import fast_append

@@ -18,8 +18,8 @@ from typing import Any, Final
 
 import psycopg
 
-from lakefold import adbc
-from lakefold.dsn import error_text, mask_dsn
+from lakefold.core import adbc
+from lakefold.core.dsn import error_text, mask_dsn
 from lakefold.eventstore.exceptions import EventStoreUnavailable
 
 # The log read orders by its primary key under a LIMIT; with a fresh table's statistics the

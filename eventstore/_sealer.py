@@ -15,8 +15,8 @@ from typing import Any, Final
 import psycopg
 import pyarrow as pa
 
-from lakefold import adbc
-from lakefold.dsn import mask_dsn
+from lakefold.core import adbc
+from lakefold.core.dsn import mask_dsn
 from lakefold.eventstore._arrow import EVENTS_ARROW_SCHEMA, read_rows
 from lakefold.eventstore._background import WakeableThread
 from lakefold.eventstore._ddl import SEAL_LOCK_KEY

@@ -3,7 +3,7 @@ or terminal (fix something first)."""
 
 from __future__ import annotations
 
-from lakefold.exceptions import TerminalError, TransientError
+from lakefold.core.exceptions import TerminalError, TransientError
 
 
 class EventStoreError(TerminalError):

@@ -8,17 +8,17 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from lakefold._lazy import lazy_getattr
+from lakefold.core.lazy import lazy_getattr
 
 if TYPE_CHECKING:
     from lakefold.capture import Capture, CaptureConfig, ChangelogStore
-    from lakefold.eventstore import EventStore, StoreOptions
-    from lakefold.exceptions import (
+    from lakefold.core.exceptions import (
         ConfigurationError,
         LakefoldError,
         TerminalError,
         TransientError,
     )
+    from lakefold.eventstore import EventStore, StoreOptions
     from lakefold.local import LocalPostgres, LocalRedis
     from lakefold.projections import Runner, RunnerConfig, projection
     from lakefold.schemas import EventRegistry, EventType, NewEvent
@@ -38,10 +38,10 @@ _EXPORTS: dict[str, str] = {
     "Runner": "lakefold.projections",
     "RunnerConfig": "lakefold.projections",
     "projection": "lakefold.projections",
-    "ConfigurationError": "lakefold.exceptions",
-    "LakefoldError": "lakefold.exceptions",
-    "TerminalError": "lakefold.exceptions",
-    "TransientError": "lakefold.exceptions",
+    "ConfigurationError": "lakefold.core.exceptions",
+    "LakefoldError": "lakefold.core.exceptions",
+    "TerminalError": "lakefold.core.exceptions",
+    "TransientError": "lakefold.core.exceptions",
     "LocalPostgres": "lakefold.local",
     "LocalRedis": "lakefold.local",
     "Settings": "lakefold.settings",

@@ -25,7 +25,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from lakefold.exceptions import ConfigurationError
+from lakefold.core.exceptions import ConfigurationError
 
 capture_app = typer.Typer(
     no_args_is_help=True,
@@ -177,7 +177,7 @@ def _current_lsn(dsn: str) -> int:
     import psycopg
 
     from lakefold.capture import StoreUnavailableError, parse_lsn
-    from lakefold.dsn import error_text, mask_dsn
+    from lakefold.core.dsn import error_text, mask_dsn
 
     try:
         with psycopg.connect(dsn, connect_timeout=10) as conn:

@@ -22,7 +22,7 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from lakefold.exceptions import ConfigurationError
+from lakefold.core.exceptions import ConfigurationError
 
 events_app = typer.Typer(
     no_args_is_help=True,

@@ -19,7 +19,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from lakefold.cli import app
-from lakefold.exceptions import ConfigurationError
+from lakefold.core.exceptions import ConfigurationError
 from lakefold.projections.exceptions import ProjectionError
 
 if TYPE_CHECKING:

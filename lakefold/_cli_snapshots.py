@@ -39,7 +39,7 @@ from lakefold._cli_capture import (
     _store_dsn,
     capture_app,
 )
-from lakefold.exceptions import ConfigurationError
+from lakefold.core.exceptions import ConfigurationError
 
 _out = Console()
 _err = Console(stderr=True)

@@ -26,8 +26,8 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from lakefold import _shop
 from lakefold._demo_views import REVENUE, show_views
-from lakefold.dsn import error_text, mask_dsn
-from lakefold.exceptions import ConfigurationError, LakefoldError
+from lakefold.core.dsn import error_text, mask_dsn
+from lakefold.core.exceptions import ConfigurationError, LakefoldError
 from lakefold.local import LocalPostgres, LocalRedis
 from lakefold.settings import Settings
 

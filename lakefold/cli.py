@@ -10,7 +10,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from lakefold._bench import bench_app
-from lakefold.exceptions import LakefoldError
+from lakefold.core.exceptions import LakefoldError
 
 app = typer.Typer(
     no_args_is_help=True,

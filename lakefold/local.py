@@ -29,7 +29,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Self
 
-from lakefold.exceptions import LocalServiceError
+from lakefold.core.exceptions import LocalServiceError
 
 SERVICE_USER = "lakefold"
 _PR_SET_PDEATHSIG = 1

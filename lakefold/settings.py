@@ -25,7 +25,7 @@ from pydantic_settings import (
     TomlConfigSettingsSource,
 )
 
-from lakefold.exceptions import ConfigurationError
+from lakefold.core.exceptions import ConfigurationError
 
 ENV_PREFIX = "LAKEFOLD_"
 #: Documented variables that share the prefix but are read from the environment directly, not

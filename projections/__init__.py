@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from lakefold._lazy import lazy_getattr
+from lakefold.core.lazy import lazy_getattr
 
 if TYPE_CHECKING:  # the real names for type checkers; at run time they load lazily
     from lakefold.projections._api import (

@@ -32,7 +32,7 @@ from psycopg import sql
 from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 
-from lakefold.dsn import error_text, mask_dsn
+from lakefold.core.dsn import error_text, mask_dsn
 from lakefold.projections.exceptions import (
     CatalogUnavailable,
     ProjectionNotFound,

@@ -34,7 +34,7 @@ from typing import Any, Literal
 import pyarrow as pa
 import redis
 
-from lakefold.dsn import mask_dsn
+from lakefold.core.dsn import mask_dsn
 from lakefold.projections._catalog import redis_pointer_key
 from lakefold.projections._model import DELETED_COLUMN, POSITION_COLUMN
 from lakefold.projections.exceptions import ProjectionNotFound, TargetError, TargetUnavailable

@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any
 
 import psycopg
 
-from lakefold.exceptions import LakefoldError
+from lakefold.core.exceptions import LakefoldError
 from lakefold.projections import _stores
 from lakefold.projections._api import Projection, Registry
 from lakefold.projections._batch import GenerationSink

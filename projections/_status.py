@@ -15,8 +15,8 @@ from typing import Any
 
 import psycopg
 
-from lakefold.dsn import mask_dsn
-from lakefold.exceptions import LakefoldError
+from lakefold.core.dsn import mask_dsn
+from lakefold.core.exceptions import LakefoldError
 from lakefold.projections import _stores
 from lakefold.projections._catalog import (
     LOCK_NAMESPACE,

@@ -25,7 +25,7 @@ import psycopg
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from lakefold.dsn import error_text, mask_dsn
+from lakefold.core.dsn import error_text, mask_dsn
 from lakefold.projections._model import ChangelogSource, EventSource, Source
 from lakefold.projections._truncate import Truncate
 from lakefold.projections.exceptions import CatalogUnavailable, UnknownSourceError

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 
 import psycopg
 
-from lakefold.dsn import error_text, mask_dsn
+from lakefold.core.dsn import error_text, mask_dsn
 from lakefold.projections.exceptions import CatalogUnavailable
 
 if TYPE_CHECKING:

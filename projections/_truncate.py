@@ -52,7 +52,7 @@ import psycopg
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from lakefold.dsn import mask_dsn
+from lakefold.core.dsn import mask_dsn
 from lakefold.projections._model import ChangelogSource, DeltaTableTarget
 from lakefold.projections.exceptions import CatalogUnavailable, ProjectionDefinitionError
 

@@ -6,7 +6,7 @@ retried with backoff by the runner, terminal ones stop the projection and are sh
 
 from __future__ import annotations
 
-from lakefold.exceptions import TerminalError, TransientError
+from lakefold.core.exceptions import TerminalError, TransientError
 
 
 class ProjectionError(TerminalError):

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from lakefold.exceptions import TerminalError
+from lakefold.core.exceptions import TerminalError
 
 
 class SchemaError(TerminalError):

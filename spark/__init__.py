@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from lakefold._lazy import lazy_getattr
+from lakefold.core.lazy import lazy_getattr
 
 if TYPE_CHECKING:
     from lakefold.spark._catalog import LakeCatalog, StaticCatalog, TableCatalog, catalog_for

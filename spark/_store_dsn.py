@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from lakefold.exceptions import ConfigurationError
+from lakefold.core.exceptions import ConfigurationError
 from lakefold.spark.exceptions import SparkLayerError
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from lakefold.exceptions import TerminalError, TransientError
+from lakefold.core.exceptions import TerminalError, TransientError
 
 
 class SparkLayerError(TerminalError):

@@ -43,7 +43,7 @@ from psycopg import sql
 
 from lakefold._bench import bench_app
 from lakefold._bench.report import Report
-from lakefold.exceptions import LakefoldError
+from lakefold.core.exceptions import LakefoldError
 
 BATCH = 1000
 READ_PAGE = 10_000

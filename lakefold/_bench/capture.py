@@ -36,7 +36,7 @@ from psycopg import sql
 
 from lakefold._bench import bench_app
 from lakefold._bench.report import Report
-from lakefold.exceptions import LocalServiceError
+from lakefold.core.exceptions import LocalServiceError
 from lakefold.local import LocalPostgres, embedded_postgres_bin_dir
 
 if TYPE_CHECKING:  # lakefold.capture (pyarrow and all) is imported when a benchmark runs,

@@ -20,7 +20,7 @@ import typer
 from pydantic import BaseModel
 
 from lakefold._bench.report import Report
-from lakefold.exceptions import LakefoldError
+from lakefold.core.exceptions import LakefoldError
 from lakefold.schemas import EventRegistry
 
 registry = EventRegistry()

@@ -39,7 +39,7 @@ import typer
 
 from lakefold._bench import bench_app
 from lakefold._bench.report import Report
-from lakefold.exceptions import LakefoldError
+from lakefold.core.exceptions import LakefoldError
 
 if TYPE_CHECKING:
     from lakefold.capture import CaptureConfig

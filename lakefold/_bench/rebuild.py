@@ -40,7 +40,7 @@ from lakefold._bench.history import (
     history_store,
 )
 from lakefold._bench.report import Report
-from lakefold.exceptions import LakefoldError
+from lakefold.core.exceptions import LakefoldError
 
 
 def expected_sums(events: int, customers: int) -> dict[str, tuple[int, int]]:

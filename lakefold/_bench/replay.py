@@ -44,7 +44,7 @@ from lakefold._bench.history import (
     history_store,
 )
 from lakefold._bench.report import Report
-from lakefold.exceptions import LakefoldError
+from lakefold.core.exceptions import LakefoldError
 
 if TYPE_CHECKING:
     from collections.abc import Callable

@@ -19,7 +19,7 @@ import pytest
 from psycopg import sql
 
 from lakefold.capture import Capture, CaptureConfig, ChangelogStore
-from lakefold.exceptions import LakefoldError
+from lakefold.core.exceptions import LakefoldError
 from lakefold.local import LocalPostgres
 from tests.capture.capture_victim import config as victim_config
 from tests.capture.conftest import capture_now, execute, replayed_rows, source_rows

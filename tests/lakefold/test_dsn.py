@@ -5,7 +5,7 @@ import string
 from hypothesis import given
 from hypothesis import strategies as st
 
-from lakefold.dsn import mask_dsn
+from lakefold.core.dsn import mask_dsn
 
 
 def test_masks_keyword_and_uri_forms() -> None:

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from lakefold.exceptions import ConfigurationError
+from lakefold.core.exceptions import ConfigurationError
 from lakefold.settings import load_settings
 
 README = Path(__file__).resolve().parents[2] / "README.md"

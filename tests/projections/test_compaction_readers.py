@@ -22,7 +22,7 @@ import pytest
 from deltalake import DeltaTable
 
 from lakefold.capture import ChangelogStore
-from lakefold.exceptions import LakefoldError
+from lakefold.core.exceptions import LakefoldError
 from lakefold.projections import (
     Catalog,
     RedisCacheReader,

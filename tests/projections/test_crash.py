@@ -15,7 +15,7 @@ from decimal import Decimal
 import pytest
 from deltalake import DeltaTable
 
-from lakefold.exceptions import LakefoldError
+from lakefold.core.exceptions import LakefoldError
 from lakefold.projections import Catalog, DeadLetters, RedisCacheReader, SearchIndexReader
 from tests.projections import helpers
 

@@ -24,7 +24,7 @@ import pytest
 from deltalake import DeltaTable
 
 from lakefold.capture import ChangelogStore, recover
-from lakefold.exceptions import LakefoldError
+from lakefold.core.exceptions import LakefoldError
 from lakefold.projections import (
     Catalog,
     DeadLetters,
