@@ -1,4 +1,5 @@
-"""What a capture reads and where it writes: ``CaptureConfig``."""
+"""What a capture reads and where it writes: ``CaptureConfig``, and ``TableRef`` for the tables
+it lists."""
 
 from __future__ import annotations
 
@@ -8,20 +9,29 @@ from datetime import timedelta
 from typing import Final
 
 from lakefold.capture._options import HeartbeatPolicy, SnapshotPolicy
-from lakefold.capture._source import TableRef
-from lakefold.capture.exceptions import InvalidConfigError
+from lakefold.capture.exceptions import InvalidConfigError, SourceConfigurationError
+from lakefold.capture.store._compaction import CompactionPolicy
 
 _SLOT_NAME: Final = re.compile(r"^[a-z0-9_]{1,63}$")
 
 
 @dataclass(frozen=True, slots=True)
-class CompactionPolicy:
-    """Background compaction during ``Capture.run``: every ``interval``, keep the latest
-    record per key and drop tombstones older than ``tombstone_retention``."""
+class TableRef:
+    """A source table, ``schema.table``."""
 
-    interval: timedelta = timedelta(minutes=5)
-    tombstone_retention: timedelta = timedelta(hours=24)
-    chunk_positions: int = 50_000
+    schema: str
+    table: str
+
+    @classmethod
+    def parse(cls, text: str) -> TableRef:
+        """``"s.t"`` or ``"t"`` (schema ``public``)."""
+        schema, sep, table = text.strip().rpartition(".")
+        if not table:
+            raise SourceConfigurationError(f"table name {text!r} is empty; use schema.table")
+        return cls(schema if sep else "public", table)
+
+    def __str__(self) -> str:
+        return f"{self.schema}.{self.table}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,7 +45,7 @@ class CaptureConfig:
     ``schema`` or ``tables``: capture every table of one schema (tables created later
     included), or the listed ``schema.table`` names. Exactly one of them. Only tables with a
     key PostgreSQL can use as replica identity are published (``_publishable``); a schema
-    capture needs a superuser (``_guard``).
+    capture needs a superuser (``_publication_guard``).
     ``stream_prefix``: streams are named ``<prefix><schema>.<table>``.
     ``streaming``: protocol v2 with streaming of large in-progress transactions: the server
     sends them while they run instead of spilling them to disk on the source first; lakefold

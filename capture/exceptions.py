@@ -1,18 +1,40 @@
-"""Errors of the capture layer: replication, decoding and the changelog store.
+"""Errors of the capture layer: replication, decoding, configuration and the changelog store.
 
 Every error says what happened and what to do. Transient errors (a dropped connection, a
-server restart) are retried by ``Capture.run`` with backoff; terminal ones stop it.
+server restart) are retried by ``Capture.run`` with backoff; terminal ones stop it. The base
+``CaptureError`` and the errors the changelog store raises are defined in
+``lakefold.capture.store.exceptions`` (the store is the lowest room of capture and imports nothing
+above it); this module lists every capture error.
 """
 
 from __future__ import annotations
 
-from datetime import datetime
+from lakefold.capture.store.exceptions import (
+    CaptureError,
+    ConnectionLostError,
+    OwnershipError,
+    OwnershipLostError,
+    ReaderBehindCompactionError,
+    StoreError,
+    StoreUnavailableError,
+    UnknownStreamError,
+)
 
-from lakefold.core.exceptions import TerminalError, TransientError
-
-
-class CaptureError(TerminalError):
-    """Capture cannot continue without a person changing something."""
+__all__ = [
+    "CaptureError",
+    "CaptureRunningError",
+    "ConnectionLostError",
+    "DecodingError",
+    "InvalidConfigError",
+    "OwnershipError",
+    "OwnershipLostError",
+    "ReaderBehindCompactionError",
+    "SlotError",
+    "SourceConfigurationError",
+    "StoreError",
+    "StoreUnavailableError",
+    "UnknownStreamError",
+]
 
 
 class SourceConfigurationError(CaptureError):
@@ -20,18 +42,9 @@ class SourceConfigurationError(CaptureError):
     (``wal_level``, privileges, replica identity)."""
 
 
-class OwnershipError(CaptureError):
-    """A publication, slot or stream exists but belongs to something other than this capture."""
-
-
 class CaptureRunningError(OwnershipError):
     """Another live capture owns the slot in this store (``CaptureConfig.take_over`` asks it
     to hand the slot over)."""
-
-
-class OwnershipLostError(CaptureError):
-    """This capture no longer owns its slot: another capture took it over. It stops and does
-    not take the slot back by itself."""
 
 
 class SlotError(CaptureError):
@@ -40,38 +53,6 @@ class SlotError(CaptureError):
 
 class DecodingError(CaptureError):
     """The replication stream contained something the decoder cannot interpret."""
-
-
-class StoreError(CaptureError):
-    """The changelog store rejected an operation or is not installed."""
-
-
-class UnknownStreamError(StoreError):
-    """A stream name that the store does not hold."""
-
-
-class ReaderBehindCompactionError(StoreError):
-    """A durable reader would continue after a position below records that compaction has
-    already removed (``_readers``): reading on would silently miss them. The attributes say
-    which stream, where the reader stands and up to where compaction removed what it needs."""
-
-    def __init__(self, message: str, *, reader: str, stream: str, position: int,
-                 removed_to: int, last_run: datetime | None, history: bool) -> None:
-        super().__init__(message)
-        self.reader = reader
-        self.stream = stream
-        self.position = position
-        self.removed_to = removed_to
-        self.last_run = last_run
-        self.history = history
-
-
-class ConnectionLostError(TransientError):
-    """A connection to the source or the store dropped; the capture reconnects and resumes."""
-
-
-class StoreUnavailableError(ConnectionLostError):
-    """The changelog store cannot be reached right now."""
 
 
 class InvalidConfigError(CaptureError):

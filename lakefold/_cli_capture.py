@@ -368,7 +368,7 @@ def drop(
     publication: PublicationOption = "lakefold",
 ) -> None:
     """Drop the capture's slot and publication (streams and records stay in the store)."""
-    from lakefold.capture._capture import drop_capture
+    from lakefold.capture.operations import drop_capture
 
     source = _source_dsn(dsn)
     drop_capture(source, store_dsn or _store_dsn(None, source), slot=slot,

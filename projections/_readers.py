@@ -38,7 +38,7 @@ from lakefold.projections._model import ChangelogSource, DeltaTableTarget
 from lakefold.projections.exceptions import BehindCompactionError
 
 if TYPE_CHECKING:
-    from lakefold.capture import ChangelogStore, ReaderBehindCompactionError
+    from lakefold.capture.store import ChangelogStore, ReaderBehindCompactionError
     from lakefold.projections._catalog import Catalog
 
 log = logging.getLogger(__name__)
@@ -89,7 +89,7 @@ def committed_positions(checkpoint_dir: str) -> dict[str, int]:
 
 
 def _store(dsn: str) -> ChangelogStore:
-    from lakefold.capture import ChangelogStore
+    from lakefold.capture.store import ChangelogStore
 
     return ChangelogStore(dsn)
 
@@ -143,7 +143,7 @@ class GenerationReads:
         self._handle: ChangelogStore | None = None
 
     def _commit(self, next_positions: Mapping[str, int]) -> None:
-        from lakefold.capture import ReaderBehindCompactionError
+        from lakefold.capture.store import ReaderBehindCompactionError
 
         if not self.streams:
             return
@@ -203,7 +203,7 @@ def keep_history_for(dsn: str, projection: Projection) -> None:
 def check_rebuild(dsn: str, projection: Projection, generation: int) -> None:
     """Refuse (BehindCompactionError) to start ``generation`` from position 0 when it would
     miss records compaction removed: only targets that keep every version can."""
-    from lakefold.capture import ReaderBehindCompactionError
+    from lakefold.capture.store import ReaderBehindCompactionError
 
     if not needs_history(projection):
         return

@@ -5,8 +5,8 @@ readers get the same information as Arrow tables instead; the capture's hot path
 these models.
 
 Values in ``key``, ``before`` and ``after`` are typed per column (see
-``lakefold.capture._values``): ``int``, ``Decimal``, ``float``, ``str``, ``bool``, ``date``,
-``time``, ``datetime``, ``Interval``, ``UUID``, ``bytes``, lists for arrays; a ``json``
+``lakefold.capture.store._text_values``): ``int``, ``Decimal``, ``float``, ``str``, ``bool``,
+``date``, ``time``, ``datetime``, ``Interval``, ``UUID``, ``bytes``, lists for arrays; a ``json``
 value is its exact text (``str``), a ``jsonb`` value parsed JSON with exact numbers
 (``Decimal``).
 """

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 
 import pyarrow as pa
 
-from lakefold.capture import ChangelogStore, read_changelog_range
+from lakefold.capture.store import ChangelogStore, read_changelog_range
 from lakefold.schemas.arrow import conform_batch, spark_compatible
 from lakefold.spark._position_source import PositionSource
 from lakefold.spark._positions import PositionRange

@@ -23,12 +23,11 @@ import logging
 import struct
 from array import array
 from dataclasses import dataclass, field, replace
-from typing import Final, Protocol
+from typing import Any, Final, Protocol
 
-from lakefold.capture import _inband
-from lakefold.capture import _pgoutput as pgo
-from lakefold.capture._types import StreamSchema
-from lakefold.capture._writer import (
+from lakefold.capture.decoding import _pgoutput as pgo
+from lakefold.capture.exceptions import DecodingError
+from lakefold.capture.store._changelog_writer import (
     NULL_FIELD,
     Batch,
     CapturedMessage,
@@ -36,7 +35,7 @@ from lakefold.capture._writer import (
     SlotState,
     StreamedCommit,
 )
-from lakefold.capture.exceptions import DecodingError
+from lakefold.capture.store._stream_schema import StreamSchema
 
 log = logging.getLogger(__name__)
 
@@ -74,6 +73,23 @@ class StreamRegistry(Protocol):
     def ensure_stream(self, name: str, *, database: str, schema: str, table: str) -> int: ...
 
     def register_schema(self, stream_id: int, schema: StreamSchema, *, lsn: int) -> int: ...
+
+
+class DecoderHooks(Protocol):
+    """The decoder's extension for lakefold's in-band features (snapshot chunks, heartbeats,
+    publication changes, unchanged TOAST: ``_inband_messages.DecoderExtension``), called at five
+    hook points. It is given to the decoder rather than made by it, so that the extension, which
+    works on the decoder's internals, depends on the decoder and not the other way round."""
+
+    def handle_message(self, decoder: Decoder, message: pgo.Message) -> bool: ...
+
+    def unchanged_update(self, d: Decoder, rel: Any, subxid: int, old_key: bytes | None,
+                         key: bytes, before: bytes | None, after: bytes) -> None: ...
+
+    def stream_committed(self, d: Decoder, txn: Any, *, aborted: set[int], skip: int,
+                         bases: dict[int, int]) -> None: ...
+
+    def stream_dropped(self, xid: int) -> None: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -132,7 +148,8 @@ class Decoder:
     """Feed it XLogData payloads in order with ``feed``; take batches with ``take_batch``."""
 
     def __init__(self, state: SlotState, *, resolver: SchemaResolver,
-                 registry: StreamRegistry, options: DecoderOptions) -> None:
+                 registry: StreamRegistry, options: DecoderOptions,
+                 hooks: DecoderHooks) -> None:
         self._resolver = resolver
         self._registry = registry
         self._options = options
@@ -147,9 +164,8 @@ class Decoder:
         self._announced: dict[int, pgo.Relation] = {}  # Relation messages without changes yet
         self._batch = Batch()
         self._dirty = False
-        # snapshot chunks, heartbeats, unchanged TOAST (``_inband``); indexes of 'u' values
-        self._ext = _inband.DecoderExtension(options.slot, publication=options.publication,
-                                             stream_prefix=options.stream_prefix)
+        # snapshot chunks, heartbeats, unchanged TOAST (``_inband_messages``); indexes of 'u' values
+        self._ext = hooks
         self._unchanged: list[int] = []
         # the open (non-streamed) transaction
         self._in_txn = False
@@ -445,7 +461,7 @@ class Decoder:
             elif kind == _N:
                 append(NULL_FIELD)
                 off += 1
-            elif kind == _U:  # unchanged TOASTed value: filled by _inband.unchanged_update
+            elif kind == _U:  # unchanged TOASTed value: filled by _inband_messages.unchanged_update
                 self._unchanged.append(len(parts))
                 append(NULL_FIELD)
                 off += 1
@@ -554,7 +570,7 @@ class Decoder:
 
     def _message(self, message: pgo.Message) -> None:
         if self._ext.handle_message(self, message):
-            return  # a snapshot chunk or heartbeat (see _inband)
+            return  # a snapshot chunk or heartbeat (see _inband_messages)
         if not self._options.keep_messages:
             return
         if message.transactional:

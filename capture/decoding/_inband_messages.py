@@ -2,9 +2,9 @@
 decoder side of unchanged-TOAST filling.
 
 Snapshot chunks (prefix ``lakefold.snapshot``)
-    An incremental snapshot (``_resnapshot``) reads a chunk of a table's rows while holding
-    share locks on them and, still holding them, writes the rows into the source's WAL as one
-    non-transactional logical decoding message. Every change of those rows committed before
+    An incremental snapshot (``_incremental_snapshot``) reads a chunk of a table's rows while
+    holding share locks on them and, still holding them, writes the rows into the source's WAL as
+    one non-transactional logical decoding message. Every change of those rows committed before
     the message is older than the rows; every later change waits for the locks, so it commits
     after the message. The decoder turns the message into ``read`` records at exactly that
     point of the stream, which therefore stays consistent per key with no pause of the stream.
@@ -33,7 +33,8 @@ of the message's WAL record, which can equal the next commit's LSN) and ordinals
 restarted capture de-duplicates them like any transaction (``Checkpoint.covers``).
 
 This module works on the decoder's internals on purpose: it is the decoder's extension, kept
-apart so that the hot path stays small. ``Decoder`` calls it at five hook points.
+apart so that the hot path stays small. ``Decoder`` calls it at five hook points
+(``DecoderHooks``); the capture gives each decoder its extension.
 """
 
 from __future__ import annotations
@@ -43,18 +44,17 @@ import logging
 import struct
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any, Final
+from typing import Any, Final
 
 import psycopg
 
-from lakefold.capture import _pgoutput as pgo
-from lakefold.capture import _publishable, _snapshot_store
-from lakefold.capture._toast import FillItem, ToastFill, fill_from_before
-from lakefold.capture._writer import NULL_FIELD, Batch, Checkpoint
+from lakefold.capture.decoding import _pgoutput as pgo
+from lakefold.capture.decoding import _publishable
+from lakefold.capture.decoding._decoder import Decoder
+from lakefold.capture.decoding._toast_fill import FillItem, ToastFill, fill_from_before
 from lakefold.capture.exceptions import DecodingError
-
-if TYPE_CHECKING:
-    from lakefold.capture._decoder import Decoder
+from lakefold.capture.store import _capture_state
+from lakefold.capture.store._changelog_writer import NULL_FIELD, Batch, Checkpoint
 
 log = logging.getLogger(__name__)
 
@@ -144,7 +144,7 @@ class _StoreHeartbeats:
     beats: list[tuple[int, datetime]] = field(default_factory=list)
 
     def __call__(self, cur: psycopg.Cursor[Any]) -> None:
-        _snapshot_store.store_heartbeats(cur, self.slot, self.beats)
+        _capture_state.store_heartbeats(cur, self.slot, self.beats)
 
 
 @dataclass
@@ -156,9 +156,9 @@ class _PlanResnapshot:
     tables: dict[int, tuple[int, str, str, str]] = field(default_factory=dict)
 
     def __call__(self, cur: psycopg.Cursor[Any]) -> None:
-        _snapshot_store.insert_run(cur, slot=self.slot, kind="incremental",
-                                   consistent_lsn=None, tables=list(self.tables.values()))
-        cur.execute("SELECT pg_notify(%s, %s)", (_snapshot_store.CONTROL_CHANNEL, self.slot))
+        _capture_state.insert_run(cur, slot=self.slot, kind="incremental",
+                                  consistent_lsn=None, tables=list(self.tables.values()))
+        cur.execute("SELECT pg_notify(%s, %s)", (_capture_state.CONTROL_CHANNEL, self.slot))
 
 
 @dataclass

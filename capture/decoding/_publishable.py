@@ -22,9 +22,9 @@ The capture's *scope* is a schema (its tables, partitions via their root) or a l
 ``schema.table`` names. ``reconcile`` makes the publication's tables equal the publishable
 tables of the scope, in one transaction, and writes a transactional logical decoding message
 (prefix ``lakefold.publication``) naming the tables that joined or left, so that the capture
-learns it in stream order (``_inband``): a table that joins is re-snapshotted, one that leaves
-keeps its stream as it was. The event trigger (``_guard``) does the same within the user's DDL
-transaction, with the same classification (``CANDIDATES_SQL``).
+learns it in stream order (``_inband_messages``): a table that joins is re-snapshotted, one that
+leaves keeps its stream as it was. The event trigger (``_publication_guard``) does the same within
+the user's DDL transaction, with the same classification (``CANDIDATES_SQL``).
 """
 
 from __future__ import annotations
@@ -43,7 +43,8 @@ MESSAGE_PREFIX: Final = "lakefold.publication"
 
 #: The scope's tables with why each is not publishable (NULL when it is) and the fix. $1 is
 #: the scope's schema (or NULL), $2 and $3 the schemas and names of its listed tables. Used
-#: as the body of ``lakefold.capture_candidates`` in the source (``_guard``) and run as is.
+#: as the body of ``lakefold.capture_candidates`` in the source (``_publication_guard``) and
+#: run as is.
 CANDIDATES_SQL: Final = """
 WITH scope AS (
     SELECT c.oid AS relid, n.nspname::text AS schema_name, c.relname::text AS table_name,

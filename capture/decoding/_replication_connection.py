@@ -19,7 +19,7 @@ from typing import Final
 import psycopg
 from psycopg import pq, sql
 
-from lakefold.capture._pgoutput import format_lsn, parse_lsn, pg_now
+from lakefold.capture.decoding._pgoutput import format_lsn, parse_lsn, pg_now
 from lakefold.capture.exceptions import (
     CaptureError,
     ConnectionLostError,

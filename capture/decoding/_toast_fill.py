@@ -10,7 +10,7 @@ value, only the marker "unchanged" (``'u'``). Two cases:
   stream that has one (the old key's record, for an update that changed the key). The value is
   found with a backward scan over the not yet compacted tail of the stream, and through the
   compaction key map (``changelog_keys``) below it, then in the snapshot segments after that
-  record (``_segments``); columns are matched by name, so records of older schema versions
+  record (``_snapshot_segments``); columns are matched by name, so records of older schema versions
   serve as sources too.
 
 Within one store transaction the fills run in position order, so a chain of such updates of
@@ -37,8 +37,8 @@ from typing import Any, Final
 import psycopg
 from psycopg import sql
 
-from lakefold.capture import _segments
-from lakefold.capture._writer import split_key
+from lakefold.capture.store import _snapshot_segments
+from lakefold.capture.store._changelog_writer import split_key
 
 log = logging.getLogger(__name__)
 
@@ -121,7 +121,7 @@ class ToastFill:
         names: dict[tuple[int, int], list[str]] = {}
         for item in sorted(self.items, key=lambda i: (i.stream_id, i.position)):
             if item.stream_id not in floors:
-                _segments.hold(cur, item.stream_id)
+                _snapshot_segments.hold(cur, item.stream_id)
                 row = cur.execute(
                     "SELECT compacted_to FROM lakefold.changelog_compaction WHERE stream_id = %s",
                     (item.stream_id,)).fetchone()
@@ -130,7 +130,7 @@ class ToastFill:
                                           "k": item.source_key,
                                           "floor": floors[item.stream_id]}).fetchone()
             key = [None if v is None else v.decode() for v in split_key(item.source_key)]
-            in_segment = _segments.latest_with_key(
+            in_segment = _snapshot_segments.latest_with_key(
                 cur, item.stream_id, key, above=int(found[0]) if found else 0,
                 below=item.position)
             if found is None and in_segment is None:

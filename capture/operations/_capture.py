@@ -12,7 +12,7 @@ The guarantees:
 * Set-up checks everything before it creates anything; a failure in set-up removes what that
   set-up created. A crash in the middle of creating the slot is recognised and repaired by
   the next set-up (``_slot_intent``).
-* One live capture per slot and store (``_ownership``): a second one refuses, naming the
+* One live capture per slot and store (``_slot_ownership``): a second one refuses, naming the
   first, unless told to take over; the first then stops cleanly and never takes the slot back.
 """
 
@@ -29,31 +29,17 @@ from typing import Any
 
 import psycopg
 
-from lakefold.capture import (
-    _ddl,
-    _guard,
-    _health,
-    _ownership,
-    _resnapshot,
-    _slot_intent,
-    _snapshot,
-    _snapshot_store,
-    _source,
-)
 from lakefold.capture._config import CaptureConfig
-from lakefold.capture._control import CaptureControl
-from lakefold.capture._decoder import Decoder, DecoderOptions
-from lakefold.capture._pgoutput import format_lsn
-from lakefold.capture._pipeline import StorePipeline, translate_store_error
-from lakefold.capture._replication import (
+from lakefold.capture.decoding._decoder import Decoder, DecoderOptions
+from lakefold.capture.decoding._inband_messages import DecoderExtension
+from lakefold.capture.decoding._pgoutput import format_lsn
+from lakefold.capture.decoding._replication_connection import (
     ReplicationConnection,
     SlotInUseError,
     parse_keepalive,
     raise_for_result,
 )
-from lakefold.capture._reread import reread_queued
-from lakefold.capture._snapshot import SnapshotListener
-from lakefold.capture._writer import ChangelogWriter
+from lakefold.capture.decoding._source_catalog import SourceCatalog
 from lakefold.capture.exceptions import (
     CaptureError,
     ConnectionLostError,
@@ -62,6 +48,20 @@ from lakefold.capture.exceptions import (
     SlotError,
     StoreError,
 )
+from lakefold.capture.operations import (
+    _publication_guard,
+    _slot_health,
+    _slot_intent,
+    _slot_ownership,
+    _source_setup,
+)
+from lakefold.capture.operations._control import CaptureControl
+from lakefold.capture.snapshots import _incremental_snapshot, _initial_snapshot
+from lakefold.capture.snapshots._initial_snapshot import SnapshotListener
+from lakefold.capture.snapshots._reread import reread_queued
+from lakefold.capture.store import _capture_state, _ddl
+from lakefold.capture.store._changelog_writer import ChangelogWriter
+from lakefold.capture.store._write_pipeline import StorePipeline, translate_store_error
 from lakefold.core.dsn import error_text, mask_dsn
 from lakefold.core.exceptions import LakefoldError, TransientError
 
@@ -112,11 +112,11 @@ def _connect(dsn: str, *, what: str, setup: bool) -> psycopg.Connection[Any]:
 
 def _store_session(dsn: str, slot: str) -> psycopg.Connection[Any]:
     """A store connection that reads or writes the slot's records, named so that a later owner
-    of the slot can end it (fencing, see ``_ownership``)."""
+    of the slot can end it (fencing, see ``_slot_ownership``)."""
     conn = _connect(dsn, what="store", setup=False)
     try:
         conn.execute("SELECT set_config('application_name', %s, false)",
-                     (_ownership.store_application_name(slot),))
+                     (_slot_ownership.store_application_name(slot),))
     except psycopg.Error as e:
         conn.close()
         raise translate_store_error(e, f"the store ({mask_dsn(dsn)})", "name a session") from e
@@ -128,22 +128,22 @@ def drop_capture(source_dsn: str, store_dsn: str, *, slot: str, publication: str
     publication if lakefold created it, and forget the slot in the store. Streams stay.
     Raises CaptureRunningError while a capture of the slot runs, SlotError when another
     program holds the slot."""
-    with _ownership.SlotOwnership.acquire(
+    with _slot_ownership.SlotOwnership.acquire(
             store_dsn, slot, refusal="Stop that capture first, then drop its slot"), \
             _connect(store_dsn, what="store", setup=True) as store, \
             _connect(source_dsn, what="source database", setup=True) as source:
-        info = _source.slot_info(source, slot)
+        info = _source_setup.slot_info(source, slot)
         if info is not None:
-            if _source.terminate_stale_walsender(source, info, f"lakefold-capture:{slot}"):
+            if _source_setup.terminate_stale_walsender(source, info, f"lakefold-capture:{slot}"):
                 time.sleep(0.2)
-            _source.drop_slot(source, slot)
-        exists, comment = _source.publication_comment(source, publication)
-        if exists and comment == _source.PUBLICATION_MARKER:
+            _source_setup.drop_slot(source, slot)
+        exists, comment = _source_setup.publication_comment(source, publication)
+        if exists and comment == _source_setup.PUBLICATION_MARKER:
             source.execute(psycopg.sql.SQL("DROP PUBLICATION {}").format(
                 psycopg.sql.Identifier(publication)))
-        _guard.uninstall(source, publication)
-        if _snapshot_store.is_installed(store):
-            _snapshot_store.forget_scope(store, slot)
+        _publication_guard.uninstall(source, publication)
+        if _capture_state.is_installed(store):
+            _capture_state.forget_scope(store, slot)
         if _ddl.is_installed(store):
             ChangelogWriter(store, slot).forget_slot()
             _slot_intent.forget(store, slot)
@@ -161,18 +161,18 @@ class Capture:
         self._database = ""
         self._system_id = ""
         self._listener = listener  # progress of snapshots (the CLI's progress bar)
-        self._ownership: _ownership.SlotOwnership | None = None  # held by setup() and run()
+        self._ownership: _slot_ownership.SlotOwnership | None = None  # held by setup() and run()
 
     # -- ownership -------------------------------------------------------------------------
 
     @contextlib.contextmanager
-    def _owned(self) -> Iterator[_ownership.SlotOwnership]:
+    def _owned(self) -> Iterator[_slot_ownership.SlotOwnership]:
         """Own the slot for the block, or keep the ownership ``run`` already holds."""
         if self._ownership is not None:
             yield self._ownership
             return
         cfg = self.config
-        ownership = _ownership.SlotOwnership.acquire(
+        ownership = _slot_ownership.SlotOwnership.acquire(
             cfg.resolved_store_dsn, cfg.slot, take_over=cfg.take_over,
             take_over_timeout=cfg.take_over_timeout.total_seconds())
         self._ownership = ownership
@@ -182,7 +182,7 @@ class Capture:
             self._ownership = None
             ownership.release()
 
-    def _owner(self) -> _ownership.SlotOwnership:
+    def _owner(self) -> _slot_ownership.SlotOwnership:
         if self._ownership is None:
             raise CaptureError("the capture does not own its slot here; call setup() or run()")
         return self._ownership
@@ -201,12 +201,12 @@ class Capture:
         store_dsn = cfg.resolved_store_dsn
         with _connect(store_dsn, what="store", setup=True) as store, \
                 _connect(cfg.source_dsn, what="source database", setup=True) as source:
-            _source.check_source(source)
-            existing = _source.slot_info(source, cfg.slot)
-            _source.resolve_tables(source, schema=cfg.schema, tables=cfg.table_refs,
-                                   require_keys=existing is None)
-            guard = _source.check_guard(source, schema=cfg.schema)
-            self._system_id, self._database = _source.system_identity(source)
+            _source_setup.check_source(source)
+            existing = _source_setup.slot_info(source, cfg.slot)
+            _source_setup.resolve_tables(source, schema=cfg.schema, tables=cfg.table_refs,
+                                         require_keys=existing is None)
+            guard = _source_setup.check_guard(source, schema=cfg.schema)
+            self._system_id, self._database = _source_setup.system_identity(source)
             writer = ChangelogWriter(store, cfg.slot)
             record = writer.slot_record() if _ddl.is_installed(store) else None
             intent = _slot_intent.load(store, cfg.slot) if record is None else None
@@ -215,34 +215,34 @@ class Capture:
             else:  # an earlier set-up was interrupted while creating the slot
                 _slot_intent.check(intent, system_id=self._system_id, database=self._database,
                                    source=source)
-            had_publication, comment = _source.publication_comment(source, cfg.publication)
-            if had_publication and comment != _source.PUBLICATION_MARKER:
+            had_publication, comment = _source_setup.publication_comment(source, cfg.publication)
+            if had_publication and comment != _source_setup.PUBLICATION_MARKER:
                 raise OwnershipError(
                     f"publication {cfg.publication!r} already exists and was not created by "
                     "lakefold; lakefold only captures through a publication it owns. Choose "
                     "another publication name, or drop that publication if it is unused")
             _ddl.install(store)
-            _snapshot_store.install(store)
+            _capture_state.install(store)
             self._owner().record()
             if intent is not None:
                 _slot_intent.discard_orphan(source, store, intent,
                                             application_name=cfg.application_name)
                 existing = None
-            _source.ensure_publication(source, cfg.publication, schema=cfg.schema,
-                                       tables=cfg.table_refs, guard=guard)
-            _snapshot_store.record_scope(store, cfg.slot, cfg.publication, cfg.schema,
-                                         [(t.schema, t.table) for t in cfg.table_refs],
-                                         guarded=guard)
+            _source_setup.ensure_publication(source, cfg.publication, schema=cfg.schema,
+                                             tables=cfg.table_refs, guard=guard)
+            _capture_state.record_scope(store, cfg.slot, cfg.publication, cfg.schema,
+                                        [(t.schema, t.table) for t in cfg.table_refs],
+                                        guarded=guard)
             if existing is None:
                 try:
                     self._create_slot(source, writer, drop_publication=not had_publication)
                 except BaseException:
                     if not had_publication:  # what this set-up created goes again
-                        _guard.uninstall(source, cfg.publication)
-                        _snapshot_store.forget_scope(store, cfg.slot)
+                        _publication_guard.uninstall(source, cfg.publication)
+                        _capture_state.forget_scope(store, cfg.slot)
                     raise
 
-    def _check_ownership(self, slot: _source.SlotInfo | None,
+    def _check_ownership(self, slot: _source_setup.SlotInfo | None,
                          record: dict[str, Any] | None) -> None:
         cfg = self.config
         if slot is not None and record is None:
@@ -258,7 +258,8 @@ class Capture:
                 "drop` for this slot and capture again from a fresh snapshot")
         if slot is None or record is None:
             return
-        _source.check_slot(slot, database=self._database, application_name=cfg.application_name)
+        _source_setup.check_slot(slot, database=self._database,
+                                 application_name=cfg.application_name)
         if record["publication"] != cfg.publication:
             raise OwnershipError(
                 f"slot {cfg.slot!r} captures publication {record['publication']!r}, not "
@@ -283,12 +284,12 @@ class Capture:
                                 database=self._database, source=source)
             repl.open()
             # With an initial snapshot the connection stays open (and idle) until the rows are
-            # copied: that keeps the exported snapshot alive (see _snapshot).
+            # copied: that keeps the exported snapshot alive (see _initial_snapshot).
             created = repl.create_slot(cfg.slot,
                                        snapshot="export" if cfg.snapshot.initial else "nothing")
             if created.snapshot_name:
-                snapshot_id = _snapshot.plan_initial(writer.connection, source, cfg,
-                                                     consistent_lsn=created.consistent_point)
+                snapshot_id = _initial_snapshot.plan_initial(writer.connection, source, cfg,
+                                                             consistent_lsn=created.consistent_point)
             else:
                 repl.close()
             with store.transaction():
@@ -300,7 +301,7 @@ class Capture:
         except BaseException:
             repl.close()
             if created is not None:
-                _source.drop_slot(source, cfg.slot)
+                _source_setup.drop_slot(source, cfg.slot)
             with contextlib.suppress(psycopg.Error):  # else the next set-up forgets it
                 _slot_intent.forget(store, cfg.slot)
             if drop_publication:
@@ -309,8 +310,8 @@ class Capture:
             raise
         if snapshot_id is not None and created is not None and created.snapshot_name:
             try:  # a failure here leaves the run unfinished: Capture.run resumes it
-                _snapshot.copy_exported(cfg, snapshot_id, created.snapshot_name,
-                                        database=self._database, listener=self._listener)
+                _initial_snapshot.copy_exported(cfg, snapshot_id, created.snapshot_name,
+                                                database=self._database, listener=self._listener)
             finally:
                 repl.close()
 
@@ -334,7 +335,7 @@ class Capture:
         Connection drops are retried with exponential backoff (up to
         ``config.max_backoff``); terminal errors raise.
 
-        The run owns the slot (``_ownership``): CaptureRunningError when another capture runs
+        The run owns the slot (``_slot_ownership``): CaptureRunningError when another capture runs
         on it (unless ``config.take_over``). When another capture takes the slot over, this
         run stops cleanly, sets ``stop`` and raises OwnershipLostError.
         """
@@ -357,7 +358,7 @@ class Capture:
         try:
             self.setup()
         except SlotError as e:  # an invalidated slot: say so, and how to recover
-            explained = _health.explain_failure(self.config, e)
+            explained = _slot_health.explain_failure(self.config, e)
             if explained is e:
                 raise
             raise explained from e
@@ -376,8 +377,8 @@ class Capture:
                     if control.wait_while_paused():
                         break
                     if initial_pending:  # an initial snapshot interrupted by a crash
-                        _resnapshot.resume(self.config, listener=self._listener,
-                                           kinds=("initial",))
+                        _incremental_snapshot.resume(self.config, listener=self._listener,
+                                                     kinds=("initial",))
                         reread_queued(self.config)  # rows queued by an earlier run
                         initial_pending = False
                     self._session(control.session_stop(), until_lsn, counters)
@@ -400,7 +401,7 @@ class Capture:
                     stop.wait(backoff)
                     backoff = min(backoff * 2, self.config.max_backoff.total_seconds())
         except LakefoldError as e:
-            explained = _health.explain_failure(self.config, e)
+            explained = _slot_health.explain_failure(self.config, e)
             if not isinstance(e, OwnershipLostError):  # the slot is fine: another capture has it
                 control.record_error(explained)
             if explained is e:
@@ -416,7 +417,7 @@ class Capture:
     def _start_compactor(self, stop: threading.Event) -> Any:
         if self.config.compaction is None:
             return None
-        from lakefold.capture._compaction import BackgroundCompactor
+        from lakefold.capture.store._compaction import BackgroundCompactor
 
         return BackgroundCompactor(self.config.resolved_store_dsn, self.config.compaction,
                                    slot=self.config.slot).start()
@@ -437,12 +438,14 @@ class Capture:
             state = registry.load_state()
             decoder = Decoder(
                 state,
-                resolver=_source.SourceCatalog(side, database=self._database),
+                resolver=SourceCatalog(side, database=self._database),
                 registry=registry,
                 options=DecoderOptions(database=self._database, stream_prefix=cfg.stream_prefix,
                                        keep_messages=cfg.keep_messages,
                                        batch_rows=cfg.batch_rows, batch_bytes=cfg.batch_bytes,
                                        slot=cfg.slot, publication=cfg.publication),
+                hooks=DecoderExtension(cfg.slot, publication=cfg.publication,
+                                       stream_prefix=cfg.stream_prefix),
             )
             self._claim_slot(side)
             repl.open()
@@ -468,14 +471,14 @@ class Capture:
 
     def _claim_slot(self, side: psycopg.Connection[Any]) -> None:
         """The slot must exist; a walsender of an earlier, killed run is ended."""
-        slot = _source.slot_info(side, self.config.slot)
+        slot = _source_setup.slot_info(side, self.config.slot)
         if slot is None:
             raise SlotError(f"replication slot {self.config.slot!r} disappeared from the source; "
                             "run `lakefold capture drop` and capture again from a snapshot")
-        _source.check_slot(slot, database=self._database,
-                           application_name=self.config.application_name)
+        _source_setup.check_slot(slot, database=self._database,
+                                 application_name=self.config.application_name)
         self._owner().check()  # only the slot's owner may end a walsender of its name
-        if _source.terminate_stale_walsender(side, slot, self.config.application_name):
+        if _source_setup.terminate_stale_walsender(side, slot, self.config.application_name):
             raise SlotInUseError(f"slot {self.config.slot!r} was still held by the walsender "
                                  f"of an earlier run (pid {slot.active_pid}); ended it")
 
@@ -487,7 +490,8 @@ class Capture:
         }
         if cfg.streaming:
             options["streaming"] = "on"
-        # Always: snapshot chunks and heartbeats arrive as logical decoding messages (_inband).
+        # Always: snapshot chunks and heartbeats arrive as logical decoding messages
+        # (_inband_messages).
         options["messages"] = "true"
         return options
 

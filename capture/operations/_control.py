@@ -4,7 +4,7 @@ last error.
 Heartbeats
     Every ``HeartbeatPolicy.interval`` the thread writes ``pg_logical_emit_message(false,
     'lakefold.heartbeat', ...)`` on the source. The capture receives it in stream order and
-    confirms its LSN when nothing is open before it (``_inband``), so the slot's confirmed
+    confirms its LSN when nothing is open before it (``_inband_messages``), so the slot's confirmed
     LSN, and with it the WAL the server must keep, advances even while no captured table
     changes and other tables or databases write a lot.
 
@@ -21,16 +21,16 @@ Rows to read again
 Unfinished snapshots
     Snapshot runs left unfinished by a crash (an initial snapshot interrupted after its slot
     was created, or an incremental one whose process died) are finished in the background
-    while the capture streams (``_resnapshot.resume``); so are the runs planned for tables
-    that join the publication (``_inband``), which wake the thread with a notification.
+    while the capture streams (``_incremental_snapshot.resume``); so are the runs planned for tables
+    that join the publication (``_inband_messages``), which wake the thread with a notification.
 
 The publication
     Every ``_RECONCILE_S`` the thread makes the publication equal the publishable tables of
-    the capture's scope (``_publishable.reconcile``). With the publication guard (``_guard``)
-    this only repairs what the guard could not do at once (a table it could not add while
-    another transaction held the publication); without it (a capture role that is not a
-    superuser) it takes a table whose key was dropped out of the publication within seconds,
-    which ends PostgreSQL's refusal of its UPDATE and DELETE.
+    the capture's scope (``_publishable.reconcile``). With the publication guard
+    (``_publication_guard``) this only repairs what the guard could not do at once (a table it
+    could not add while another transaction held the publication); without it (a capture role that
+    is not a superuser) it takes a table whose key was dropped out of the publication within
+    seconds, which ends PostgreSQL's refusal of its UPDATE and DELETE.
 """
 
 from __future__ import annotations
@@ -43,11 +43,15 @@ from typing import TYPE_CHECKING, Any
 import psycopg
 from psycopg import sql
 
-from lakefold.capture import _publishable
-from lakefold.capture import _snapshot_store as state
-from lakefold.capture._inband import HEARTBEAT_PREFIX, encode_heartbeat
-from lakefold.capture._reread import reread_rows
-from lakefold.capture._snapshot import SnapshotListener, source_connection, utc_now
+from lakefold.capture.decoding import _publishable
+from lakefold.capture.decoding._inband_messages import HEARTBEAT_PREFIX, encode_heartbeat
+from lakefold.capture.snapshots._initial_snapshot import (
+    SnapshotListener,
+    source_connection,
+    utc_now,
+)
+from lakefold.capture.snapshots._reread import reread_rows
+from lakefold.capture.store import _capture_state as state
 from lakefold.core.exceptions import LakefoldError, TransientError
 
 if TYPE_CHECKING:
@@ -223,7 +227,7 @@ class CaptureControl:
             (HEARTBEAT_PREFIX, encode_heartbeat(self.config.slot, utc_now()))).fetchone()
         self.heartbeats += 1
         if row is not None:
-            from lakefold.capture._pgoutput import parse_lsn
+            from lakefold.capture.decoding._pgoutput import parse_lsn
 
             self.last_heartbeat_lsn = parse_lsn(row[0])
 
@@ -253,7 +257,7 @@ class CaptureControl:
         self._snapshots.start()
 
     def _finish_snapshots(self) -> None:
-        from lakefold.capture._resnapshot import resume
+        from lakefold.capture.snapshots._incremental_snapshot import resume
 
         delay = 1.0
         while not self._closed.is_set() and not self._stop.is_set():

@@ -56,7 +56,7 @@ from typing import Any, Final
 import psycopg
 from psycopg import errors, sql
 
-from lakefold.capture._publishable import (
+from lakefold.capture.decoding._publishable import (
     CANDIDATES_SQL,
     MESSAGE_PREFIX,
     Scope,

@@ -14,8 +14,8 @@ confirmed LSN (the source was at that LSN at that time, and nothing after it is 
 
 An invalidated slot (the server removed WAL it still needed, because it retained more than
 ``max_slot_wal_keep_size``) means changes were lost. ``SlotInvalidatedError`` names the slot,
-the cause and the one command that recovers: ``lakefold capture recover`` (``recover``), which
-drops the slot, writes a truncate record into each of the capture's streams (so readers forget
+the cause and the one command that recovers: ``lakefold capture recover`` (``_recovery``),
+which drops the slot, writes a truncate record into each of the capture's streams (so readers forget
 rows whose deletes were lost) and captures again from a fresh initial snapshot.
 """
 
@@ -27,19 +27,18 @@ from typing import TYPE_CHECKING, Any
 
 import psycopg
 
-from lakefold.capture import _guard, _publishable
-from lakefold.capture import _snapshot_store as state
 from lakefold.capture._options import HealthThresholds
-from lakefold.capture._ownership import current_owner
-from lakefold.capture._pgoutput import format_lsn, parse_lsn
-from lakefold.capture._writer import NOTIFY_CHANNEL
+from lakefold.capture.decoding import _publishable
+from lakefold.capture.decoding._pgoutput import format_lsn, parse_lsn
 from lakefold.capture.exceptions import SlotError, StoreUnavailableError
+from lakefold.capture.operations import _publication_guard
+from lakefold.capture.operations._slot_ownership import current_owner
+from lakefold.capture.store import _capture_state as state
 from lakefold.core.dsn import error_text, mask_dsn
 from lakefold.core.exceptions import LakefoldError
 
 if TYPE_CHECKING:
     from lakefold.capture._config import CaptureConfig
-    from lakefold.capture._snapshot import SnapshotListener
 
 
 class SlotInvalidatedError(SlotError):
@@ -181,7 +180,7 @@ def _publication_side(config: CaptureConfig,
     publication = scope[0] if scope else config.publication
     try:
         with psycopg.connect(config.source_dsn, autocommit=True, connect_timeout=10) as src:
-            excluded, refused, guarded = _guard.report(
+            excluded, refused, guarded = _publication_guard.report(
                 src, publication, None if scope is None else _publishable.Scope(
                     scope[1], tuple(scope[2])))
     except psycopg.OperationalError as e:
@@ -334,47 +333,3 @@ def explain_failure(config: CaptureConfig, error: LakefoldError) -> LakefoldErro
     if row is not None and (row[0] == "lost" or row[1]):
         return SlotInvalidatedError(invalidated_message(config.slot, row[1]))
     return error
-
-
-def recover(config: CaptureConfig, *, listener: SnapshotListener | None = None) -> None:
-    """Recover a capture whose slot was invalidated or lost (see the module docstring): drop
-    the slot, write a truncate record into each of its streams, and set the capture up again
-    with a fresh initial snapshot (``Capture.setup``). Safe to run again after a failure."""
-    from dataclasses import replace
-
-    from lakefold.capture._capture import Capture, drop_capture
-    from lakefold.capture._options import SnapshotPolicy
-
-    store_dsn = config.resolved_store_dsn
-    drop_capture(config.source_dsn, store_dsn, slot=config.slot,
-                 publication=config.publication)
-    with psycopg.connect(store_dsn, autocommit=True, connect_timeout=10) as store:
-        truncate_streams(store, config.slot)
-    policy = config.snapshot if config.snapshot.initial else SnapshotPolicy(
-        initial=True, chunk_rows=config.snapshot.chunk_rows)
-    Capture(replace(config, snapshot=policy), listener=listener).setup()
-
-
-def truncate_streams(store: psycopg.Connection[Any], slot: str) -> list[str]:
-    """Append a truncate record to every stream of ``slot`` (one store transaction); returns
-    the stream names."""
-    if store.execute("SELECT to_regclass('lakefold.changelog_streams')").fetchone() == (None,):
-        return []
-    with store.transaction():
-        rows = store.execute(
-            "SELECT stream_id, name, greatest(head, lakefold.changelog_top(stream_id)), "
-            "schema_version "
-            "FROM lakefold.changelog_streams s WHERE slot_name = %s ORDER BY stream_id "
-            "FOR UPDATE", (slot,)).fetchall()
-        for stream_id, _name, top, version in rows:
-            if not version:
-                continue  # never had a change or snapshot: nothing to forget
-            store.execute(
-                "INSERT INTO lakefold.changelog (stream_id, position, ordinal, commit_lsn, xid, "
-                "commit_ts, schema_version, op) VALUES (%s, %s, 1, 0, 0, now(), %s, 't')",
-                (stream_id, int(top) + 1, max(int(version), 1)))
-            store.execute(
-                "UPDATE lakefold.changelog_streams SET head = %s, last_commit_ts = now() "
-                "WHERE stream_id = %s", (int(top) + 1, stream_id))
-            store.execute("SELECT pg_notify(%s, %s)", (NOTIFY_CHANNEL, _name))
-    return [r[1] for r in rows if r[3]]

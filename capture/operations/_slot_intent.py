@@ -25,9 +25,9 @@ from typing import Any
 
 import psycopg
 
-from lakefold.capture import _pgoutput as pgo
-from lakefold.capture import _source
+from lakefold.capture.decoding import _pgoutput as pgo
 from lakefold.capture.exceptions import OwnershipError, SlotError
+from lakefold.capture.operations import _source_setup
 
 log = logging.getLogger(__name__)
 
@@ -103,11 +103,11 @@ def discard_orphan(source: psycopg.Connection[Any], store: psycopg.Connection[An
                    intent: SlotIntent, *, application_name: str) -> None:
     """Drop the slot an interrupted set-up created (after ``check``), abandon its planned
     snapshot and forget the intent. Only the slot's owner may call this."""
-    info = _source.slot_info(source, intent.slot)
+    info = _source_setup.slot_info(source, intent.slot)
     if info is not None:
-        if _source.terminate_stale_walsender(source, info, application_name):
+        if _source_setup.terminate_stale_walsender(source, info, application_name):
             _wait_inactive(source, intent.slot)
-        _source.drop_slot(source, intent.slot)
+        _source_setup.drop_slot(source, intent.slot)
         log.warning("slot %s was created by a capture that stopped before its store recorded "
                     "it; dropped that slot and creating it again", intent.slot)
     with store.transaction():

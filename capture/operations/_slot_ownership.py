@@ -53,13 +53,13 @@ from typing import Any, Final
 
 import psycopg
 
-from lakefold.capture import _ddl
 from lakefold.capture.exceptions import (
     CaptureRunningError,
     ConnectionLostError,
     OwnershipLostError,
     StoreError,
 )
+from lakefold.capture.store import _ddl
 from lakefold.core.dsn import error_text, mask_dsn
 
 log = logging.getLogger(__name__)

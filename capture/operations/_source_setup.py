@@ -1,5 +1,5 @@
-"""The source database: checks before capturing, the publication lakefold owns, slots, and
-catalog lookups (types and keys) for Relation messages.
+"""The source database: checks before capturing, the publication lakefold owns, and slots
+(the catalog lookups for Relation messages are ``decoding._source_catalog``).
 
 Everything here runs over ordinary (non-replication) connections. The checks run before
 anything is created, so a misconfigured source gets a clear error and nothing half-made.
@@ -14,44 +14,20 @@ from typing import Any, Final
 import psycopg
 from psycopg import errors, sql
 
-from lakefold.capture import _guard, _publishable
-from lakefold.capture import _pgoutput as pgo
-from lakefold.capture._types import (
-    ColumnSchema,
-    StreamSchema,
-    TypeInfo,
-    builtin_type,
-    type_from_catalog,
-)
+from lakefold.capture._config import TableRef
+from lakefold.capture.decoding import _pgoutput as pgo
+from lakefold.capture.decoding import _publishable
 from lakefold.capture.exceptions import (
     OwnershipError,
     SlotError,
     SourceConfigurationError,
 )
+from lakefold.capture.operations import _publication_guard
 
 log = logging.getLogger(__name__)
 
 #: Marks a publication as created and managed by lakefold (its COMMENT).
 PUBLICATION_MARKER: Final = "lakefold capture publication"
-
-
-@dataclass(frozen=True, slots=True)
-class TableRef:
-    """A source table, ``schema.table``."""
-
-    schema: str
-    table: str
-
-    @classmethod
-    def parse(cls, text: str) -> TableRef:
-        """``"s.t"`` or ``"t"`` (schema ``public``)."""
-        schema, sep, table = text.strip().rpartition(".")
-        if not table:
-            raise SourceConfigurationError(f"table name {text!r} is empty; use schema.table")
-        return cls(schema if sep else "public", table)
-
-    def __str__(self) -> str:
-        return f"{self.schema}.{self.table}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -146,10 +122,10 @@ def resolve_tables(conn: psycopg.Connection[Any], *, schema: str | None,
 
 
 def check_guard(conn: psycopg.Connection[Any], *, schema: str | None) -> bool:
-    """Whether the capture can install its publication guard (``_guard``: needs a
+    """Whether the capture can install its publication guard (``_publication_guard``: needs a
     superuser). A schema capture cannot do without it: raises SourceConfigurationError. A
     capture of listed tables goes on with a warning."""
-    if _guard.can_install(conn):
+    if _publication_guard.can_install(conn):
         return True
     if schema is not None:
         raise SourceConfigurationError(
@@ -205,7 +181,7 @@ def ensure_publication(conn: psycopg.Connection[Any], name: str, *, schema: str 
                 conn.execute(sql.SQL("COMMENT ON PUBLICATION {} IS {}").format(
                     sql.Identifier(name), sql.Literal(PUBLICATION_MARKER)))
             if guard:
-                _guard.install(conn, name, scope)
+                _publication_guard.install(conn, name, scope)
             return _publishable.reconcile(conn, name, scope)
     except errors.InsufficientPrivilege as e:
         raise SourceConfigurationError(
@@ -277,83 +253,3 @@ def drop_slot(conn: psycopg.Connection[Any], name: str) -> bool:
     except errors.UndefinedObject:
         return False
     return True
-
-
-class SourceCatalog:
-    """Type and key lookups in the source catalog, cached; implements the decoder's
-    ``SchemaResolver``. Uses its own connection (autocommit)."""
-
-    def __init__(self, conn: psycopg.Connection[Any], *, database: str) -> None:
-        self._conn = conn
-        self._database = database
-        self._types: dict[int, TypeInfo] = {}
-        self._announced: dict[int, pgo.Type] = {}
-
-    def note_type(self, message: pgo.Type) -> None:
-        self._announced[message.type_oid] = message
-
-    def type_info(self, oid: int) -> TypeInfo:
-        """How values of type ``oid`` are typed."""
-        known = builtin_type(oid) or self._types.get(oid)
-        if known is not None:
-            return known
-        row = self._conn.execute(
-            "SELECT n.nspname, t.typname, t.typtype, t.typelem, t.typbasetype, t.typcategory "
-            "FROM pg_type t JOIN pg_namespace n ON n.oid = t.typnamespace WHERE t.oid = %s",
-            (oid,),
-        ).fetchone()
-        if row is None:
-            announced = self._announced.get(oid)
-            name = f"{announced.namespace}.{announced.name}" if announced else f"oid {oid}"
-            info = TypeInfo(name, "other")
-        else:
-            namespace, name, typtype, elem, base, category = row
-            element = self.type_info(int(elem)) if category == "A" and elem else None
-            base_kind = self.type_info(int(base)).kind if typtype == "d" and base else None
-            info = type_from_catalog(namespace=namespace, name=name, typtype=typtype,
-                                     base_kind=base_kind, element=element)
-        self._types[oid] = info
-        return info
-
-    def primary_key(self, relid: int) -> list[str]:
-        """Primary key column names of ``relid`` (or of its replica identity index)."""
-        rows = self._conn.execute(
-            "SELECT i.indexrelid, a.attname FROM pg_index i "
-            "JOIN LATERAL unnest(i.indkey) WITH ORDINALITY k(attnum, n) ON true "
-            "JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.attnum "
-            "WHERE i.indrelid = %s AND (i.indisprimary OR i.indisreplident) "
-            "ORDER BY i.indisprimary DESC, i.indexrelid, k.n",
-            (relid,),
-        ).fetchall()
-        names: list[str] = []
-        for index, name in rows:
-            if index != rows[0][0]:
-                break  # only the first index: the primary key when there is one
-            names.append(name)
-        return names
-
-    def relation_schema(self, message: pgo.Relation, *, stream: str) -> StreamSchema:
-        """The stream schema for a Relation message. The server flags the key columns as of
-        the change (its historic catalog), which is exact for REPLICA IDENTITY DEFAULT: no
-        flag there means the table had no primary key then (a keyless version, see
-        ``StreamSchema``). With REPLICA IDENTITY FULL every column is flagged, and with
-        NOTHING none, so the key is taken from the primary key in the current catalog."""
-        flagged = [c.name for c in message.columns if c.key]
-        if message.replica_identity in ("f", "n") or (message.replica_identity == "i"
-                                                       and not flagged):
-            keys = set(self.primary_key(message.relid))
-        else:
-            keys = set(flagged)
-        columns = []
-        for column in message.columns:
-            info = self.type_info(column.type_oid)
-            columns.append(ColumnSchema(
-                name=column.name, type_oid=column.type_oid, type_name=info.type_name,
-                type_modifier=column.type_modifier, key=column.name in keys, kind=info.kind,
-                element_kind=info.element_kind,
-            ))
-        return StreamSchema(
-            stream=stream, version=0, database=self._database, schema=message.namespace,
-            table=message.name, relation_oid=message.relid,
-            replica_identity=message.replica_identity, columns=tuple(columns),
-        )

@@ -7,8 +7,8 @@ For each chunk of a table, in key order, one short source transaction:
 2. ``SELECT ... FOR SHARE SKIP LOCKED`` the chunk's rows (READ COMMITTED: the newest committed
    version of each row, now locked against UPDATE and DELETE);
 3. still holding the locks, write the rows into the WAL as non-transactional logical decoding
-   messages (``_inband``); the capture turns them into ``read`` records at that point of the
-   stream;
+   messages (``_inband_messages``); the capture turns them into ``read`` records at that point of
+   the stream;
 4. commit, releasing the locks.
 
 Every change of a locked row committed before step 3 is already in the row; every later one
@@ -36,12 +36,21 @@ from typing import TYPE_CHECKING, Any, Final
 import psycopg
 from psycopg import errors, sql
 
-from lakefold.capture import _publishable
-from lakefold.capture import _snapshot_store as state
-from lakefold.capture._inband import SNAPSHOT_PREFIX, ChunkHeader, encode_chunk, encode_tuple
-from lakefold.capture._pgoutput import pg_time
-from lakefold.capture._pipeline import translate_store_error
-from lakefold.capture._snapshot import (
+from lakefold.capture.decoding import _publishable
+from lakefold.capture.decoding._inband_messages import (
+    SNAPSHOT_PREFIX,
+    ChunkHeader,
+    encode_chunk,
+    encode_tuple,
+)
+from lakefold.capture.decoding._pgoutput import pg_time
+from lakefold.capture.exceptions import (
+    CaptureError,
+    SlotError,
+    SourceConfigurationError,
+    StoreError,
+)
+from lakefold.capture.snapshots._initial_snapshot import (
     QuietListener,
     SnapshotListener,
     SnapshotStats,
@@ -50,13 +59,14 @@ from lakefold.capture._snapshot import (
     source_connection,
     utc_now,
 )
-from lakefold.capture._tables import TableShape, capture_tables, find_table, table_shape
-from lakefold.capture.exceptions import (
-    CaptureError,
-    SlotError,
-    SourceConfigurationError,
-    StoreError,
+from lakefold.capture.snapshots._table_shape import (
+    TableShape,
+    capture_tables,
+    find_table,
+    table_shape,
 )
+from lakefold.capture.store import _capture_state as state
+from lakefold.capture.store._write_pipeline import translate_store_error
 from lakefold.core.dsn import mask_dsn
 from lakefold.core.exceptions import TerminalError
 
@@ -170,7 +180,7 @@ def run_locked(config: CaptureConfig, snapshot_id: int, *,
 def _published(src: psycopg.Connection[Any], store: psycopg.Connection[Any],
                config: CaptureConfig, table: state.SnapshotTable) -> bool:
     """Whether the capture's publication still publishes ``table``; a table that left it
-    before its re-snapshot (a run planned when it joined, see ``_inband``) is marked done
+    before its re-snapshot (a run planned when it joined, see ``_inband_messages``) is marked done
     without reading it: its rows are read when it joins again."""
     with src.transaction():
         if table.relid in _publishable.published(src, config.publication):

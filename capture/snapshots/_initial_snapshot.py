@@ -14,15 +14,15 @@ Chunks
     rows and its positions are known in advance; ``SnapshotPolicy.workers`` movers copy chunks
     in parallel, each with its own connections importing the same snapshot. A chunk is read
     as Arrow text columns (ADBC: binary ``COPY`` decoded in C++, without the GIL), stored as
-    snapshot segments (``_segments``: a few compressed rows per chunk instead of a changelog
-    row per source row) and committed beyond the stream head, where readers do not see it.
+    snapshot segments (``_snapshot_segments``: a few compressed rows per chunk instead of a
+    changelog row per source row) and committed beyond the stream head, where readers do not see it.
     Then, in chunk order, one store transaction per chunk moves the head over it and records
     its progress (``capture_snapshot_tables.last_key``). Records beyond the head left by a
     crash are deleted when the snapshot resumes.
 
 Resume
     After a crash the exported snapshot is gone. The next ``Capture.run`` finishes the
-    remaining key ranges with incremental (locked, in-stream) chunks, see ``_resnapshot``:
+    remaining key ranges with incremental (locked, in-stream) chunks, see ``_incremental_snapshot``:
     every row copied before the crash was read at the consistent point and is followed by
     all its later changes; every row read after it is consistent at its own point of the
     stream. Nothing is copied twice, nothing is missed.
@@ -42,17 +42,19 @@ import psycopg
 import pyarrow as pa
 from psycopg import sql
 
-from lakefold.capture import _publishable, _segments, _source
-from lakefold.capture import _snapshot_store as state
-from lakefold.capture._pipeline import translate_store_error
-from lakefold.capture._replication import SESSION_OPTIONS
-from lakefold.capture._tables import TableShape, capture_tables, table_shape
-from lakefold.capture._writer import NOTIFY_CHANNEL, ChangelogWriter
+from lakefold.capture.decoding import _publishable
+from lakefold.capture.decoding._replication_connection import SESSION_OPTIONS
+from lakefold.capture.decoding._source_catalog import SourceCatalog
 from lakefold.capture.exceptions import (
     ConnectionLostError,
     SourceConfigurationError,
     StoreError,
 )
+from lakefold.capture.snapshots._table_shape import TableShape, capture_tables, table_shape
+from lakefold.capture.store import _capture_state as state
+from lakefold.capture.store import _snapshot_segments
+from lakefold.capture.store._changelog_writer import NOTIFY_CHANNEL, ChangelogWriter
+from lakefold.capture.store._write_pipeline import translate_store_error
 from lakefold.core import adbc
 from lakefold.core.dsn import error_text, mask_dsn
 
@@ -106,7 +108,7 @@ class SnapshotStats:
 
 def _source_conninfo(dsn: str) -> str:
     """``dsn`` with session settings that give values the same text form as pgoutput's
-    (``_replication.SESSION_OPTIONS``)."""
+    (``_replication_connection.SESSION_OPTIONS``)."""
     params = psycopg.conninfo.conninfo_to_dict(dsn)
     params["options"] = f"{params.get('options', '')} {SESSION_OPTIONS}".strip()
     params.setdefault("connect_timeout", "10")
@@ -172,7 +174,7 @@ def _copy_exported(config: CaptureConfig, snapshot_id: int, snapshot_name: str, 
         lsn = run.consistent_lsn or 0
         at = run.created_at
         writer = ChangelogWriter(store, config.slot)
-        catalog = _source.SourceCatalog(src, database=database)
+        catalog = SourceCatalog(src, database=database)
         tables = state.run_tables(store, snapshot_id)
         movers = _Movers(config, snapshot_name)
         try:
@@ -198,7 +200,7 @@ def _copy_exported(config: CaptureConfig, snapshot_id: int, snapshot_name: str, 
     return SnapshotStats(snapshot_id, len(tables), rows, chunks, time.monotonic() - started)
 
 
-def register_stream(writer: ChangelogWriter, catalog: _source.SourceCatalog,
+def register_stream(writer: ChangelogWriter, catalog: SourceCatalog,
                     shape: TableShape, *, name: str, database: str,
                     lsn: int) -> tuple[int, int, tuple[str, ...]]:
     """Create the table's stream and register its schema exactly as the first Relation
@@ -248,7 +250,7 @@ class _Chunk:
 
     table: str
     select: str
-    first: _segments.Segment
+    first: _snapshot_segments.Segment
     key_indexes: tuple[int, ...]
 
 
@@ -291,14 +293,14 @@ class _Mover:
         return rows
 
     @staticmethod
-    def _store(cur: psycopg.Cursor[Any], first: _segments.Segment, offset: int,
+    def _store(cur: psycopg.Cursor[Any], first: _snapshot_segments.Segment, offset: int,
                batches: list[pa.RecordBatch], key_indexes: tuple[int, ...]) -> int:
         n = int(sum(b.num_rows for b in batches))
         if n:
             segment = replace(first, first_position=first.first_position + offset,
                               last_position=first.first_position + offset + n - 1,
                               first_ordinal=first.first_ordinal + offset)
-            _segments.write(cur, segment, pa.Table.from_batches(batches), key_indexes)
+            _snapshot_segments.write(cur, segment, pa.Table.from_batches(batches), key_indexes)
         return n
 
     def close(self) -> None:
@@ -334,7 +336,7 @@ class _Movers:
 
 
 def _copy_table(src: psycopg.Connection[Any], store: psycopg.Connection[Any],
-                writer: ChangelogWriter, catalog: _source.SourceCatalog, config: CaptureConfig,
+                writer: ChangelogWriter, catalog: SourceCatalog, config: CaptureConfig,
                 table: state.SnapshotTable, movers: _Movers, *, lsn: int, at: datetime,
                 database: str, listener: SnapshotListener) -> tuple[int, int]:
     """Copy one table: the main connection plans chunk boundaries (exact inside the
@@ -355,8 +357,9 @@ def _copy_table(src: psycopg.Connection[Any], store: psycopg.Connection[Any],
     def chunk(k: int, lo: tuple[str, ...] | None, hi: tuple[str, ...] | None) -> _Chunk:
         select = sql.SQL("SELECT {} FROM {} {} ORDER BY {}").format(
             shape.text_columns(), shape.ident, _range_literal(shape, lo, hi), shape.order_by())
-        first = _segments.Segment(stream_id, base + k * n_rows + 1, base + (k + 1) * n_rows,
-                                  table.rows + k * n_rows + 1, lsn, at, version)
+        first = _snapshot_segments.Segment(stream_id, base + k * n_rows + 1,
+                                           base + (k + 1) * n_rows,
+                                           table.rows + k * n_rows + 1, lsn, at, version)
         return _Chunk(table.qualified, select.as_string(src), first, key_indexes)
 
     pending: dict[int, tuple[Future[int], tuple[str, ...] | None]] = {}

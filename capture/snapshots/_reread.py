@@ -1,9 +1,9 @@
 """Rows read again in-band: the rows queued in ``lakefold.capture_rereads``.
 
 An update whose unchanged TOASTed value has no earlier record of its key to be filled from is
-left out of the stream and its row queued here (see ``_toast``). The capture's side thread
-reads each queued row with the incremental snapshot's procedure (``_resnapshot``): the table
-is locked in ROW SHARE mode, the row read FOR SHARE (waiting for its writers) and written into
+left out of the stream and its row queued here (see ``_toast_fill``). The capture's side thread
+reads each queued row with the incremental snapshot's procedure (``_incremental_snapshot``): the
+table is locked in ROW SHARE mode, the row read FOR SHARE (waiting for its writers) and written into
 the WAL as an in-band chunk, so the capture turns it into a ``read`` record at a point of the
 stream where it is consistent. A row that no longer exists gets no read (its delete record
 tells readers). A request is removed once its chunk is in the WAL; reading a row twice (a
@@ -17,12 +17,12 @@ from typing import TYPE_CHECKING, Any, Final
 
 import psycopg
 
-from lakefold.capture._resnapshot import lock_table, send_row
-from lakefold.capture._snapshot import source_connection
-from lakefold.capture._tables import find_table
-from lakefold.capture._types import StreamSchema
-from lakefold.capture._writer import split_key
 from lakefold.capture.exceptions import SourceConfigurationError
+from lakefold.capture.snapshots._incremental_snapshot import lock_table, send_row
+from lakefold.capture.snapshots._initial_snapshot import source_connection
+from lakefold.capture.snapshots._table_shape import find_table
+from lakefold.capture.store._changelog_writer import split_key
+from lakefold.capture.store._stream_schema import StreamSchema
 
 if TYPE_CHECKING:
     from lakefold.capture._config import CaptureConfig

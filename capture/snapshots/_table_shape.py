@@ -24,7 +24,7 @@ from typing import Any, Final
 import psycopg
 from psycopg import sql
 
-from lakefold.capture import _pgoutput as pgo
+from lakefold.capture.decoding import _pgoutput as pgo
 from lakefold.capture.exceptions import SourceConfigurationError
 
 
@@ -64,7 +64,8 @@ class TableShape:
 
     def as_text(self, column: str) -> sql.Composable:
         """``column`` in the text form pgoutput sends (under the replication session's
-        settings, see ``_replication.SESSION_OPTIONS``): its type's output text, or NULL."""
+        settings, see ``_replication_connection.SESSION_OPTIONS``): its type's output text, or
+        NULL."""
         ident = sql.Identifier(column)
         if column in self.output_text:
             return sql.SQL("CASE WHEN {0} IS NULL THEN NULL ELSE pg_catalog.concat({0}) END"

@@ -33,8 +33,8 @@ from typing import Any, Final
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from lakefold.capture._types import ColumnSchema
-from lakefold.capture._values import BOOL_TEXT, Interval, converter_for
+from lakefold.capture.store._stream_schema import ColumnSchema
+from lakefold.capture.store._text_values import BOOL_TEXT, Interval, converter_for
 
 _SIMPLE: Final[dict[str, pa.DataType]] = {
     "int2": pa.int16(),
@@ -78,7 +78,7 @@ def arrow_type(column: ColumnSchema) -> pa.DataType:
 
 
 def _to_arrow_scalar(kind: str) -> Callable[[Any], Any]:
-    """Python value (from ``_values``) -> something ``pa.array`` accepts for the Arrow type;
+    """Python value (from ``_text_values``) -> something ``pa.array`` accepts for the Arrow type;
     values the type cannot hold become None."""
     if kind == "interval":
         def interval(value: Any) -> Any:
@@ -115,7 +115,7 @@ def _python_path(column: ColumnSchema, texts: pa.Array, target: pa.DataType) -> 
         keep_text = target.value_type == pa.string()
         convert: Callable[[str], Any] = _identity if keep_text else converter_for(element_kind)
         scalar: Callable[[Any], Any] = _identity if keep_text else _to_arrow_scalar(element_kind)
-        from lakefold.capture._values import parse_array
+        from lakefold.capture.store._text_values import parse_array
 
         out: list[Any] = []
         for text in values:
@@ -132,7 +132,7 @@ def _python_path(column: ColumnSchema, texts: pa.Array, target: pa.DataType) -> 
 
 
 def _bool_array(texts: pa.Array) -> pa.Array:
-    """Booleans from their text (``_values.BOOL_TEXT``); other text is refused."""
+    """Booleans from their text (``_text_values.BOOL_TEXT``); other text is refused."""
     known = pc.is_in(texts, value_set=pa.array(list(BOOL_TEXT)))
     if not pc.all(pc.or_kleene(known, pc.is_null(texts))).as_py():
         bad = pc.filter(texts, pc.invert(pc.fill_null(known, True)))[0].as_py()

@@ -18,7 +18,7 @@ Typed rows
     Reads return Arrow tables: the metadata columns ``_position``, ``_op`` (``insert``,
     ``update``, ``delete``, ``truncate``, ``read``), ``_commit_lsn``, ``_ordinal``, ``_xid``,
     ``_commit_ts``, ``_schema_version``, then one typed column per column of the table (see
-    ``_arrow`` for the types). An insert or update carries the new row; a delete carries the
+    ``_arrow_columns`` for the types). An insert or update carries the new row; a delete carries the
     key columns (all columns under ``REPLICA IDENTITY FULL``); a truncate carries nulls.
     Records of older schema versions are mapped by column name onto the newest version's
     columns. ``read_events`` returns full ``ChangeEvent`` models (with before-images) instead.
@@ -40,13 +40,13 @@ import pyarrow.compute as pc
 import pyarrow.csv as pacsv
 from psycopg import sql
 
-from lakefold.capture import _ddl, _readers, _segments
-from lakefold.capture._arrow import arrow_type, typed_array
-from lakefold.capture._readers import CompactionState, ReaderPosition
-from lakefold.capture._types import StreamSchema
-from lakefold.capture._values import convert_row
-from lakefold.capture._writer import NOTIFY_CHANNEL, split_key
-from lakefold.capture.exceptions import StoreError, StoreUnavailableError, UnknownStreamError
+from lakefold.capture.store import _ddl, _reader_registry, _snapshot_segments
+from lakefold.capture.store._arrow_columns import arrow_type, typed_array
+from lakefold.capture.store._changelog_writer import NOTIFY_CHANNEL, split_key
+from lakefold.capture.store._reader_registry import CompactionState, ReaderPosition
+from lakefold.capture.store._stream_schema import StreamSchema
+from lakefold.capture.store._text_values import convert_row
+from lakefold.capture.store.exceptions import StoreError, StoreUnavailableError, UnknownStreamError
 from lakefold.core.dsn import error_text, mask_dsn
 from lakefold.schemas.change import ChangeEvent, ChangeSource, Operation
 
@@ -170,7 +170,7 @@ def _copy_range(conn: psycopg.Connection[Any], meta: _StreamMeta, start: int, en
         if limit is not None and rows.num_rows == limit:  # later segment records come after
             end = int(rows.column("_position")[-1].as_py())
         parts = [_segment_raw(segment, texts, meta.width) for segment, texts in
-                 _segments.read_range(conn, meta.info.stream_id, start, end, limit)]
+                 _snapshot_segments.read_range(conn, meta.info.stream_id, start, end, limit)]
     if not parts:
         return rows
     merged = pa.concat_tables([rows, *parts]).sort_by("_position")
@@ -214,7 +214,7 @@ def _copy_rows(conn: psycopg.Connection[Any], meta: _StreamMeta, start: int, end
     )
 
 
-def _segment_raw(segment: _segments.Segment, texts: pa.Table, width: int) -> pa.Table:
+def _segment_raw(segment: _snapshot_segments.Segment, texts: pa.Table, width: int) -> pa.Table:
     """A segment's records in the layout of ``_copy_range``."""
     n = texts.num_rows
     names, types = _raw_columns(width)
@@ -301,9 +301,10 @@ def _segment_records(conn: psycopg.Connection[Any], meta: _StreamMeta, start: in
                      limit: int) -> list[tuple[Any, ...]]:
     """The segments' records in ``[start, end)`` as the rows ``read_events`` selects."""
     records: list[tuple[Any, ...]] = []
-    for segment, texts in _segments.read_range(conn, meta.info.stream_id, start, end, limit):
+    for segment, texts in _snapshot_segments.read_range(conn, meta.info.stream_id, start, end,
+                                                        limit):
         schema = meta.versions[segment.schema_version]
-        keys = _segments.record_keys(
+        keys = _snapshot_segments.record_keys(
             texts, [i for i, c in enumerate(schema.columns) if c.key])
         values = zip(*(texts.column(i).to_pylist() for i in range(texts.num_columns)),
                      strict=True)
@@ -477,11 +478,11 @@ class ChangelogStore:
         position of a durable reader (``commit_reader``), never in a stream that keeps its
         full history. Online: short transactions, no locks that block the capture or readers.
         Returns records removed per stream."""
-        from lakefold.capture._compaction import compact_stream, default_retention
+        from lakefold.capture.store._compaction import compact_stream, default_retention
 
         conn = self._connection()
         names = [stream] if stream is not None else [s.name for s in self.streams()]
-        if names and not _readers.installed(conn):  # a store installed by an older lakefold
+        if names and not _reader_registry.installed(conn):  # a store installed by an older lakefold
             _ddl.install(conn)
         removed = {}
         for name in names:
@@ -504,41 +505,41 @@ class ChangelogStore:
         state per key. Raises ReaderBehindCompactionError (nothing is registered) when
         compaction already removed records after ``position`` that such a reader needs: for a
         history reader any record, for another one that has read something the deletes
-        (see ``_readers``)."""
+        (see ``_reader_registry``)."""
         conn = self._connection()
         stream_id = self._reader_streams.get(stream)
         if stream_id is None:  # once per stream: commits come with every micro-batch
             stream_id = _stream_meta(conn, stream).info.stream_id
-            if not _readers.installed(conn):  # a store installed by an older lakefold
+            if not _reader_registry.installed(conn):  # a store installed by an older lakefold
                 _ddl.install(conn)
             self._reader_streams[stream] = stream_id
-        _readers.commit(conn, reader, stream_id, stream, position, history=history)
+        _reader_registry.commit(conn, reader, stream_id, stream, position, history=history)
 
     def release_reader(self, reader: str, stream: str | None = None) -> int:
         """Forget a durable reader (in one stream, or in all) so that it no longer holds
         compaction; returns how many registrations went."""
         conn = self._connection()
         stream_id = None if stream is None else _stream_meta(conn, stream).info.stream_id
-        if not _readers.installed(conn):
+        if not _reader_registry.installed(conn):
             return 0
-        return _readers.release(conn, reader, stream_id)
+        return _reader_registry.release(conn, reader, stream_id)
 
     def readers(self, stream: str | None = None) -> list[ReaderPosition]:
         """The durable readers (of one stream, or of all), lowest position first."""
         conn = self._connection()
         stream_id = None if stream is None else _stream_meta(conn, stream).info.stream_id
-        if not _readers.installed(conn):
+        if not _reader_registry.installed(conn):
             return []
-        return _readers.readers(conn, stream_id)
+        return _reader_registry.readers(conn, stream_id)
 
     def compaction_state(self, stream: str) -> CompactionState:
         """How far ``stream`` is compacted, what compaction removed, whether it keeps its full
         history, and its durable readers (``held_by``: the one compaction cannot pass)."""
         conn = self._connection()
         info = _stream_meta(conn, stream).info
-        if not _readers.installed(conn):
+        if not _reader_registry.installed(conn):
             _ddl.install(conn)
-        return _readers.state(conn, info.stream_id, stream)
+        return _reader_registry.state(conn, info.stream_id, stream)
 
     def keep_history(self, stream: str, keep: bool = True, *, reason: str | None = None,
                      if_unset: bool = False) -> bool:
@@ -549,8 +550,8 @@ class ChangelogStore:
         setting. Records compaction removed before stay removed."""
         conn = self._connection()
         info = _stream_meta(conn, stream).info
-        if not _readers.installed(conn):
+        if not _reader_registry.installed(conn):
             _ddl.install(conn)
         default = "asked for by a user" if keep else "switched off by a user"
-        return _readers.set_keep_history(conn, info.stream_id, keep, reason or default,
-                                         if_unset=if_unset)
+        return _reader_registry.set_keep_history(conn, info.stream_id, keep, reason or default,
+                                                 if_unset=if_unset)

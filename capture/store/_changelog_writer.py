@@ -31,9 +31,9 @@ from typing import Any, Final
 import psycopg
 from psycopg import sql
 
-from lakefold.capture import _ddl
-from lakefold.capture._types import StreamSchema
-from lakefold.capture.exceptions import OwnershipError, OwnershipLostError, StoreError
+from lakefold.capture.store import _ddl
+from lakefold.capture.store._stream_schema import StreamSchema
+from lakefold.capture.store.exceptions import OwnershipError, OwnershipLostError, StoreError
 
 NOTIFY_CHANNEL: Final = "lakefold_changelog"
 
@@ -198,7 +198,7 @@ class ChangelogWriter:
     """Writes to the store over one connection (not thread-safe: one per thread).
 
     ``slot`` names the capture (its replication slot); streams belong to exactly one slot.
-    ``owner``: the ownership token of the capture writing (``_ownership``); then every batch
+    ``owner``: the ownership token of the capture writing (``_slot_ownership``); then every batch
     first checks that the slot's owner row still carries it, and a batch of a capture that
     lost its slot raises OwnershipLostError and writes nothing.
     """
@@ -412,7 +412,7 @@ class ChangelogWriter:
                     )
 
     def _check_owner(self, cur: psycopg.Cursor[Any]) -> None:
-        """Fencing (see ``_ownership``): a read in the batch's own transaction, so a new owner,
+        """Fencing (see ``_slot_ownership``): a read in the batch's own transaction, so a new owner,
         which ends earlier owners' sessions after writing its token, sees every batch that
         passed this check."""
         row = cur.execute("SELECT token FROM lakefold.capture_owners WHERE slot_name = %s",

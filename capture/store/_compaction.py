@@ -13,13 +13,13 @@ map of Kafka's log cleaner, and works through the new records in chunks of posit
 4. a truncate record in the chunk deletes every record before it, and empties the key map
    below it.
 
-Snapshot segments (``_segments``) holding positions of the chunk become ordinary records
+Snapshot segments (``_snapshot_segments``) holding positions of the chunk become ordinary records
 first, in the same transaction, so the steps above see every record.
 
 Then tombstones (deletes) and truncate records below ``compacted_to`` whose commit is older
 than the retention are removed with their key map entries.
 
-Durable readers (``_readers``: projection generations, subscriptions) hold compaction back:
+Durable readers (``_reader_registry``: projection generations, subscriptions) hold compaction back:
 a chunk never reaches past the lowest position a reader of the stream has processed, and
 tombstones are expired only below it, so a slow or paused reader still reads every update and
 delete it has not processed. The highest position of any removed record (``removed_to``) and
@@ -41,13 +41,13 @@ from __future__ import annotations
 
 import logging
 import threading
+from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, Final
 
 import psycopg
 
-from lakefold.capture import _readers, _segments
-from lakefold.capture._config import CompactionPolicy
+from lakefold.capture.store import _reader_registry, _snapshot_segments
 
 log = logging.getLogger(__name__)
 
@@ -95,6 +95,16 @@ SELECT (SELECT count(*) FROM gone), (SELECT count(*) FROM unmapped),
 """
 
 
+@dataclass(frozen=True, slots=True)
+class CompactionPolicy:
+    """Background compaction during ``Capture.run``: every ``interval``, keep the latest
+    record per key and drop tombstones older than ``tombstone_retention``."""
+
+    interval: timedelta = timedelta(minutes=5)
+    tombstone_retention: timedelta = timedelta(hours=24)
+    chunk_positions: int = 50_000
+
+
 def default_retention() -> timedelta:
     return CompactionPolicy().tombstone_retention
 
@@ -134,7 +144,7 @@ def _compact_locked(conn: psycopg.Connection[Any], stream_id: int, retention: ti
     held: int | None = None
     while done < head:
         with conn.transaction(), conn.cursor() as cur:
-            keep_history, lowest = _readers.lock_for_compaction(conn, stream_id)
+            keep_history, lowest = _reader_registry.lock_for_compaction(conn, stream_id)
             if keep_history:
                 log.info("stream %s keeps its full history; not compacted", name)
                 return removed
@@ -143,7 +153,7 @@ def _compact_locked(conn: psycopg.Connection[Any], stream_id: int, retention: ti
                 held, upper = lowest, lowest
             if upper <= done:
                 break
-            if _segments.explode(cur, stream_id, done, upper):
+            if _snapshot_segments.explode(cur, stream_id, done, upper):
                 # The planner must know of the rows just written, or it takes the chunk for
                 # empty and joins it with nested loops (quadratic in the chunk).
                 cur.execute("ANALYZE lakefold.changelog")
@@ -162,7 +172,7 @@ def _compact_locked(conn: psycopg.Connection[Any], stream_id: int, retention: ti
     if held is not None and held < head:
         _report_hold(conn, stream_id, name, retention)
     with conn.transaction():
-        keep_history, lowest = _readers.lock_for_compaction(conn, stream_id)
+        keep_history, lowest = _reader_registry.lock_for_compaction(conn, stream_id)
         if keep_history:
             return removed
         limit = done if lowest is None else min(done, lowest)
@@ -182,7 +192,7 @@ def _report_hold(conn: psycopg.Connection[Any], stream_id: int, name: str,
                  retention: timedelta) -> None:
     """Say which reader holds the stream's compaction; a warning when it has not moved for
     longer than the tombstone retention (it may be gone for good, or paused for days)."""
-    holder = next(iter(_readers.readers(conn, stream_id)), None)
+    holder = next(iter(_reader_registry.readers(conn, stream_id)), None)
     if holder is None:
         return
     row = conn.execute("SELECT now() - %s > %s", (holder.moved_at, retention)).fetchone()

@@ -9,14 +9,14 @@
 ``changelog``           the records. ``(stream_id, position)`` is the primary key; positions
                         are assigned densely from 1 by the capture, the only writer.
 ``changelog_segments``  runs of ``read`` records of an initial snapshot, one row per run (see
-                        ``_segments``); readers merge them with ``changelog`` by position.
+                        ``_snapshot_segments``); readers merge them with ``changelog`` by position.
 ``changelog_keys``      the latest compacted position of each key (kept by compaction).
 ``changelog_compaction`` how far each stream has been compacted, the highest positions
                         compaction removed a record at (any, and expired tombstones), and
                         whether the stream keeps its full history (never compacted).
 ``changelog_readers``   durable readers of a stream (projection generations, subscriptions)
                         and the position each has processed: compaction never passes the
-                        lowest one (see ``_readers``).
+                        lowest one (see ``_reader_registry``).
 ``capture_staging_<slot>`` per slot: rows of large in-progress transactions streamed by the
                         server (protocol v2), moved into ``changelog`` when they commit.
                         UNLOGGED and without indexes: it is emptied at every capture start.
@@ -26,7 +26,7 @@
                         when the capture is configured to keep them.
 ``capture_slot_intents`` slots being created: the store's intent, recorded before the slot
                         exists, so a crash in between is recognised (``_slot_intent``).
-``capture_owners``      the live capture of each slot and take-over requests (``_ownership``).
+``capture_owners``      the live capture of each slot and take-over requests (``_slot_ownership``).
 
 ``install`` is idempotent and safe to run concurrently (it takes an advisory lock).
 """

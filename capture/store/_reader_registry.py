@@ -47,7 +47,7 @@ from typing import Any
 
 import psycopg
 
-from lakefold.capture.exceptions import ReaderBehindCompactionError
+from lakefold.capture.store.exceptions import ReaderBehindCompactionError
 
 
 @dataclass(frozen=True, slots=True)

@@ -11,17 +11,17 @@ eight times the work of reading the row. So each chunk is stored as one or a few
 ``schema_version``                   the stream's schema version the rows were read under;
 ``rows``                             the rows: one UTF-8 column per column of that version, in
                                      column order, holding the text form pgoutput sends
-                                     (``_tables.TableShape.text_columns``), as one compressed
+                                     (``_table_shape.TableShape.text_columns``), as one compressed
                                      Arrow IPC stream;
 ``keys``                             the key columns alone, in the same form, so the TOAST
                                      fill can find a key without reading the rows.
 
 Every record in a segment is a ``read`` with xid 0, no before-image, and the key the capture
-would give it (``_writer.encode_key`` of the key columns' texts).
+would give it (``_changelog_writer.encode_key`` of the key columns' texts).
 
-Readers (``_store``) merge segments and changelog rows by position, so a segment is invisible
-to consumers except through its smaller size. Compaction turns the segments it reaches into
-ordinary changelog rows (``explode``) before it compacts their positions, and the TOAST fill
+Readers (``_changelog_store``) merge segments and changelog rows by position, so a segment is
+invisible to consumers except through its smaller size. Compaction turns the segments it reaches
+into ordinary changelog rows (``explode``) before it compacts their positions, and the TOAST fill
 searches the segments after the rows (``latest_with_key``).
 """
 
@@ -31,7 +31,7 @@ import functools
 import struct
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any, Final
 
 import numpy as np
@@ -39,8 +39,7 @@ import psycopg
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from lakefold.capture._pgoutput import pg_time
-from lakefold.capture._writer import (
+from lakefold.capture.store._changelog_writer import (
     CHANGELOG_COPY,
     COPY_HEADER,
     COPY_TRAILER,
@@ -48,8 +47,10 @@ from lakefold.capture._writer import (
     TEXT_OID,
     encode_key,
 )
-from lakefold.capture.exceptions import StoreError
+from lakefold.capture.store.exceptions import StoreError
 
+# Binary COPY stores a timestamptz as microseconds since 2000-01-01 UTC (PostgreSQL's epoch).
+_PG_EPOCH: Final = datetime(2000, 1, 1, tzinfo=UTC)
 _COMPRESSION: Final = pa.ipc.IpcWriteOptions(compression="zstd")
 _ARRAY_HEADER: Final = struct.Struct(">iiiii")  # ndim, flags, element oid, dim, lbound
 _EXPLODE_LOCK: Final = 0x6C667367  # "lfsg": advisory lock space, keyed by stream id
@@ -228,7 +229,7 @@ def explode(cur: psycopg.Cursor[Any], stream_id: int, lo: int, hi: int) -> int:
 
 
 def _binary_copy(segment: Segment, rows: pa.Table, key_indexes: Sequence[int]) -> bytes:
-    """The segment's records as the binary COPY data of ``_writer.CHANGELOG_COPY``, built
+    """The segment's records as the binary COPY data of ``_changelog_writer.CHANGELOG_COPY``, built
     column-wise (one Arrow kernel per field, not Python per row)."""
     n = rows.num_rows
     positions = np.arange(segment.first_position, segment.first_position + n, dtype=np.int64)
@@ -242,7 +243,7 @@ def _binary_copy(segment: Segment, rows: pa.Table, key_indexes: Sequence[int]) -
         pa.scalar(struct.pack(">h", 11)),
         _int8_field(positions), _int8_field(ordinals),
         _constant(">iq", 8, segment.commit_lsn), _constant(">iq", 8, 0),
-        _constant(">iq", 8, pg_time(segment.commit_ts)),
+        _constant(">iq", 8, (segment.commit_ts - _PG_EPOCH) // timedelta(microseconds=1)),
         _constant(">ii", 4, segment.stream_id), _constant(">ii", 4, segment.schema_version),
         pa.scalar(b"\x00\x00\x00\x01r"),
         _nullable_field(key) if key is not None else pa.scalar(NULL_FIELD),

@@ -2,8 +2,8 @@
 are typed (the "kind"), plus the per-version schema of a changelog stream.
 
 A column's *kind* decides how its text values are converted, both to Python values
-(``_values``) and to Arrow arrays (``_arrow``). Built-in types are known by OID; user types
-(enums, domains, arrays of enums, anything else) are resolved once from the source catalog and
+(``_text_values``) and to Arrow arrays (``_arrow_columns``). Built-in types are known by OID; user
+types (enums, domains, arrays of enums, anything else) are resolved once from the source catalog and
 stored in the stream schema, so that readers on another server never need the source catalog.
 """
 

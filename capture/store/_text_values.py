@@ -2,7 +2,7 @@
 
 The replication connection runs with ``DateStyle=ISO``, ``IntervalStyle=iso_8601``,
 ``TimeZone=UTC``, ``extra_float_digits=1`` and ``bytea_output=hex``, so every value arrives in
-one known text form. The conversions, per column kind (``_types.KINDS``):
+one known text form. The conversions, per column kind (``_stream_schema.KINDS``):
 
 ==============  ============================================================================
 int2/4/8        ``int``
@@ -40,7 +40,7 @@ from decimal import Decimal
 from typing import Any, Final
 from uuid import UUID
 
-from lakefold.capture._types import ColumnSchema
+from lakefold.capture.store._stream_schema import ColumnSchema
 
 
 @dataclass(frozen=True, slots=True)

@@ -19,8 +19,8 @@ from typing import Any
 
 import psycopg
 
-from lakefold.capture._writer import Batch, ChangelogWriter
-from lakefold.capture.exceptions import ConnectionLostError, StoreError
+from lakefold.capture.store._changelog_writer import Batch, ChangelogWriter
+from lakefold.capture.store.exceptions import ConnectionLostError, StoreError
 from lakefold.core.dsn import mask_dsn
 from lakefold.core.exceptions import LakefoldError
 

@@ -110,10 +110,10 @@ def store_db(postgres_server, pg: TestDatabase):
 
 
 def _unfinished_runs(config: CaptureConfig) -> bool:
-    from lakefold.capture import _snapshot_store
+    from lakefold.capture.store import _capture_state
 
     with psycopg.connect(config.resolved_store_dsn) as conn:
-        return bool(_snapshot_store.runs(conn, config.slot, status="running"))
+        return bool(_capture_state.runs(conn, config.slot, status="running"))
 
 
 def capture_settled(config: CaptureConfig, *, rounds: int = 10, timeout: float = 60.0) -> None:

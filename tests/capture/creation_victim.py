@@ -19,8 +19,9 @@ import signal
 import sys
 from typing import Any
 
-from lakefold.capture import Capture, CaptureConfig, _snapshot
-from lakefold.capture._replication import ReplicationConnection
+from lakefold.capture import Capture, CaptureConfig
+from lakefold.capture.decoding._replication_connection import ReplicationConnection
+from lakefold.capture.snapshots import _initial_snapshot
 
 POINTS = ("before-create", "after-create", "after-plan", "before-copy")
 
@@ -48,15 +49,15 @@ def arm(point: str) -> None:
 
         setattr(ReplicationConnection, "create_slot", dying_create_slot)  # noqa: B010
     elif point == "after-plan":
-        plan_initial = _snapshot.plan_initial
+        plan_initial = _initial_snapshot.plan_initial
 
         def dying_plan_initial(*args: Any, **kwargs: Any) -> Any:
             plan_initial(*args, **kwargs)
             _die()
 
-        setattr(_snapshot, "plan_initial", dying_plan_initial)  # noqa: B010
+        setattr(_initial_snapshot, "plan_initial", dying_plan_initial)  # noqa: B010
     elif point == "before-copy":
-        setattr(_snapshot, "copy_exported", lambda *args, **kwargs: _die())  # noqa: B010
+        setattr(_initial_snapshot, "copy_exported", lambda *args, **kwargs: _die())  # noqa: B010
     else:
         raise SystemExit(f"unknown point {point!r}; use one of {', '.join(POINTS)}")
 

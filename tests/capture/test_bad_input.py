@@ -23,7 +23,7 @@ from lakefold.capture import (
     SourceConfigurationError,
     StoreError,
 )
-from lakefold.capture._replication import ReplicationConnection
+from lakefold.capture.decoding._replication_connection import ReplicationConnection
 from lakefold.local import LocalPostgres
 from tests.capture.conftest import execute
 from tests.fixtures.postgres import TestDatabase

@@ -10,8 +10,8 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from lakefold.capture import _pgoutput as pgo
-from lakefold.capture._replication import ReplicationConnection, parse_keepalive
+from lakefold.capture.decoding import _pgoutput as pgo
+from lakefold.capture.decoding._replication_connection import ReplicationConnection, parse_keepalive
 from tests.capture.conftest import execute, wal_insert_lsn
 from tests.capture.test_values import SESSION, parse_test_decoding
 from tests.fixtures.postgres import TestDatabase

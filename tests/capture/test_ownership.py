@@ -21,13 +21,13 @@ import psycopg
 import pytest
 
 from lakefold.capture import Capture, CaptureConfig, ChangelogStore
-from lakefold.capture._capture import drop_capture
-from lakefold.capture._writer import Batch, ChangelogWriter, Checkpoint
 from lakefold.capture.exceptions import (
     CaptureRunningError,
     OwnershipLostError,
     UnknownStreamError,
 )
+from lakefold.capture.operations._capture import drop_capture
+from lakefold.capture.store._changelog_writer import Batch, ChangelogWriter, Checkpoint
 from tests.capture import creation_victim
 from tests.capture.conftest import capture_now, execute, replayed_rows, source_rows
 from tests.fixtures.postgres import TestDatabase

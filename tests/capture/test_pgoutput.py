@@ -15,10 +15,15 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from lakefold.capture import DecodingError, Interval, format_lsn, parse_lsn
-from lakefold.capture import _pgoutput as pgo
-from lakefold.capture._types import ColumnSchema, builtin_type
-from lakefold.capture._values import convert_value, parse_array, parse_interval
-from lakefold.capture._writer import Checkpoint, encode_key, split_key, text_array_field
+from lakefold.capture.decoding import _pgoutput as pgo
+from lakefold.capture.store._changelog_writer import (
+    Checkpoint,
+    encode_key,
+    split_key,
+    text_array_field,
+)
+from lakefold.capture.store._stream_schema import ColumnSchema, builtin_type
+from lakefold.capture.store._text_values import convert_value, parse_array, parse_interval
 
 
 def cstr(text: str) -> bytes:
@@ -139,7 +144,7 @@ def test_text_array_field_and_keys_round_trip(values: list[bytes | None]) -> Non
     field = text_array_field(parts)
     (length,) = struct.unpack_from(">i", field)
     assert length == len(field) - 4
-    from lakefold.capture._writer import decode_text_array_field
+    from lakefold.capture.store._changelog_writer import decode_text_array_field
 
     assert decode_text_array_field(field[4:]) == values
     texts = [None if v is None else v.hex() for v in values]

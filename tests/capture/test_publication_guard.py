@@ -28,8 +28,8 @@ from lakefold.capture import (
     UnknownStreamError,
     slot_health,
 )
-from lakefold.capture import _snapshot_store as snapshot_state
-from lakefold.capture._capture import drop_capture
+from lakefold.capture.operations._capture import drop_capture
+from lakefold.capture.store import _capture_state as snapshot_state
 from tests.capture.conftest import (
     capture_now,
     capture_settled,

@@ -19,11 +19,11 @@ from lakefold.capture import (
     CaptureConfig,
     ChangelogStore,
     SnapshotPolicy,
-    _segments,
-    _snapshot,
     read_changelog_range,
 )
 from lakefold.capture.exceptions import StoreError
+from lakefold.capture.snapshots import _initial_snapshot
+from lakefold.capture.store import _snapshot_segments
 from tests.capture.conftest import capture_now, execute, replayed_rows, source_rows
 from tests.fixtures.postgres import TestDatabase
 
@@ -157,7 +157,7 @@ def test_reading_a_store_installed_before_segments_says_how_to_upgrade(pg: TestD
 
 def test_a_chunk_larger_than_a_segment_is_split_into_contiguous_segments(
         pg: TestDatabase, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(_snapshot, "_SEGMENT_BYTES", 32 << 10)  # 32 kB instead of 32 MB
+    monkeypatch.setattr(_initial_snapshot, "_SEGMENT_BYTES", 32 << 10)  # 32 kB instead of 32 MB
     execute(pg.dsn, "CREATE TABLE wide (id int PRIMARY KEY, body text)",
             "INSERT INTO wide SELECT g, repeat(md5(g::text), 30) FROM generate_series(1, 400) g")
     config = CaptureConfig(source_dsn=pg.dsn, tables=("wide",), slot="split",
@@ -187,7 +187,7 @@ def test_a_read_that_compaction_overtakes_still_sees_every_record_once(
     Capture(config).setup()
     stream_id = _stream_id(pg.dsn, "public.race")
     assert _storage(pg.dsn, stream_id) == (0, 5)
-    read_segments = _segments.read_range
+    read_segments = _snapshot_segments.read_range
 
     def compacted_first(*args: Any, **kwargs: Any) -> Iterator[Any]:
         # between the read's rows and its segments, compaction turns the segments into rows
@@ -195,7 +195,7 @@ def test_a_read_that_compaction_overtakes_still_sees_every_record_once(
             other.compact("public.race", tombstone_retention=timedelta(0))
         yield from read_segments(*args, **kwargs)
 
-    monkeypatch.setattr(_segments, "read_range", compacted_first)
+    monkeypatch.setattr(_snapshot_segments, "read_range", compacted_first)
     with ChangelogStore(pg.dsn) as store:
         if reader == "read":
             positions = store.read("public.race", 1, 100).column("_position").to_pylist()

@@ -10,7 +10,7 @@ import psycopg
 import pytest
 
 from lakefold.capture import Capture, CaptureConfig, CaptureError, ChangelogStore, SnapshotPolicy
-from lakefold.capture._resnapshot import resnapshot
+from lakefold.capture.snapshots._incremental_snapshot import resnapshot
 from tests.capture.conftest import capture_now, execute, replayed_rows, source_rows
 from tests.capture.snapshot_helpers import (
     Writer,

@@ -13,9 +13,14 @@ from lakefold.capture import (
     InvalidConfigError,
     SnapshotPolicy,
 )
-from lakefold.capture._inband import ChunkHeader, decode_chunk_header, encode_chunk, encode_tuple
-from lakefold.capture._pgoutput import Relation, RelationColumn, read_tuple
-from lakefold.capture._toast import array_field, array_parts, fill_from_before
+from lakefold.capture.decoding._inband_messages import (
+    ChunkHeader,
+    decode_chunk_header,
+    encode_chunk,
+    encode_tuple,
+)
+from lakefold.capture.decoding._pgoutput import Relation, RelationColumn, read_tuple
+from lakefold.capture.decoding._toast_fill import array_field, array_parts, fill_from_before
 from lakefold.capture.exceptions import DecodingError
 
 

@@ -37,11 +37,10 @@ from lakefold.capture import (
     ChangelogStore,
     Interval,
     SnapshotPolicy,
-    _segments,
-    _types,
     resnapshot,
 )
-from lakefold.capture._writer import split_key
+from lakefold.capture.store import _snapshot_segments, _stream_schema
+from lakefold.capture.store._changelog_writer import split_key
 from tests.capture.conftest import capture_now, execute
 from tests.capture.test_values import SESSION, parse_test_decoding
 from tests.capture.value_oracle import differences, source_values
@@ -273,7 +272,7 @@ def _check_paths(dsn: str, rows: list[Row]) -> None:
     with ChangelogStore(dsn) as store:  # every type the decoder knows is in the table
         oids = {c.type_oid for c in store.stream_schema("public.t").columns}
     xml = {142, 143} if "xml" not in features else set()
-    assert (set(_types._SCALARS) | set(_types._ARRAYS)) - oids - xml == set()
+    assert (set(_stream_schema._SCALARS) | set(_stream_schema._ARRAYS)) - oids - xml == set()
 
     stored = _stored_records(dsn, "public.t")
     ops: dict[int, list[str]] = {}
@@ -331,9 +330,9 @@ def _stored_records(dsn: str, stream: str) -> list[_Stored]:
                    for p, op, key, after in conn.execute(
                        "SELECT position, op, key, after FROM lakefold.changelog "
                        "WHERE stream_id = %s", (stream_id,)).fetchall()]
-        for segment, rows in _segments.read_range(conn, stream_id, 1, 1 << 62, None):
-            keys = _segments.record_keys(rows, _segments.key_indexes(conn, stream_id,
-                                                                     segment.schema_version))
+        for segment, rows in _snapshot_segments.read_range(conn, stream_id, 1, 1 << 62, None):
+            indexes = _snapshot_segments.key_indexes(conn, stream_id, segment.schema_version)
+            keys = _snapshot_segments.record_keys(rows, indexes)
             for n, (key, after) in enumerate(zip(keys, rows.to_pylist(), strict=True)):
                 assert key is not None
                 records.append(_Stored(segment.first_position + n, "r",

@@ -1,0 +1,87 @@
+"""The changelog store: durable, compacted changelog streams in the store database.
+
+The lowest room of ``lakefold.capture``: it imports only ``lakefold.core``, ``lakefold.schemas``
+and itself, so Spark's Python workers and every other reader load it without the replication,
+decoding, snapshot and operations code.
+
+Read side: ``ChangelogStore(store_dsn)`` (``streams``, ``head``, ``read``, ``read_events``,
+``follow``, ``stream_schema``, ``compact``) and ``read_changelog_range`` for Spark workers.
+Durable readers (``commit_reader``, ``release_reader``, ``readers``) hold compaction back at
+the position they have processed; ``compaction_state`` says what holds a stream, and
+``keep_history`` keeps a stream's full history (no compaction) for history readers.
+Positions start at 1; ``read``'s ``from_position`` is inclusive; ranges are ``[start, end)``.
+
+Inside: the reads (``_changelog_store``), the writer the capture and snapshots append through
+(``_changelog_writer``, ``_write_pipeline``), the store's tables (``_ddl``, ``_capture_state``),
+compaction and the durable readers that hold it back (``_compaction``, ``_reader_registry``),
+snapshot segments (``_snapshot_segments``), stream schemas and typed values
+(``_stream_schema``, ``_text_values``, ``_arrow_columns``).
+
+The names below are imported lazily (PEP 562), so ``lakefold.capture.store.exceptions`` and this
+package stay cheap to import.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from lakefold.core.lazy import lazy_getattr
+
+if TYPE_CHECKING:
+    from lakefold.capture.store._changelog_store import (
+        META_SCHEMA,
+        ChangelogStore,
+        StreamInfo,
+        read_changelog_range,
+    )
+    from lakefold.capture.store._compaction import CompactionPolicy
+    from lakefold.capture.store._reader_registry import CompactionState, ReaderPosition
+    from lakefold.capture.store._stream_schema import ColumnSchema, StreamSchema
+    from lakefold.capture.store._text_values import Interval
+    from lakefold.capture.store.exceptions import (
+        ReaderBehindCompactionError,
+        StoreError,
+        StoreUnavailableError,
+        UnknownStreamError,
+    )
+
+# public name -> module that defines it
+_EXPORTS: dict[str, str] = {
+    "META_SCHEMA": "lakefold.capture.store._changelog_store",
+    "ChangelogStore": "lakefold.capture.store._changelog_store",
+    "StreamInfo": "lakefold.capture.store._changelog_store",
+    "read_changelog_range": "lakefold.capture.store._changelog_store",
+    "CompactionPolicy": "lakefold.capture.store._compaction",
+    "CompactionState": "lakefold.capture.store._reader_registry",
+    "ReaderPosition": "lakefold.capture.store._reader_registry",
+    "ColumnSchema": "lakefold.capture.store._stream_schema",
+    "StreamSchema": "lakefold.capture.store._stream_schema",
+    "Interval": "lakefold.capture.store._text_values",
+    "ReaderBehindCompactionError": "lakefold.capture.store.exceptions",
+    "StoreError": "lakefold.capture.store.exceptions",
+    "StoreUnavailableError": "lakefold.capture.store.exceptions",
+    "UnknownStreamError": "lakefold.capture.store.exceptions",
+}
+
+__all__ = [
+    "META_SCHEMA",
+    "ChangelogStore",
+    "ColumnSchema",
+    "CompactionPolicy",
+    "CompactionState",
+    "Interval",
+    "ReaderBehindCompactionError",
+    "ReaderPosition",
+    "StoreError",
+    "StoreUnavailableError",
+    "StreamInfo",
+    "StreamSchema",
+    "UnknownStreamError",
+    "read_changelog_range",
+]
+
+__getattr__ = lazy_getattr(__name__, _EXPORTS)
+
+
+def __dir__() -> list[str]:
+    return __all__
