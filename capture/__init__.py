@@ -9,12 +9,9 @@ Snapshots and operations: the initial snapshot runs when the slot is created
 ``slot_health(config)``, ``pause_capture`` / ``resume_capture`` and ``recover(config)`` after an
 invalidated slot.
 
-Read side: ``ChangelogStore(store_dsn)`` (``streams``, ``head``, ``read``, ``read_events``,
-``follow``, ``stream_schema``, ``compact``) and ``read_changelog_range`` for Spark workers.
-Durable readers (``commit_reader``, ``release_reader``, ``readers``) hold compaction back at
-the position they have processed; ``compaction_state`` says what holds a stream, and
-``keep_history`` keeps a stream's full history (no compaction) for history readers.
-Positions start at 1; ``read``'s ``from_position`` is inclusive; ranges are ``[start, end)``.
+Read side: ``ChangelogStore(store_dsn)`` and ``read_changelog_range`` (Spark's workers), with
+durable readers that hold compaction back: see ``lakefold.capture.store``, whose names are
+exported here too.
 
 Rooms, lowest first (each imports only the ones before it):
 
@@ -33,12 +30,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from lakefold.capture import store as _store  # cheap: the store's own names load lazily
 from lakefold.core.lazy import lazy_getattr
 
 if TYPE_CHECKING:
-    from lakefold.capture._config import (
-        CaptureConfig,
-    )
+    from lakefold.capture._config import CaptureConfig
     from lakefold.capture._options import (
         HealthThresholds,
         HeartbeatPolicy,
@@ -56,12 +52,8 @@ if TYPE_CHECKING:
         InvalidConfigError,
         OwnershipError,
         OwnershipLostError,
-        ReaderBehindCompactionError,
         SlotError,
         SourceConfigurationError,
-        StoreError,
-        StoreUnavailableError,
-        UnknownStreamError,
     )
     from lakefold.capture.operations import (
         Capture,
@@ -78,18 +70,7 @@ if TYPE_CHECKING:
         SnapshotStats,
         resnapshot,
     )
-    from lakefold.capture.store import (
-        META_SCHEMA,
-        ChangelogStore,
-        ColumnSchema,
-        CompactionPolicy,
-        CompactionState,
-        Interval,
-        ReaderPosition,
-        StreamInfo,
-        StreamSchema,
-        read_changelog_range,
-    )
+    from lakefold.capture.store import *  # noqa: F403 (the names in store.__all__)
 
 # public name -> module that defines it
 _EXPORTS: dict[str, str] = {
@@ -110,16 +91,6 @@ _EXPORTS: dict[str, str] = {
     "resnapshot": "lakefold.capture.snapshots",
     "format_lsn": "lakefold.capture.decoding",
     "parse_lsn": "lakefold.capture.decoding",
-    "META_SCHEMA": "lakefold.capture.store",
-    "ChangelogStore": "lakefold.capture.store",
-    "ColumnSchema": "lakefold.capture.store",
-    "CompactionPolicy": "lakefold.capture.store",
-    "CompactionState": "lakefold.capture.store",
-    "Interval": "lakefold.capture.store",
-    "ReaderPosition": "lakefold.capture.store",
-    "StreamInfo": "lakefold.capture.store",
-    "StreamSchema": "lakefold.capture.store",
-    "read_changelog_range": "lakefold.capture.store",
     "CaptureError": "lakefold.capture.exceptions",
     "CaptureRunningError": "lakefold.capture.exceptions",
     "ConnectionLostError": "lakefold.capture.exceptions",
@@ -127,35 +98,24 @@ _EXPORTS: dict[str, str] = {
     "InvalidConfigError": "lakefold.capture.exceptions",
     "OwnershipError": "lakefold.capture.exceptions",
     "OwnershipLostError": "lakefold.capture.exceptions",
-    "ReaderBehindCompactionError": "lakefold.capture.exceptions",
     "SlotError": "lakefold.capture.exceptions",
     "SourceConfigurationError": "lakefold.capture.exceptions",
-    "StoreError": "lakefold.capture.exceptions",
-    "StoreUnavailableError": "lakefold.capture.exceptions",
-    "UnknownStreamError": "lakefold.capture.exceptions",
 }
+_EXPORTS |= dict.fromkeys(_store.__all__, "lakefold.capture.store")
 
 __all__ = [
-    "META_SCHEMA",
     "Capture",
     "CaptureConfig",
     "CaptureError",
     "CaptureRunningError",
     "CaptureStats",
-    "ChangelogStore",
-    "ColumnSchema",
-    "CompactionPolicy",
-    "CompactionState",
     "ConnectionLostError",
     "DecodingError",
     "HealthThresholds",
     "HeartbeatPolicy",
-    "Interval",
     "InvalidConfigError",
     "OwnershipError",
     "OwnershipLostError",
-    "ReaderBehindCompactionError",
-    "ReaderPosition",
     "SlotError",
     "SlotHealth",
     "SlotInvalidatedError",
@@ -163,20 +123,15 @@ __all__ = [
     "SnapshotPolicy",
     "SnapshotStats",
     "SourceConfigurationError",
-    "StoreError",
-    "StoreUnavailableError",
-    "StreamInfo",
-    "StreamSchema",
-    "UnknownStreamError",
     "format_lsn",
     "parse_lsn",
     "pause_capture",
-    "read_changelog_range",
     "recover",
     "resnapshot",
     "resume_capture",
     "slot_health",
 ]
+__all__ += _store.__all__
 
 __getattr__ = lazy_getattr(__name__, _EXPORTS)
 

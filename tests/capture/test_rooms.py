@@ -127,7 +127,7 @@ def test_the_store_loads_without_replication_decoding_snapshots_or_operations() 
 
 
 def test_importing_capture_is_cheap_and_its_names_resolve_lazily() -> None:
-    assert _loaded_after("import lakefold.capture") == [CAPTURE]
+    assert _loaded_after("import lakefold.capture") == [CAPTURE, f"{CAPTURE}.store"]
     import lakefold.capture as capture
 
     assert set(capture.__all__) == set(capture._EXPORTS)
