@@ -30,9 +30,7 @@ if TYPE_CHECKING:  # the real names for type checkers; at run time they load laz
     from lakefold.projections._catalog import Catalog, Generation, SinkRoots
     from lakefold.projections._deadletters import DeadLetter, DeadLetters
     from lakefold.projections._model import (
-        ChangelogSource,
         DeltaTableTarget,
-        EventSource,
         ProjectionOptions,
         Record,
         RedisCacheTarget,
@@ -61,9 +59,11 @@ if TYPE_CHECKING:  # the real names for type checkers; at run time they load laz
         UnknownSourceError,
     )
     from lakefold.settings import Settings
+    from lakefold.spark._source_inputs import ChangelogSource, EventSource
 
-# Lazy exports: Spark's Python workers import lakefold.projections._source, which runs this
-# file; importing Redis, Tantivy and psycopg here would add a second to every worker start.
+# Lazy exports: Spark's Python workers may import a projections module (the retry source),
+# which runs this file; importing Redis, Tantivy and psycopg here would add a second to every
+# worker start.
 _EXPORTS: dict[str, str] = {
     "STREAM_KEY": "_api", "Fold": "_api", "Projection": "_api", "Registry": "_api",
     "current_registry": "_api", "load_projections": "_api", "projection": "_api",

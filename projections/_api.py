@@ -38,13 +38,10 @@ from pathlib import Path
 from typing import Any
 
 from lakefold.projections._model import (
-    ChangelogSource,
     DeltaTableTarget,
-    EventSource,
     ProjectionOptions,
     RedisCacheTarget,
     SearchIndexTarget,
-    Source,
     Target,
     check_name,
     event_type_name,
@@ -57,6 +54,7 @@ from lakefold.projections.exceptions import (
     ProjectionDefinitionError,
     ProjectionNotFound,
 )
+from lakefold.spark._source_inputs import ChangelogSource, EventSource, Source
 
 Handler = Callable[[dict[str, Any], Any], dict[str, Any] | None]
 #: The key of a fold: a field of every record's data, ``"$stream"`` (the event stream id, or

@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from lakefold.projections import _codec, _stores
+from lakefold.projections import _codec
 from lakefold.projections._api import Projection
 from lakefold.projections._catalog import Catalog, Generation
 from lakefold.projections._deadletters import DeadLetter, DeadLetters, NewDeadLetter
@@ -42,7 +42,6 @@ from lakefold.projections._delta import DRIVER_MERGE_ROWS, DeltaViewWriter
 from lakefold.projections._fold import DEAD_LETTER_COLUMN
 from lakefold.projections._model import (
     POSITION_COLUMN,
-    ChangelogSource,
     DeltaTableTarget,
     RedisCacheTarget,
     SearchIndexTarget,
@@ -50,14 +49,11 @@ from lakefold.projections._model import (
 from lakefold.projections._readers import GenerationReads
 from lakefold.projections._redis import RedisCacheWriter, key_text
 from lakefold.projections._search import IndexLayout, SearchIndexWriter
-from lakefold.projections._truncate import (
-    FOLD_KEY_COLUMN,
-    FoldKeys,
-    Truncate,
-    reads_changelog,
-    source_mode,
-)
+from lakefold.projections._truncate import FOLD_KEY_COLUMN, reads_changelog, source_mode
 from lakefold.projections.exceptions import ProjectionError
+from lakefold.spark import _source_reads
+from lakefold.spark._source_inputs import ChangelogSource
+from lakefold.spark._source_truncates import FoldKeys, Truncate
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
@@ -202,7 +198,7 @@ class GenerationSink:
         found: list[Truncate] = []
         for source in self.projection.sources:
             if isinstance(source, ChangelogSource) and source.alias in end:
-                found += _stores.changelog_truncates(
+                found += _source_reads.changelog_truncates(
                     self.catalog.dsn, source.table, start.get(source.alias, 0),
                     end[source.alias])
         return sorted(found, key=lambda t: t.position)

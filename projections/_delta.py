@@ -37,7 +37,6 @@ from lakefold.projections._model import (
     POSITION_COLUMN,
     DeltaTableTarget,
 )
-from lakefold.projections._truncate import Truncate
 from lakefold.projections.exceptions import (
     IncompatibleTargetError,
     MissingKeyError,
@@ -45,6 +44,7 @@ from lakefold.projections.exceptions import (
     TargetUnavailable,
 )
 from lakefold.spark import DeltaTarget, WriteMode, write_batch
+from lakefold.spark._source_truncates import Truncate
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame

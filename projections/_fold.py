@@ -45,14 +45,9 @@ from lakefold.projections._model import (
     ProjectionOptions,
     Record,
 )
-from lakefold.projections._truncate import (
-    FAN_KEY_COLUMN,
-    FOLD_KEY_COLUMN,
-    TRUNCATE,
-    TRUNCATED_AT_COLUMN,
-    reads_changelog,
-)
+from lakefold.projections._truncate import FOLD_KEY_COLUMN, reads_changelog
 from lakefold.projections.exceptions import RecordFailed
+from lakefold.spark._source_truncates import FAN_KEY_COLUMN, TRUNCATE, TRUNCATED_AT_COLUMN
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame

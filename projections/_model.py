@@ -1,5 +1,6 @@
 """Values that describe a projection: its sources, its target, its options, and the record that
-fold handlers receive.
+fold handlers receive. A source is an input of the source layer
+(``lakefold.spark._source_inputs``); ``changelog()`` and ``events()`` build and validate one.
 
 All of them are frozen dataclasses: a projection definition is data that the registry validates
 once, the runner ships to Spark's Python workers (so every value here pickles), and the catalog
@@ -20,6 +21,7 @@ from lakefold.projections.exceptions import (
     MissingKeyError,
     ProjectionDefinitionError,
 )
+from lakefold.spark._source_inputs import ChangelogSource, EventSource
 
 NAME_PATTERN = re.compile(r"^[a-z][a-z0-9_]{0,62}$")
 #: Columns the runner adds to, or reads from, every projection's output.
@@ -39,45 +41,6 @@ def check_name(kind: str, name: str) -> str:
 
 
 # --------------------------------------------------------------------------------- sources
-
-
-@dataclass(frozen=True)
-class ChangelogSource:
-    """The changelog stream of one captured table (``schema.table``; ``public`` by default)."""
-
-    table: str
-    alias: str
-
-    @property
-    def kind(self) -> Literal["changelog"]:
-        return "changelog"
-
-    @property
-    def label(self) -> str:
-        return f"changelog {self.table}"
-
-
-@dataclass(frozen=True)
-class EventSource:
-    """Events of one category (None: every category), optionally only some event types."""
-
-    category: str | None
-    types: tuple[str, ...]
-    alias: str
-    #: The types given as event classes (known to the code even before the store has any).
-    declared: tuple[str, ...] = ()
-
-    @property
-    def kind(self) -> Literal["events"]:
-        return "events"
-
-    @property
-    def label(self) -> str:
-        what = f"category {self.category}" if self.category else "all categories"
-        return f"events of {what}" + (f" of types {', '.join(self.types)}" if self.types else "")
-
-
-Source = ChangelogSource | EventSource
 
 
 def changelog(table: str, *, alias: str | None = None) -> ChangelogSource:

@@ -2,7 +2,7 @@
 need Spark and the live stores (``validate``), run before anything starts.
 
 ``build`` gives the output DataFrame of one generation: the source frames (one streaming
-source per projection source, see ``_source``), then the user's transform or the fold.
+source per input, see ``spark._source_records``), then the user's transform or the fold.
 ``validate`` builds the same plan without starting it, so unknown sources, missing keys and
 incompatible targets fail with a clear error first.
 """
@@ -13,22 +13,18 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from lakefold.projections import _stores
 from lakefold.projections._api import STREAM_KEY, Projection, Registry
 from lakefold.projections._delta import check_columns
 from lakefold.projections._fold import DEAD_LETTER_COLUMN, apply_fold, fold_input
-from lakefold.projections._live_source import LIVE_READ_MAX, live_frame
+from lakefold.projections._input_checks import check_sources_exist
 from lakefold.projections._model import (
     DELETED_COLUMN,
     POSITION_COLUMN,
-    ChangelogSource,
     DeltaTableTarget,
-    EventSource,
     RedisCacheTarget,
     SearchIndexTarget,
 )
 from lakefold.projections._pruning import event_columns_read
-from lakefold.projections._source import TruncateOptions, source_frame, spark_schema
 from lakefold.projections._stateful import check_no_state_over_changelogs
 from lakefold.projections._truncate import (
     FOLD_KEY_COLUMN,
@@ -41,6 +37,10 @@ from lakefold.projections.exceptions import (
     MissingKeyError,
     ProjectionDefinitionError,
 )
+from lakefold.spark import _source_reads
+from lakefold.spark._source_inputs import ChangelogSource, EventSource
+from lakefold.spark._source_live import LIVE_READ_MAX, live_frame
+from lakefold.spark._source_records import TruncateOptions, source_frame, spark_schema
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -81,16 +81,16 @@ def build(spark: SparkSession, projection: Projection, dsn: str, *, max_records:
           retries: DataFrame | None = None, rebuild: bool = False,
           generation: int | None = None) -> Plan:
     """The streaming output of ``projection`` reading ``dsn``'s stores. A live generation's
-    small batches are read on the driver (``_live_source``); a ``rebuild``'s large ones in
-    parallel tasks (``_source``), and its event sources fetch only the columns the transform
-    reads (see ``_pruning``). Live batches larger than ``LIVE_READ_MAX`` are read in tasks too:
-    a driver-side read holds the whole batch in the driver's memory. Changelog sources hand
-    over truncate records as the target needs them (see ``_truncate``); a fold's are fanned
-    out to the keys of ``generation`` (not at all without one: a plan only validated)."""
+    small batches are read on the driver (``_source_live``); a ``rebuild``'s large ones in
+    parallel tasks (``_source_records``), and its event sources fetch only the columns the
+    transform reads (see ``_pruning``). Live batches larger than ``LIVE_READ_MAX`` are read in
+    tasks too: a driver-side read holds the whole batch in the driver's memory. Changelog
+    sources hand over truncate records as the target needs them (see ``_truncate``); a fold's
+    are fanned out to the keys of ``generation`` (not at all without one: a plan only validated)."""
     check_truncatable(projection)
     columns = event_columns_read(
         spark, projection, {s.alias: spark_schema(dsn, s) for s in projection.sources},
-        _call_transform, _stores.event_columns()) if rebuild else {}
+        _call_transform, _source_reads.event_columns()) if rebuild else {}
     truncates = TruncateOptions(mode=source_mode(projection), fold=projection.name,
                                 generation=generation)
     if rebuild or max_records > LIVE_READ_MAX:
@@ -222,8 +222,8 @@ def validate(spark: SparkSession, registry: Registry, dsn: str,
         if projection.fold is not None:
             registered += [t for t, (_, cls) in projection.fold.handlers.items()
                            if cls is not None]
-        _stores.check_sources_exist(dsn, projection.sources, projection=projection.name,
-                                    registered_types=registered)
+        check_sources_exist(dsn, projection.sources, projection=projection.name,
+                            registered_types=registered)
         _check_fold_keys(projection, dsn)
         try:
             plan = factory(projection) if factory is not None else \

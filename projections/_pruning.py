@@ -20,7 +20,8 @@ from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 from lakefold.projections._api import Projection
-from lakefold.projections._model import EventSource
+from lakefold.spark._source_columns import EVENT_META_SOURCE_COLUMNS
+from lakefold.spark._source_inputs import EventSource
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -29,8 +30,6 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 _ATTRIBUTE = "org.apache.spark.sql.catalyst.expressions.AttributeReference"
-#: Event columns every read needs: the projection metadata columns are made from them.
-META_SOURCE_COLUMNS = ("position", "recorded_at", "type", "stream_id")
 
 
 def _attribute_ids(value: Any) -> Iterator[int]:
@@ -63,7 +62,7 @@ def event_columns_read(spark: SparkSession, projection: Projection,
                        transform: Callable[[Projection, Mapping[str, DataFrame]], Any],
                        event_columns: tuple[str, ...]) -> dict[str, tuple[str, ...]]:
     """Per event source alias whose transform leaves some of ``event_columns`` unread: the
-    columns to fetch (the read ones plus ``META_SOURCE_COLUMNS``). Empty when unsure."""
+    columns to fetch (the read ones plus ``EVENT_META_SOURCE_COLUMNS``). Empty when unsure."""
     if projection.fold is not None:
         return {}
     try:
@@ -79,7 +78,8 @@ def event_columns_read(spark: SparkSession, projection: Projection,
         if not isinstance(source, EventSource):
             continue
         used = {name for i, name in outputs[source.alias].items() if i in referenced}
-        columns = tuple(c for c in event_columns if c in used or c in META_SOURCE_COLUMNS)
+        columns = tuple(c for c in event_columns
+                        if c in used or c in EVENT_META_SOURCE_COLUMNS)
         if len(columns) < len(event_columns):
             pruned[source.alias] = columns
     return pruned

@@ -34,8 +34,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from lakefold.projections._api import Projection
-from lakefold.projections._model import ChangelogSource, DeltaTableTarget
+from lakefold.projections._model import DeltaTableTarget
 from lakefold.projections.exceptions import BehindCompactionError
+from lakefold.spark._source_inputs import ChangelogSource
 
 if TYPE_CHECKING:
     from lakefold.capture.store import ChangelogStore, ReaderBehindCompactionError

@@ -35,7 +35,6 @@ from typing import TYPE_CHECKING, Any
 import psycopg
 
 from lakefold.core.exceptions import LakefoldError
-from lakefold.projections import _stores
 from lakefold.projections._api import Projection, Registry
 from lakefold.projections._batch import GenerationSink
 from lakefold.projections._catalog import (
@@ -55,15 +54,16 @@ from lakefold.projections._readers import (
     release_gone,
 )
 from lakefold.projections._redis import drop_prefix
+from lakefold.projections._retry_source import retry_frame
 from lakefold.projections._run_report import RUNNING_STATES, ProjectionReport, RunTally
-from lakefold.projections._source import retry_frame
 from lakefold.projections._targeted import PartReport, rebuild_part
-from lakefold.projections._truncate import FoldKeys
 from lakefold.projections.exceptions import (
     BehindCompactionError,
     ProjectionNotFound,
     ProjectionStateError,
 )
+from lakefold.spark import _source_reads
+from lakefold.spark._source_truncates import FoldKeys
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -346,7 +346,7 @@ class Runner:
     # ------------------------------------------------------------------ the loop
 
     def heads(self, projection: Projection) -> dict[str, int]:
-        return {s.alias: _stores.head(self.config.store_dsn, s) for s in projection.sources}
+        return {s.alias: _source_reads.head(self.config.store_dsn, s) for s in projection.sources}
 
     def run(self, *, until_caught_up: bool = False, stop: threading.Event | None = None,
             timeout: float | None = None) -> list[ProjectionReport]:

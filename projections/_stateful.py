@@ -27,8 +27,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from lakefold.projections._api import Projection
-from lakefold.projections._model import ChangelogSource
 from lakefold.projections.exceptions import StatefulChangelogError
+from lakefold.spark._source_inputs import ChangelogSource
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame

@@ -17,7 +17,6 @@ import psycopg
 
 from lakefold.core.dsn import mask_dsn
 from lakefold.core.exceptions import LakefoldError
-from lakefold.projections import _stores
 from lakefold.projections._catalog import (
     LOCK_NAMESPACE,
     Catalog,
@@ -25,8 +24,9 @@ from lakefold.projections._catalog import (
     generation_lock_key,
 )
 from lakefold.projections._deadletters import DeadLetters
-from lakefold.projections._model import ChangelogSource, EventSource, Source
 from lakefold.projections._readers import compaction_holders
+from lakefold.spark import _source_reads
+from lakefold.spark._source_inputs import ChangelogSource, EventSource, Source
 
 _LAG_WINDOW = 10_000
 
@@ -98,8 +98,8 @@ def _lag_seconds(dsn: str, source: Source, next_position: int, head: int) -> flo
     """Age of the oldest record not yet processed (0 when caught up)."""
     if next_position > head:
         return 0.0
-    for batch in _stores.read(dsn, source, next_position,
-                              min(head + 1, next_position + _LAG_WINDOW)):
+    for batch in _source_reads.read(dsn, source, next_position,
+                                    min(head + 1, next_position + _LAG_WINDOW)):
         if batch.num_rows:
             oldest = batch.column("_ts")[0].as_py()
             if oldest is None:
@@ -122,7 +122,7 @@ def _source_status(dsn: str, sources: list[Source], generation: Generation
     result = []
     for source in sources:
         try:
-            head = _stores.head(dsn, source)
+            head = _source_reads.head(dsn, source)
         except LakefoldError:
             continue
         next_position = int(generation.position.get(source.alias, 0))

@@ -43,8 +43,8 @@ from lakefold.projections._model import (
 from lakefold.projections._plan import _call_transform, is_stateful
 from lakefold.projections._redis import RedisCacheWriter, key_text
 from lakefold.projections._search import IndexLayout, SearchIndexWriter
-from lakefold.projections._source import range_frame
 from lakefold.projections.exceptions import ProjectionStateError
+from lakefold.spark._source_records import range_frame
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession

@@ -1,4 +1,13 @@
-"""Spark: the session, data sources over changelog streams and events, the Delta sink, query.
+"""Spark: the session, the source layer, the Delta sink, query.
+
+The source layer is the one way anything reads the stores into Spark (the ``_source_*``
+modules): ``_source_inputs`` (what is read: ``ChangelogSource``, ``EventSource``),
+``_source_columns`` (the record metadata columns every frame starts with, documented there),
+``_source_reads`` (heads and typed range reads of both stores), ``_source_positions`` (offsets,
+read limits, partition splitting), ``_source_truncates`` (how truncate records are handed
+over), the public formats ``lakefold_events`` / ``lakefold_changelog`` (``_source_events``,
+``_source_changelog`` on ``_source_formats``, registered by ``_source_registry``) and the
+projections' formats (``_source_records``, partitioned; ``_source_live``, read on the driver).
 
 Names are imported lazily (PEP 562): Spark's Python workers import one source module, e.g.
 ``lakefold.spark._source_events``, and must not pay for deltalake, polars and the rest.
@@ -19,7 +28,7 @@ if TYPE_CHECKING:
     from lakefold.spark._delta_target import DeltaTarget, WriteMode, WriteResult
     from lakefold.spark._query import Engine, run_query
     from lakefold.spark._session import session_from_settings, spark_session
-    from lakefold.spark._sources import CHANGELOG_SOURCE, EVENTS_SOURCE, register_sources
+    from lakefold.spark._source_registry import CHANGELOG_SOURCE, EVENTS_SOURCE, register_sources
     from lakefold.spark.exceptions import (
         DeltaCommitConflict,
         NotADeltaTableError,
@@ -31,12 +40,12 @@ if TYPE_CHECKING:
 
 # public name -> module that defines it
 _EXPORTS: dict[str, str] = {
-    "CHANGELOG_SOURCE": "lakefold.spark._sources",
+    "CHANGELOG_SOURCE": "lakefold.spark._source_registry",
     "CommitPolicy": "lakefold.spark._delta_commit",
     "DeltaCommitConflict": "lakefold.spark.exceptions",
     "DeltaSnapshot": "lakefold.spark._delta_read",
     "DeltaTarget": "lakefold.spark._delta_target",
-    "EVENTS_SOURCE": "lakefold.spark._sources",
+    "EVENTS_SOURCE": "lakefold.spark._source_registry",
     "Engine": "lakefold.spark._query",
     "LakeCatalog": "lakefold.spark._catalog",
     "NotADeltaTableError": "lakefold.spark.exceptions",
@@ -53,7 +62,7 @@ _EXPORTS: dict[str, str] = {
     "load_snapshot": "lakefold.spark._delta_read",
     "optimize_table": "lakefold.spark._delta_maintenance",
     "read_delta": "lakefold.spark._delta_read",
-    "register_sources": "lakefold.spark._sources",
+    "register_sources": "lakefold.spark._source_registry",
     "run_query": "lakefold.spark._query",
     "session_from_settings": "lakefold.spark._session",
     "spark_session": "lakefold.spark._session",

@@ -159,7 +159,7 @@ def create(path: Path, class_path: Mapping[str, str]) -> None:
     from pyspark import SparkContext
 
     from lakefold.spark._session import spark_session
-    from lakefold.spark._sources import register_sources
+    from lakefold.spark._source_registry import register_sources
 
     scratch = path.with_suffix(f".{os.getpid()}.tmp")
     lock = path.with_suffix(".lock")

@@ -6,8 +6,10 @@
         .option("maxRecordsPerTrigger", 100000)
         .load()
 
-Columns: the change metadata (``_position``, ``_op``, ``_commit_lsn``, ``_ordinal``, ``_xid``,
-``_commit_ts``, ``_schema_version``), then one typed column per column of the captured table,
+Columns: the record metadata columns (``_position``, ``_ts``, ``_type``, ``_stream``,
+``_deleted``; see ``_source_columns``), the capture's change columns (``_op``, ``_commit_lsn``,
+``_ordinal``, ``_xid``, ``_commit_ts``, ``_schema_version``), then one typed column per column
+of the captured table,
 typed from the table's PostgreSQL column types as the capture stored them (int4 → int,
 numeric(p,s) → decimal(p,s), timestamptz → timestamp, arrays → arrays ...; time-of-day and
 interval values as text, since Delta has no such types). An insert or update carries the new
@@ -32,10 +34,12 @@ from dataclasses import dataclass
 
 import pyarrow as pa
 
-from lakefold.capture.store import ChangelogStore, read_changelog_range
+from lakefold.capture.store import read_changelog_range
 from lakefold.schemas.arrow import conform_batch, spark_compatible
-from lakefold.spark._position_source import PositionSource
-from lakefold.spark._positions import PositionRange
+from lakefold.spark import _source_reads
+from lakefold.spark._source_columns import changelog_records
+from lakefold.spark._source_formats import PositionSource
+from lakefold.spark._source_positions import PositionRange
 from lakefold.spark._store_dsn import store_dsn_option
 from lakefold.spark.exceptions import SparkLayerError
 
@@ -61,14 +65,12 @@ class ChangelogQuery:
         return cls(dsn=store_dsn_option(lowered), stream=stream)
 
     def head(self) -> int:
-        with ChangelogStore(self.dsn) as store:
-            return store.head(self.stream)
+        return _source_reads.changelog_head(self.dsn, self.stream)
 
     def arrow_schema(self) -> pa.Schema:
-        """The typed columns of the newest schema version (from an empty typed read)."""
-        with ChangelogStore(self.dsn) as store:
-            head = store.head(self.stream)
-            return spark_compatible(store.read(self.stream, from_position=head + 1).schema)
+        """The metadata columns, then the typed columns of the newest schema version (from an
+        empty typed read)."""
+        return spark_compatible(_source_reads.changelog_arrow_schema(self.dsn, self.stream))
 
     def read_range(self, positions: PositionRange, schema: pa.Schema
                    ) -> Iterator[pa.RecordBatch]:
@@ -77,7 +79,7 @@ class ChangelogQuery:
         for batch in read_changelog_range(self.dsn, self.stream, positions.start,
                                           positions.end, batch_rows=max(len(positions), 1)):
             if batch.num_rows:
-                yield conform_batch(batch, schema)
+                yield conform_batch(changelog_records(batch, self.stream), schema)
 
 
 class ChangelogDataSource(PositionSource):

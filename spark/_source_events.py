@@ -9,13 +9,16 @@
         .option("columns", "position,stream_id,type,data")  # optional: read only these
         .load()
 
-Columns: ``position``, ``event_id``, ``stream_id``, ``stream_version``, ``category``,
-``type``, ``schema_version``, ``data``, ``metadata``, ``correlation_id``, ``causation_id``,
-``recorded_at``. ``data`` is JSON text, or, with ``registry``, a struct typed by the registered
-pydantic models of the selected types, payloads upcast to their current version. With a
-registry, ``columns`` may name payload fields (``"position,data.amount,data.customer"``):
-``data`` then holds only those fields (Spark cannot prune a Python source's columns itself, and
-fewer fields are faster to decode and to hand to the JVM).
+Columns: the record metadata columns (``_position``, ``_ts``, ``_type``, ``_stream``,
+``_deleted``; see ``_source_columns``), then the event store's ``position``, ``event_id``,
+``stream_id``, ``stream_version``, ``category``, ``type``, ``schema_version``, ``data``,
+``metadata``, ``correlation_id``, ``causation_id``, ``recorded_at``. ``data`` is JSON text,
+or, with ``registry``, a struct typed by the registered pydantic models of the selected types,
+payloads upcast to their current version. With a registry, ``columns`` may name payload fields
+(``"position,data.amount,data.customer"``): ``data`` then holds only those fields (Spark cannot
+prune a Python source's columns itself, and fewer fields are faster to decode and to hand to
+the JVM). With ``columns``, the frame has only the named columns, metadata columns included
+(``"_position,_type,data"``).
 
 Offsets are ``{"position": next}`` over the store's global positions; only positions up to the
 store's head are handed out, and the head only covers finished transactions, so a micro-batch
@@ -39,8 +42,13 @@ from lakefold.eventstore import (
 )
 from lakefold.schemas.arrow import conform_batch
 from lakefold.spark._event_payloads import PayloadDecoder, load_registry
-from lakefold.spark._position_source import PositionSource
-from lakefold.spark._positions import PositionRange
+from lakefold.spark._source_columns import (
+    EVENT_META_SOURCE_COLUMNS,
+    META_FIELDS,
+    event_records,
+)
+from lakefold.spark._source_formats import PositionSource
+from lakefold.spark._source_positions import PositionRange
 from lakefold.spark._store_dsn import store_dsn_option
 from lakefold.spark.exceptions import SparkLayerError
 
@@ -55,8 +63,11 @@ class EventsQuery:
     category: str | None
     types: tuple[str, ...] | None
     registry: str | None
+    #: The event columns of the frame (None: all of them; empty: only metadata columns).
     columns: tuple[str, ...] | None = None
     payload_fields: tuple[str, ...] | None = None
+    #: The record metadata columns of the frame (all of them unless ``columns`` names some).
+    meta: tuple[str, ...] = tuple(f.name for f in META_FIELDS)
 
     @classmethod
     def parse(cls, options: dict[str, str]) -> EventsQuery:
@@ -64,7 +75,10 @@ class EventsQuery:
         types = lowered.get("types")
         type_list = tuple(t.strip() for t in types.split(",") if t.strip()) if types else None
         registry = lowered.get("registry") or None
-        names = [c.strip() for c in (lowered.get("columns") or "").split(",") if c.strip()]
+        named = [c.strip() for c in (lowered.get("columns") or "").split(",") if c.strip()]
+        meta_names = [f.name for f in META_FIELDS]
+        names = [n for n in named if n not in meta_names]
+        meta = tuple(n for n in meta_names if n in named) if named else tuple(meta_names)
         fields = tuple(n.removeprefix("data.") for n in names if n.startswith("data."))
         if fields and registry is None:
             raise SparkLayerError(
@@ -81,8 +95,9 @@ class EventsQuery:
             category=lowered.get("category") or None,
             types=type_list or None,
             registry=registry,
-            columns=column_list or None,
+            columns=column_list if named else None,
             payload_fields=fields or None,
+            meta=meta,
         )
         if fields:
             query.decoder()  # refuses fields no registered type has
@@ -92,9 +107,12 @@ class EventsQuery:
         """The columns to fetch: the selected ones plus what payload decoding needs."""
         if self.columns is None:
             return None
-        if self.registry is not None and "data" in self.columns:
-            return tuple(dict.fromkeys([*self.columns, "type", "schema_version"]))
-        return self.columns
+        columns = self.columns
+        if self.meta:
+            columns = tuple(dict.fromkeys([*columns, *EVENT_META_SOURCE_COLUMNS]))
+        if self.registry is not None and "data" in columns:
+            return tuple(dict.fromkeys([*columns, "type", "schema_version"]))
+        return columns
 
     def head(self) -> int:
         return head_position(self.dsn)
@@ -115,6 +133,8 @@ class EventsQuery:
                                       batch.column("data"), shredded)
                 index = batch.schema.get_field_index("data")
                 batch = batch.set_column(index, pa.field("data", data.type), data)
+            if self.meta:
+                batch = event_records(batch)
             yield batch if batch.schema == schema else conform_batch(batch, schema)
 
     def decoder(self) -> PayloadDecoder | None:
@@ -123,12 +143,15 @@ class EventsQuery:
         return PayloadDecoder(load_registry(self.registry), self.types, self.payload_fields)
 
     def arrow_schema(self) -> pa.Schema:
+        """The metadata columns selected, then the event columns (``data`` typed with a
+        registry)."""
         schema = events_schema(self.columns)
         decoder = self.decoder()
         index = schema.get_field_index("data")
-        if decoder is None or index < 0:
-            return schema
-        return schema.set(index, pa.field("data", decoder.struct_type))
+        if decoder is not None and index >= 0:
+            schema = schema.set(index, pa.field("data", decoder.struct_type))
+        meta = [f for f in META_FIELDS if f.name in self.meta]
+        return pa.schema([*meta, *schema])
 
 
 class EventsDataSource(PositionSource):

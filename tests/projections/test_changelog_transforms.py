@@ -36,7 +36,7 @@ from lakefold.projections import (
     registering_into,
 )
 from lakefold.projections._plan import validate
-from lakefold.projections._source import source_frame
+from lakefold.spark._source_records import source_frame
 from tests.projections import helpers
 
 pytestmark = pytest.mark.timeout(240)

@@ -26,7 +26,7 @@ from lakefold.projections import (
     events,
     load_projections,
 )
-from lakefold.projections._stores import check_sources_exist
+from lakefold.projections._input_checks import check_sources_exist
 from lakefold.schemas.events import NewEvent
 from tests.projections import helpers
 

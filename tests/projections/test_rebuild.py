@@ -22,8 +22,8 @@ from lakefold.projections import (
     _batch,
     load_projections,
 )
-from lakefold.projections._stores import events_head
 from lakefold.schemas.events import NewEvent
+from lakefold.spark._source_reads import events_head
 from tests.projections import helpers
 
 pytestmark = pytest.mark.timeout(240)

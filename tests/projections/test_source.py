@@ -8,10 +8,11 @@ import pytest
 
 from lakefold._bench.history import CATEGORY, load_history
 from lakefold.eventstore import EventStore
-from lakefold.projections import _stores
+from lakefold.projections._input_checks import event_categories, event_types
 from lakefold.projections._model import events
-from lakefold.projections._source import source_frame
 from lakefold.schemas.events import NewEvent
+from lakefold.spark._source_reads import events_head
+from lakefold.spark._source_records import source_frame
 from tests.projections import helpers
 
 pytestmark = pytest.mark.timeout(120)
@@ -24,9 +25,9 @@ def test_event_source_streams_every_event_once_in_small_batches(pg, spark, tmp_p
         store.append(f"order-{i % 5}", [NewEvent(type="OrderPlaced", data={"n": i})])
         store.append(f"cart-{i}", [NewEvent(type="CartOpened", data={"n": i})])
     store.close()
-    assert _stores.events_head(pg.dsn) == 50
-    assert _stores.event_categories(pg.dsn) == ["cart", "order"]
-    assert _stores.event_types(pg.dsn, None) == ["CartOpened", "OrderPlaced"]
+    assert events_head(pg.dsn) == 50
+    assert event_categories(pg.dsn) == ["cart", "order"]
+    assert event_types(pg.dsn, None) == ["CartOpened", "OrderPlaced"]
     frame = source_frame(spark, pg.dsn, events("order"), max_records=7)
     seen = []
     query = (frame.writeStream.foreachBatch(lambda df, i: seen.append((i, df.collect())))

@@ -17,8 +17,8 @@ from lakefold.capture import Capture, CaptureConfig, ChangelogStore
 from lakefold.eventstore import EventStore, StoreOptions
 from lakefold.schemas import NewEvent
 from lakefold.spark import SparkLayerError
-from lakefold.spark._positions import PositionRange, ReadOptions, split_range
-from lakefold.spark._sources import register_sources
+from lakefold.spark._source_positions import PositionRange, ReadOptions, split_range
+from lakefold.spark._source_registry import register_sources
 from tests.spark import events_fixture as shop
 
 pytestmark = pytest.mark.timeout(180)
@@ -209,3 +209,29 @@ def test_changelog_source_typed_columns_batch_and_stream(spark, captured, tmp_pa
     assert sorted(seen) == [r["_position"] for r in rows]
 
 
+
+
+def test_every_format_starts_with_the_record_metadata_columns(spark, store, captured):
+    """One vocabulary: the public formats hand out the record metadata columns that
+    projections read (``_source_columns``), before the store's own columns."""
+    register_sources(spark)
+    meta = ["_position", "_ts", "_type", "_stream", "_deleted"]
+    events = spark.read.format("lakefold_events").option("dsn", store).load()
+    assert events.columns[:5] == meta and events.columns[5] == "position"
+    rows = events.orderBy("position").collect()
+    assert all(r["_position"] == r["position"] and r["_type"] == r["type"]
+               and r["_stream"] == r["stream_id"] and r["_ts"] == r["recorded_at"]
+               and r["_deleted"] is False for r in rows)
+    picked = (spark.read.format("lakefold_events").option("dsn", store)
+              .option("columns", "_position,_type,stream_id").load())
+    assert picked.columns == ["_position", "_type", "stream_id"]
+    assert picked.orderBy("_position").first()["_type"] == rows[0]["type"]
+    only_meta = (spark.read.format("lakefold_events").option("dsn", store)
+                 .option("columns", "_stream").load())
+    assert only_meta.columns == ["_stream"] and only_meta.count() == len(rows)
+    changes = (spark.read.format("lakefold_changelog").option("dsn", captured)
+               .option("stream", "public.items").load())
+    assert changes.columns[:6] == [*meta, "_op"]
+    last = changes.orderBy("_position").collect()[-2:]
+    assert [(r["_type"], r["_deleted"], r["_stream"]) for r in last] == \
+        [("update", False, "public.items"), ("delete", True, "public.items")]

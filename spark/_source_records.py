@@ -1,20 +1,31 @@
-"""The Spark streaming source a projection reads one of its sources through.
+"""``lakefold_projection_source``: the partitioned record source every projection reads through.
+
+One streaming (and batch, for a fixed range) Spark data source over one input
+(``_source_inputs``: a changelog stream or some events), with the record metadata columns of
+``_source_columns`` in front. Live generations whose batches are small read through its
+driver-side twin, ``_source_live``.
 
 Offsets are ``{"source": alias, "position": p}`` where ``p`` is the next position to read:
 a micro-batch covers ``[start.position, end.position)``. ``latestOffset`` moves at most
 ``max_records`` positions per trigger (``ReadMaxRows``, honoured in processing-time mode), so a
 live projection takes small batches and a rebuild large ones. A range is split into parallel
-partitions of ``partition_records`` positions, each read by ``_stores.read`` in one worker.
+partitions of about ``partition_records`` positions (``_source_positions.split_range``, as the
+public formats do), each read by ``_source_reads.read`` in one worker.
 
 Reads below the head are final (the stores guarantee it: the event store hands out only
 sequenced positions, the changelog only committed ones), so a micro-batch replayed after a
 crash reads exactly the same records, which is what makes the sinks' batch ids meaningful.
 
-Option ``truncates`` says how a changelog's truncate records reach the projection (``keep``,
-``drop``, ``cut`` or ``fanout``; see ``_truncate``). ``cut`` and ``fanout`` need the positions
-of all the batch's truncates, which ``partitions`` asks the store for once per batch and hands
-to every partition; a fold's ``fanout`` also reads the generation's keys (option ``fold``:
-``{"name", "generation"}``).
+Option ``truncates`` says how a changelog's truncate records reach the reader (``keep``,
+``drop``, ``cut`` or ``fanout``; see ``_source_truncates``). ``cut`` and ``fanout`` need the
+positions of all the batch's truncates, which ``partitions`` asks the store for once per batch
+and hands to every partition; a fold's ``fanout`` also reads the generation's keys (option ``fold``:
+``{"name", "generation"}``; see ``_source_truncates``).
+
+Options (strings, as Spark passes them): ``dsn`` (the store; given by the caller, never read
+from settings in a worker), ``source`` (JSON, ``source_to_json``), ``max_records``,
+``partition_records``, ``start_position``, ``columns`` (event columns to fetch; the others are
+null), ``truncates`` and ``fold``; for a batch read ``start`` and ``end``.
 
 The source is registered on the session under ``lakefold_projection_source`` and is part of
 the installed package, so any Spark worker can import it.
@@ -24,7 +35,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
@@ -36,15 +47,22 @@ from pyspark.sql.datasource import (
 )
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMaxRows
 
-from lakefold.projections import _stores
-from lakefold.projections._model import ChangelogSource, EventSource, Source
-from lakefold.projections._truncate import (
+from lakefold.spark import _source_reads
+from lakefold.spark._source_inputs import (
+    ChangelogSource,
+    Source,
+    source_from_json,
+    source_to_json,
+)
+from lakefold.spark._source_positions import ReadOptions, split_range
+from lakefold.spark._source_truncates import (
     FAN_KEY_COLUMN,
     TRUNCATED_AT_COLUMN,
     FoldKeys,
     Mode,
     apply_mode,
 )
+from lakefold.spark.exceptions import SparkLayerError
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -54,20 +72,7 @@ FORMAT = "lakefold_projection_source"
 DEFAULT_PARTITION_RECORDS = 500_000  # a 1M-record rebuild batch: one read per core here
 
 
-def source_to_json(source: Source) -> str:
-    return json.dumps({"kind": source.kind, **asdict(source)})
-
-
-def source_from_json(text: str) -> Source:
-    data = json.loads(text)
-    kind = data.pop("kind")
-    if kind == "events":
-        return EventSource(category=data["category"], types=tuple(data["types"]),
-                           alias=data["alias"], declared=tuple(data.get("declared", ())))
-    return ChangelogSource(table=data["table"], alias=data["alias"])
-
-
-class _Range(InputPartition):
+class RangePartition(InputPartition):
     """Positions ``[start, end)``; ``truncates``: the positions of the whole micro-batch's
     truncates (modes cut and fanout)."""
 
@@ -78,15 +83,15 @@ class _Range(InputPartition):
         self.truncates = truncates
 
 
-class ProjectionSourceReader(DataSourceStreamReader):
-    """Reads one store source by position ranges (see the module docstring)."""
+class RecordStreamReader(DataSourceStreamReader):
+    """Reads one input by position ranges (see the module docstring)."""
 
     def __init__(self, options: dict[str, str], schema: StructType) -> None:
         self.dsn = options["dsn"]
         self.source = source_from_json(options["source"])
         self.max_records = int(options.get("max_records", "20000"))
-        self.partition_records = int(options.get("partition_records",
-                                                 str(DEFAULT_PARTITION_RECORDS)))
+        self.partition_records = max(1, int(options.get("partition_records",
+                                                        str(DEFAULT_PARTITION_RECORDS))))
         self.start_position = int(options.get("start_position", "0"))
         columns = options.get("columns")
         self.columns = tuple(columns.split(",")) if columns else None
@@ -112,7 +117,7 @@ class ProjectionSourceReader(DataSourceStreamReader):
 
     def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, Any]:
         begin = int(start["position"])
-        end = max(begin, _stores.head(self.dsn, self.source) + 1)
+        end = max(begin, _source_reads.head(self.dsn, self.source) + 1)
         if not isinstance(limit, ReadAllAvailable):
             max_rows = getattr(limit, "max_rows", None) or getattr(limit, "maxRows", None)
             if max_rows:
@@ -123,27 +128,27 @@ class ProjectionSourceReader(DataSourceStreamReader):
         return self._offset(end)
 
     def reportLatestOffset(self) -> dict[str, Any] | None:
-        return self._offset(_stores.head(self.dsn, self.source) + 1)
+        return self._offset(_source_reads.head(self.dsn, self.source) + 1)
 
     def batch_truncates(self, begin: int, stop: int) -> tuple[int, ...]:
         """Modes cut and fanout: the positions of the truncates in ``[begin, stop)``."""
         if self.truncates not in ("cut", "fanout") or stop <= begin:
             return ()
         assert isinstance(self.source, ChangelogSource)  # noqa: S101 - see __init__
-        found = _stores.changelog_truncates(self.dsn, self.source.table, begin, stop)
+        found = _source_reads.changelog_truncates(self.dsn, self.source.table, begin, stop)
         return tuple(t.position for t in found)
 
     def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[InputPartition]:
         begin, stop = int(start["position"]), int(end["position"])
-        step = max(1, self.partition_records)
         truncates = self.batch_truncates(begin, stop)
-        return [_Range(s, min(stop, s + step), truncates) for s in range(begin, stop, step)]
+        ranges = split_range(begin, stop, ReadOptions(partition_size=self.partition_records))
+        return [RangePartition(r.start, r.end, truncates) for r in ranges]
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         start, end, truncates = partition.value
         keys: list[str] | None = None
-        for batch in _stores.read(self.dsn, self.source, int(start), int(end),
-                                  columns=self.columns):
+        for batch in _source_reads.read(self.dsn, self.source, int(start), int(end),
+                                        columns=self.columns):
             if self.truncates == "fanout" and keys is None:
                 keys = FoldKeys(self.dsn).keys(*self.fold) if self.fold else []
             batch = apply_mode(batch, self.truncates, truncates=truncates, keys=keys)
@@ -178,16 +183,17 @@ def _conform(batch: pa.RecordBatch, schema: pa.Schema) -> pa.RecordBatch:
     return pa.RecordBatch.from_arrays(columns, schema=schema)
 
 
-class ProjectionBatchReader(DataSourceReader):
+class RecordRangeReader(DataSourceReader):
     """A fixed range ``[start, end)`` of one source (options ``start`` and ``end``): what a
     targeted rebuild replays."""
 
     def __init__(self, options: dict[str, str], schema: StructType) -> None:
-        self._stream = ProjectionSourceReader(options, schema)
+        self._stream = RecordStreamReader(options, schema)
         self.start = int(options.get("start", "0"))
         self.end = int(options["end"])
         if self._stream.truncates == "fanout":
-            raise ValueError("a fixed range is never read for a fold (truncates='fanout')")
+            raise SparkLayerError(
+                "a fixed range is never read for a fold (truncates='fanout')")
 
     def partitions(self) -> Sequence[InputPartition]:
         return self._stream.partitions(self._stream._offset(self.start),
@@ -197,7 +203,7 @@ class ProjectionBatchReader(DataSourceReader):
         return self._stream.read(partition)
 
 
-class ProjectionSource(DataSource):
+class RecordSource(DataSource):
     """``spark.readStream.format("lakefold_projection_source")`` with options ``dsn``,
     ``source`` (JSON), ``max_records``, ``partition_records``; the schema must be given.
     ``spark.read`` with ``start`` and ``end`` reads a fixed range."""
@@ -207,22 +213,20 @@ class ProjectionSource(DataSource):
         return FORMAT
 
     def schema(self) -> StructType:
-        from pyspark.sql.pandas.types import from_arrow_schema
 
         source = source_from_json(self.options["source"])
-        result: StructType = from_arrow_schema(_stores.arrow_schema(self.options["dsn"], source))
-        return result
+        return spark_schema(self.options["dsn"], source)
 
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
-        return ProjectionSourceReader(dict(self.options), schema)
+        return RecordStreamReader(dict(self.options), schema)
 
     def reader(self, schema: StructType) -> DataSourceReader:
-        return ProjectionBatchReader(dict(self.options), schema)
+        return RecordRangeReader(dict(self.options), schema)
 
 
 def register(spark: SparkSession) -> None:
     """Register the source on ``spark`` (idempotent)."""
-    spark.dataSource.register(ProjectionSource)
+    spark.dataSource.register(RecordSource)
 
 
 def spark_schema(dsn: str, source: Source, *, truncates: Mode = "keep") -> StructType:
@@ -230,7 +234,7 @@ def spark_schema(dsn: str, source: Source, *, truncates: Mode = "keep") -> Struc
     frame (``truncates="fanout"``) has ``_fan_key`` and ``_truncated_at`` too."""
     from pyspark.sql.pandas.types import from_arrow_schema
 
-    result: StructType = from_arrow_schema(_stores.arrow_schema(dsn, source))
+    result: StructType = from_arrow_schema(_source_reads.arrow_schema(dsn, source))
     if truncates == "fanout" and isinstance(source, ChangelogSource):
         from pyspark.sql.types import LongType, StringType
 
@@ -240,7 +244,7 @@ def spark_schema(dsn: str, source: Source, *, truncates: Mode = "keep") -> Struc
 
 @dataclass(frozen=True)
 class TruncateOptions:
-    """How a frame's changelog source hands over truncate records (see ``_truncate``):
+    """How a frame's changelog source hands over truncate records (see ``_source_truncates``):
     ``mode``, and for a fold's ``fanout`` the generation whose keys to fan out to."""
 
     mode: Mode = "keep"
@@ -287,95 +291,3 @@ def source_frame(spark: SparkSession, dsn: str, source: Source, *, max_records: 
         reader = reader.option("columns", ",".join(columns))
     frame: DataFrame = truncates.apply(reader).load()
     return frame
-
-
-# ------------------------------------------------------------------------- dead-letter retries
-
-RETRY_FORMAT = "lakefold_projection_retries"
-RETRY_SCHEMA = ("_source string, _position long, _ts timestamp, _type string, _stream string, "
-                "_fkey string, _retry string")
-
-
-def _retry_head(dsn: str, name: str, generation: int) -> int:
-    import psycopg
-
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        if not conn.execute("SELECT to_regclass('lakefold.projection_dead_letters') IS NOT NULL"
-                            ).fetchone()[0]:  # type: ignore[index]
-            return 0
-        row = conn.execute(
-            "SELECT coalesce(max(retry_seq), 0) FROM lakefold.projection_dead_letters "
-            "WHERE name = %s AND generation = %s AND stage = 'fold'", (name, generation)
-        ).fetchone()
-    return int(row[0]) if row else 0
-
-
-class RetryReader(DataSourceStreamReader):
-    """Fold records queued for another attempt (``lakefold dlq retry``), by retry sequence
-    number: offsets are ``{"source": "_retry", "position": next sequence number}``. A retry
-    that failed again loses its sequence number, so a replayed batch skips it (it is back in
-    the dead letters); a resolved one keeps it, so a replayed batch folds it again."""
-
-    def __init__(self, options: dict[str, str]) -> None:
-        self.dsn = options["dsn"]
-        self.name = options["name"]
-        self.generation = int(options["generation"])
-
-    def _offset(self, position: int) -> dict[str, Any]:
-        return {"source": "_retry", "position": position}
-
-    def initialOffset(self) -> dict[str, Any]:
-        return self._offset(_retry_head(self.dsn, self.name, self.generation) + 1)
-
-    def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, Any]:
-        head = _retry_head(self.dsn, self.name, self.generation) + 1
-        return self._offset(max(int(start["position"]), head))
-
-    def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[InputPartition]:
-        begin, stop = int(start["position"]), int(end["position"])
-        return [_Range(begin, stop)] if stop > begin else []
-
-    def read(self, partition: InputPartition) -> Iterator[tuple[Any, ...]]:
-        import psycopg
-
-        from lakefold.projections import _codec
-        from lakefold.projections._redis import key_text
-
-        start, end = partition.value[:2]
-        with psycopg.connect(self.dsn, autocommit=True) as conn:
-            rows = conn.execute(
-                "SELECT record FROM lakefold.projection_dead_letters WHERE name = %s "
-                "AND generation = %s AND stage = 'fold' AND retry_seq >= %s AND retry_seq < %s "
-                "ORDER BY retry_seq", (self.name, self.generation, start, end)).fetchall()
-        for (record,) in rows:
-            decoded = _codec.loads(json.dumps(record))
-            key = decoded.get("key")
-            yield (decoded["source"], int(decoded["position"]), decoded.get("timestamp"),
-                   decoded["type"], decoded["stream"],
-                   None if key is None else key_text(key), json.dumps(record))
-
-    def commit(self, end: dict[str, Any]) -> None:
-        """Nothing to release."""
-
-
-class RetrySource(DataSource):
-    """``spark.readStream.format("lakefold_projection_retries")`` (options dsn, name,
-    generation): fold records queued for retry."""
-
-    @classmethod
-    def name(cls) -> str:
-        return RETRY_FORMAT
-
-    def schema(self) -> str:
-        return RETRY_SCHEMA
-
-    def streamReader(self, schema: StructType) -> DataSourceStreamReader:
-        return RetryReader(dict(self.options))
-
-
-def retry_frame(spark: SparkSession, dsn: str, name: str, generation: int) -> DataFrame:
-    """The streaming frame of a fold generation's retried dead letters."""
-    spark.dataSource.register(RetrySource)
-    return (spark.readStream.format(RETRY_FORMAT).schema(RETRY_SCHEMA)
-            .option("dsn", dsn).option("name", name).option("generation", str(generation))
-            .load())

@@ -1,12 +1,12 @@
-"""The streaming source of a *live* generation: small micro-batches read on the driver.
+"""``lakefold_projection_live_source``: small micro-batches of a *live* reader, read on the driver.
 
 A live projection follows the head in batches of at most ``max_records_per_batch`` records
 (20,000 by default, a few hundred at a steady 1,000 changes/s), where the fixed cost of a
-Spark task dominates: with the partitioned source (``_source``) every micro-batch sends the
-reader to a Python worker in a task, which reads its range there. This source is Spark's
+Spark task dominates: with the partitioned source (``_source_records``) every micro-batch sends
+the reader to a Python worker in a task, which reads its range there. This source is Spark's
 ``SimpleDataSourceStreamReader``: when Spark asks for the latest offset, the source's driver
 process reads the next range at once (the same ranges and records as the partitioned source,
-through ``ProjectionSourceReader``), and the batch's task only scans what Spark cached. An
+through ``RecordStreamReader``), and the batch's task only scans what Spark cached. An
 isolated trial (three queries, ~200 records per batch, load 3-4) took a batch's
 ``toArrow()`` from ~120 ms to ~55 ms.
 
@@ -26,13 +26,11 @@ import pyarrow as pa
 from pyspark.sql.datasource import DataSource, SimpleDataSourceStreamReader
 from pyspark.sql.streaming.datasource import ReadMaxRows
 
-from lakefold.projections._model import Source
-from lakefold.projections._source import (
-    ProjectionSourceReader,
+from lakefold.spark._source_inputs import Source, source_from_json, source_to_json
+from lakefold.spark._source_records import (
+    RangePartition,
+    RecordStreamReader,
     TruncateOptions,
-    _Range,
-    source_from_json,
-    source_to_json,
     spark_schema,
 )
 
@@ -50,7 +48,7 @@ class LiveSourceReader(SimpleDataSourceStreamReader):
     """Reads ``[start, min(head + 1, start + max_records))`` when Spark plans a batch."""
 
     def __init__(self, options: dict[str, str], schema: StructType) -> None:
-        self._ranges = ProjectionSourceReader(options, schema)
+        self._ranges = RecordStreamReader(options, schema)
 
     def initialOffset(self) -> dict[str, Any]:
         return self._ranges.initialOffset()
@@ -65,14 +63,14 @@ class LiveSourceReader(SimpleDataSourceStreamReader):
         begin, stop = int(start["position"]), int(end["position"])
         if stop <= begin:  # Spark refuses anything, even an empty batch, for an empty range
             return iter(())
-        return self._ranges.read(_Range(begin, stop,
+        return self._ranges.read(RangePartition(begin, stop,
                                         self._ranges.batch_truncates(begin, stop)))
 
     def commit(self, end: dict[str, Any]) -> None:
         """Nothing to release: the stores keep every record (the log is the buffer)."""
 
 
-class LiveProjectionSource(DataSource):
+class LiveRecordSource(DataSource):
     """``spark.readStream.format("lakefold_projection_live_source")``: the options of
     ``lakefold_projection_source``; streaming only."""
 
@@ -90,8 +88,9 @@ class LiveProjectionSource(DataSource):
 def live_frame(spark: SparkSession, dsn: str, source: Source, *, max_records: int,
                truncates: TruncateOptions | None = None) -> DataFrame:
     """A streaming DataFrame over one source for a live generation (see the module
-    docstring): the columns of ``_source.source_frame``, at most ``max_records`` per batch."""
-    spark.dataSource.register(LiveProjectionSource)
+    docstring): the columns of ``_source_records.source_frame``, at most ``max_records`` per
+    batch."""
+    spark.dataSource.register(LiveRecordSource)
     truncates = truncates or TruncateOptions()
     reader = (spark.readStream.format(FORMAT)
               .schema(spark_schema(dsn, source, truncates=truncates.mode))

@@ -1,9 +1,13 @@
-"""What every lakefold Spark source shares: readers over a store's dense positions.
+"""The public store formats' Spark machinery (``lakefold_events``, ``lakefold_changelog``).
 
 A source supplies a picklable *query* that knows its store's head and how to read a position
 range as Arrow; ``PositionSource`` turns it into a batch and a streaming Spark data source.
 Offsets are ``{"position": next}``; ``partitions(start, end)`` splits a range into parallel
 position ranges (``ReadOptions.partition_size``), each read with one query in a task.
+
+Projections read through ``_source_records`` and ``_source_live`` instead (offsets that name
+the input, truncate modes, driver-side live reads); all of them read the stores through
+``_source_reads`` and hand out the record metadata columns of ``_source_columns``.
 """
 
 from __future__ import annotations
@@ -26,7 +30,7 @@ from pyspark.sql.streaming.datasource import (
 )
 
 from lakefold.schemas.arrow import spark_schema
-from lakefold.spark._positions import (
+from lakefold.spark._source_positions import (
     PositionRange,
     ReadOptions,
     capped_end,
