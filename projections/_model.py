@@ -11,15 +11,21 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from lakefold.projections.exceptions import (
     IncompatibleTargetError,
     MissingKeyError,
     ProjectionDefinitionError,
+    ProjectionStateError,
 )
+
+if TYPE_CHECKING:
+    from lakefold.projections._api import Projection
+    from lakefold.projections._targets import GenerationTarget, TargetContext
 
 NAME_PATTERN = re.compile(r"^[a-z][a-z0-9_]{0,62}$")
 #: Columns the runner adds to, or reads from, every projection's output.
@@ -133,12 +139,31 @@ def events(
 # --------------------------------------------------------------------------------- targets
 
 DeltaMode = Literal["append", "upsert", "scd2"]
+#: How a changelog source hands truncates to a target (see ``_truncate``).
+TruncateMode = Literal["keep", "drop", "cut", "fanout"]
+
+
+def _check_key_column(projection: Projection, kind: str, key: str, columns: list[str]) -> None:
+    if key not in columns:
+        raise MissingKeyError(
+            f"projection {projection.name}: the {kind} target's key column {key!r} is "
+            f"not in the output columns {columns}; add it to the projection's output"
+        )
+
+
+def _check_fold_keyed_by(projection: str, key: str, key_column: str) -> None:
+    if key != key_column:
+        raise MissingKeyError(
+            f"projection {projection}: the target is keyed by {key!r} but the fold "
+            f"emits its key as {key_column!r}; use the same column (key_column=...)"
+        )
 
 
 @dataclass(frozen=True)
 class DeltaTableTarget:
     """A Delta table: ``append`` rows, ``upsert`` by ``keys`` (rows with ``_deleted`` true
-    delete), or ``scd2`` history with ``valid_from``/``valid_to``/``current`` columns."""
+    delete), or ``scd2`` history with ``valid_from``/``valid_to``/``current`` columns.
+    Implements the ``Target`` protocol (``_targets``); its storage: ``_delta``."""
 
     mode: DeltaMode
     keys: tuple[str, ...] = ()
@@ -149,10 +174,59 @@ class DeltaTableTarget:
     def kind(self) -> Literal["delta"]:
         return "delta"
 
+    @property
+    def truncate_mode(self) -> TruncateMode:
+        return {"append": "keep", "scd2": "drop"}.get(self.mode, "cut")  # type: ignore[return-value]
+
+    @property
+    def keeps_history(self) -> bool:
+        return self.mode in ("scd2", "append")
+
+    def describe(self) -> str:
+        return f"a Delta {self.mode} target"
+
+    def check_fold_key(self, projection: str, key_column: str) -> None:
+        if self.mode != "append" and key_column not in self.keys:
+            raise MissingKeyError(
+                f"projection {projection}: the Delta {self.mode} keys {list(self.keys)} "
+                f"must include the fold's key column {key_column!r}"
+            )
+
+    def check_output(self, projection: Projection, columns: list[str],
+                     types: Mapping[str, str], *, stateful: bool) -> None:
+        from lakefold.projections._delta import check_columns
+
+        if stateful and self.mode in ("append", "scd2") and projection.fold is None:
+            raise IncompatibleTargetError(
+                f"projection {projection.name}: the transform keeps state (an aggregation, "
+                "deduplication or join), so it emits updated rows; a Delta "
+                f"{self.mode} target would record every update as a new row. Use "
+                "delta_table('upsert', keys=[...])"
+            )
+        if projection.fold is not None and self.mode == "append":
+            raise IncompatibleTargetError(
+                f"projection {projection.name}: a fold emits the new state of each changed "
+                "key; write it with delta_table('upsert', keys=[...]) or 'scd2', not 'append'"
+            )
+        check_columns(self, columns, dict(types))
+
+    def check_repairable(self, projection: str) -> None:
+        if self.mode != "upsert":
+            raise ProjectionStateError(
+                f"projection {projection} writes a Delta {self.mode} table, whose rows "
+                "cannot be corrected one key at a time; run a full `lakefold rebuild`"
+            )
+
+    def open(self, location: str, context: TargetContext) -> GenerationTarget:
+        from lakefold.projections._delta import DeltaGenerationTarget
+
+        return DeltaGenerationTarget(self, location, context)
+
 
 @dataclass(frozen=True)
 class RedisCacheTarget:
-    """One Redis value per key: a hash of the row's columns, or the row as a JSON string."""
+    """One Redis value per key: a hash of the row's columns, or the row as a JSON string.
+    Implements the ``Target`` protocol (``_targets``); its storage: ``_redis``."""
 
     key: str
     format: Literal["hash", "json"] = "hash"
@@ -165,11 +239,45 @@ class RedisCacheTarget:
     def keys(self) -> tuple[str, ...]:
         return (self.key,)
 
+    @property
+    def truncate_mode(self) -> TruncateMode:
+        return "cut"
+
+    @property
+    def keeps_history(self) -> bool:
+        return False
+
+    def describe(self) -> str:
+        return f"a {self.kind} target"
+
+    def check_fold_key(self, projection: str, key_column: str) -> None:
+        _check_fold_keyed_by(projection, self.key, key_column)
+
+    def check_output(self, projection: Projection, columns: list[str],
+                     types: Mapping[str, str], *, stateful: bool) -> None:
+        _check_key_column(projection, self.kind, self.key, columns)
+        if self.format == "hash":
+            nested = [c for c in columns if types[c].startswith(("struct", "array", "map"))]
+            if nested:
+                raise IncompatibleTargetError(
+                    f"projection {projection.name}: a Redis hash holds flat fields, but "
+                    f"{nested} are nested; use redis_cache(..., format='json') or flatten them"
+                )
+
+    def check_repairable(self, projection: str) -> None:
+        return None
+
+    def open(self, location: str, context: TargetContext) -> GenerationTarget:
+        from lakefold.projections._redis import RedisGenerationTarget
+
+        return RedisGenerationTarget(self, location, context)
+
 
 @dataclass(frozen=True)
 class SearchIndexTarget:
     """A Tantivy index, one document per key. ``text`` columns are tokenized for full-text
-    search; every other column is stored and indexed as-is (strings as exact terms)."""
+    search; every other column is stored and indexed as-is (strings as exact terms).
+    Implements the ``Target`` protocol (``_targets``); its storage: ``_search``."""
 
     key: str
     text: tuple[str, ...]
@@ -182,8 +290,42 @@ class SearchIndexTarget:
     def keys(self) -> tuple[str, ...]:
         return (self.key,)
 
+    @property
+    def truncate_mode(self) -> TruncateMode:
+        return "cut"
 
-Target = DeltaTableTarget | RedisCacheTarget | SearchIndexTarget
+    @property
+    def keeps_history(self) -> bool:
+        return False
+
+    def describe(self) -> str:
+        return f"a {self.kind} target"
+
+    def check_fold_key(self, projection: str, key_column: str) -> None:
+        _check_fold_keyed_by(projection, self.key, key_column)
+
+    def check_output(self, projection: Projection, columns: list[str],
+                     types: Mapping[str, str], *, stateful: bool) -> None:
+        _check_key_column(projection, self.kind, self.key, columns)
+        for column in self.text:
+            if column not in columns:
+                raise IncompatibleTargetError(
+                    f"projection {projection.name}: search text column {column!r} is not in "
+                    f"the output columns {columns}"
+                )
+            if types[column] != "string":
+                raise IncompatibleTargetError(
+                    f"projection {projection.name}: search text column {column!r} is "
+                    f"{types[column]}, not a string"
+                )
+
+    def check_repairable(self, projection: str) -> None:
+        return None
+
+    def open(self, location: str, context: TargetContext) -> GenerationTarget:
+        from lakefold.projections._search import SearchGenerationTarget
+
+        return SearchGenerationTarget(self, location, context)
 
 
 def delta_table(

@@ -46,14 +46,14 @@ from __future__ import annotations
 import datetime as dt
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 
 import psycopg
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from lakefold.core.dsn import mask_dsn
-from lakefold.projections._model import ChangelogSource, DeltaTableTarget
+from lakefold.projections._model import ChangelogSource, TruncateMode
 from lakefold.projections.exceptions import CatalogUnavailable, ProjectionDefinitionError
 
 if TYPE_CHECKING:
@@ -61,7 +61,7 @@ if TYPE_CHECKING:
 
 TRUNCATE = "truncate"
 #: How a source hands truncate records to a projection (see the module docstring).
-Mode = Literal["keep", "drop", "cut", "fanout"]
+Mode = TruncateMode
 #: Column of a fold's changelog frames: the key of a fanned-out truncate record.
 FAN_KEY_COLUMN = "_fan_key"
 #: Column of a fold's changelog frames: the position of the next truncate of the stream in the
@@ -88,12 +88,7 @@ def source_mode(projection: Projection) -> Mode:
     """How ``projection``'s changelog sources deliver truncate records."""
     if projection.fold is not None:
         return "fanout"
-    target = projection.target
-    if isinstance(target, DeltaTableTarget) and target.mode == "append":
-        return "keep"
-    if isinstance(target, DeltaTableTarget) and target.mode == "scd2":
-        return "drop"
-    return "cut"
+    return projection.target.truncate_mode
 
 
 def check_truncatable(projection: Projection) -> None:

@@ -33,7 +33,7 @@ CUSTOMERS = [f"c{i}" for i in range(7)]
 
 def revenue_of(dsn: str) -> dict[str, Decimal]:
     with Catalog(dsn) as catalog:
-        path = catalog.current("revenue").delta_path
+        path = catalog.current("revenue").location("delta")
     rows = DeltaTable(path).to_pyarrow_table().to_pylist()
     return {r["customer"]: r["revenue"] for r in rows}
 
