@@ -143,22 +143,6 @@ DeltaMode = Literal["append", "upsert", "scd2"]
 TruncateMode = Literal["keep", "drop", "cut", "fanout"]
 
 
-def _check_key_column(projection: Projection, kind: str, key: str, columns: list[str]) -> None:
-    if key not in columns:
-        raise MissingKeyError(
-            f"projection {projection.name}: the {kind} target's key column {key!r} is "
-            f"not in the output columns {columns}; add it to the projection's output"
-        )
-
-
-def _check_fold_keyed_by(projection: str, key: str, key_column: str) -> None:
-    if key != key_column:
-        raise MissingKeyError(
-            f"projection {projection}: the target is keyed by {key!r} but the fold "
-            f"emits its key as {key_column!r}; use the same column (key_column=...)"
-        )
-
-
 @dataclass(frozen=True)
 class DeltaTableTarget:
     """A Delta table: ``append`` rows, ``upsert`` by ``keys`` (rows with ``_deleted`` true
@@ -223,17 +207,15 @@ class DeltaTableTarget:
         return DeltaGenerationTarget(self, location, context)
 
 
-@dataclass(frozen=True)
-class RedisCacheTarget:
-    """One Redis value per key: a hash of the row's columns, or the row as a JSON string.
-    Implements the ``Target`` protocol (``_targets``); its storage: ``_redis``."""
+class _OneRowPerKey:
+    """``Target`` behaviour of a kind that holds one row per value of one ``key`` column
+    (the latest state): Redis and search."""
 
     key: str
-    format: Literal["hash", "json"] = "hash"
 
     @property
-    def kind(self) -> Literal["redis"]:
-        return "redis"
+    def kind(self) -> str:
+        raise NotImplementedError
 
     @property
     def keys(self) -> tuple[str, ...]:
@@ -251,11 +233,40 @@ class RedisCacheTarget:
         return f"a {self.kind} target"
 
     def check_fold_key(self, projection: str, key_column: str) -> None:
-        _check_fold_keyed_by(projection, self.key, key_column)
+        if self.key != key_column:
+            raise MissingKeyError(
+                f"projection {projection}: the target is keyed by {self.key!r} but the fold "
+                f"emits its key as {key_column!r}; use the same column (key_column=...)"
+            )
+
+    def check_key_column(self, projection: Projection, columns: list[str]) -> None:
+        if self.key not in columns:
+            raise MissingKeyError(
+                f"projection {projection.name}: the {self.kind} target's key column "
+                f"{self.key!r} is not in the output columns {columns}; add it to the "
+                "projection's output"
+            )
+
+    def check_repairable(self, projection: str) -> None:
+        return None
+
+
+@dataclass(frozen=True)
+class RedisCacheTarget(_OneRowPerKey):
+    """One Redis value per key: a hash of the row's columns, or the row as a JSON string.
+    Implements the ``Target`` protocol (``_targets``); its storage: ``_redis``."""
+
+    key: str
+    format: Literal["hash", "json"] = "hash"
+
+    @property
+    def kind(self) -> Literal["redis"]:
+        return "redis"
+
 
     def check_output(self, projection: Projection, columns: list[str],
                      types: Mapping[str, str], *, stateful: bool) -> None:
-        _check_key_column(projection, self.kind, self.key, columns)
+        self.check_key_column(projection, columns)
         if self.format == "hash":
             nested = [c for c in columns if types[c].startswith(("struct", "array", "map"))]
             if nested:
@@ -264,9 +275,6 @@ class RedisCacheTarget:
                     f"{nested} are nested; use redis_cache(..., format='json') or flatten them"
                 )
 
-    def check_repairable(self, projection: str) -> None:
-        return None
-
     def open(self, location: str, context: TargetContext) -> GenerationTarget:
         from lakefold.projections._redis import RedisGenerationTarget
 
@@ -274,7 +282,7 @@ class RedisCacheTarget:
 
 
 @dataclass(frozen=True)
-class SearchIndexTarget:
+class SearchIndexTarget(_OneRowPerKey):
     """A Tantivy index, one document per key. ``text`` columns are tokenized for full-text
     search; every other column is stored and indexed as-is (strings as exact terms).
     Implements the ``Target`` protocol (``_targets``); its storage: ``_search``."""
@@ -286,27 +294,10 @@ class SearchIndexTarget:
     def kind(self) -> Literal["search"]:
         return "search"
 
-    @property
-    def keys(self) -> tuple[str, ...]:
-        return (self.key,)
-
-    @property
-    def truncate_mode(self) -> TruncateMode:
-        return "cut"
-
-    @property
-    def keeps_history(self) -> bool:
-        return False
-
-    def describe(self) -> str:
-        return f"a {self.kind} target"
-
-    def check_fold_key(self, projection: str, key_column: str) -> None:
-        _check_fold_keyed_by(projection, self.key, key_column)
 
     def check_output(self, projection: Projection, columns: list[str],
                      types: Mapping[str, str], *, stateful: bool) -> None:
-        _check_key_column(projection, self.kind, self.key, columns)
+        self.check_key_column(projection, columns)
         for column in self.text:
             if column not in columns:
                 raise IncompatibleTargetError(
@@ -318,9 +309,6 @@ class SearchIndexTarget:
                     f"projection {projection.name}: search text column {column!r} is "
                     f"{types[column]}, not a string"
                 )
-
-    def check_repairable(self, projection: str) -> None:
-        return None
 
     def open(self, location: str, context: TargetContext) -> GenerationTarget:
         from lakefold.projections._search import SearchGenerationTarget

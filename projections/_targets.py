@@ -24,10 +24,12 @@ A new kind of target is one module (a ``Target`` dataclass and its ``GenerationT
 line in ``TARGET_KINDS`` (and a root in ``SinkRoots.locations``), and one line in the shared
 contract test (tests/projections/target_contract.py).
 
-The views issue adds "replace the rows of these keys with these rows": a ``GenerationTarget``
-method with a default made of ``delete`` and ``write`` under one batch id (each kind can
-override it to make it one step), which is why ``GenerationTarget`` is a base class and not a
-bare protocol: a method added with a default breaks no implementation.
+For the views issue, ``replace`` ("replace the rows of these keys with these rows", one batch:
+upserts plus deletes of the keys that vanished) and ``read`` (rows by key) are there already,
+with defaults built on ``write``. A view whose affected (partition) keys are not its output
+keys will need "the rows whose column C is in these values": a new method with a default, which
+is why ``GenerationTarget`` is a base class and not a bare protocol (a method added with a
+default breaks no implementation; a kind overrides it where it can do better).
 """
 
 from __future__ import annotations
@@ -115,6 +117,23 @@ class GenerationTarget(ABC):
         """Delete the rows of ``keys`` (a table of the key columns) as ``batch``."""
         flags = pa.array([True] * keys.num_rows, pa.bool_())
         return self.write(keys.append_column(DELETED_COLUMN, flags), batch)
+
+    def replace(self, keys: pa.Table, rows: pa.Table, batch: TargetBatch) -> bool:
+        """Replace the rows of ``keys`` (a table of the key columns) with ``rows``, as one
+        batch: the keys that ``rows`` does not hold are deleted, the others upserted (the
+        per-batch step of a view whose affected keys are its output keys)."""
+        held = set(zip(*(rows.column(k).to_pylist() for k in self.keys), strict=True))
+        gone = [i for i, key in enumerate(zip(*(keys.column(k).to_pylist()
+                                                for k in self.keys), strict=True))
+                if key not in held]
+        tombstones = keys.select(list(self.keys)).take(pa.array(gone, pa.int64()))
+        tombstones = tombstones.append_column(
+            DELETED_COLUMN, pa.array([True] * len(gone), pa.bool_()))
+        if DELETED_COLUMN not in rows.column_names:
+            rows = rows.append_column(DELETED_COLUMN,
+                                      pa.array([False] * rows.num_rows, pa.bool_()))
+        return self.write(pa.concat_tables([rows, tombstones], promote_options="default"),
+                          batch)
 
     def truncate(self, batch: TargetBatch) -> bool:
         """Remove every row as ``batch`` (whose ``truncates`` name the truncate)."""

@@ -182,6 +182,15 @@ class TargetContract:
         target.write(rows((2, "bea", 11)), truncated(1, position=10))
         assert self.names(target, 1, 2) == {"2": "bea"}
 
+    def test_replace_rewrites_the_rows_of_some_keys(self, target: GenerationTarget) -> None:
+        target.write(rows((1, "ann", 1), (2, "bob", 2), (3, "cy", 3)), TargetBatch(0))
+        # keys 1 and 2 are recomputed: 1 changes, 2 vanished, 4 is new; 3 is not touched
+        assert target.replace(keys(1, 2, 4), rows((1, "ana", 5), (4, "dee", 5)),
+                              TargetBatch(1, position=5))
+        assert self.names(target, 1, 2, 3, 4) == {"1": "ana", "3": "cy", "4": "dee"}
+        assert not target.replace(keys(3), rows(), TargetBatch(1, position=5))  # a replay
+        assert self.stored(target) == ["1", "3", "4"]
+
     # ------------------------------------------------------------------ repair, drop
 
     def test_repair_leaves_the_batch_checkpoint(self, target: GenerationTarget) -> None:
