@@ -55,6 +55,9 @@ def test_ensure_creates_generation_one_with_private_locations(catalog, tmp_path)
     assert gen.location("redis") == "lf:revenue:g1:"
     assert gen.location("search").endswith("search/revenue/g1")
     assert gen.checkpoint_dir.endswith("checkpoints/revenue/g1")
+    assert gen.locations == SinkRoots.under(tmp_path).locations("revenue", 1)
+    with pytest.raises(ProjectionStateError, match="no location for a kafka target"):
+        gen.location("kafka")
     again = catalog.ensure("revenue", target_kind="delta", fingerprint="f2", keep_generations=2)
     assert again.current_generation == 1 and again.fingerprint == "f2"
     assert again.keep_generations == 2
