@@ -315,7 +315,7 @@ def search(
     from lakefold.projections import SearchIndexReader
 
     with _catalog(_settings()) as catalog:
-        reader = SearchIndexReader(lambda name: catalog.current(name).index_dir)
+        reader = SearchIndexReader(lambda name: catalog.current(name).location("search"))
         hits = reader.search(view, query, limit=limit)
     if as_json:
         typer.echo(json.dumps([{"key": h.key, "score": h.score, "document": h.document,

@@ -89,7 +89,7 @@ def show_views(spark: SparkSession, dsn: str, *, home: Path, lake: Path, redis_u
         console.print(f"{len(runner.projections)} projections caught up with the changelog "
                       f"in {time.monotonic() - began:.1f} s")
         readers = _Readers(dsn, lake, catalog, cache,
-                           SearchIndexReader(lambda view: catalog.current(view).index_dir,
+                           SearchIndexReader(lambda view: catalog.current(view).location("search"),
                                              pointer_ttl=0))
         _print_views(readers, console)
         before = catalog.current(REBUILT).generation
@@ -111,7 +111,7 @@ def show_views(spark: SparkSession, dsn: str, *, home: Path, lake: Path, redis_u
         console.print(f"queried again: get({REBUILT!r}, 1) = {cached} (from generation "
                       f"{after.generation})")
         result.revenue_rows = _revenue(readers)
-        result.revenue_path = catalog.current(REVENUE).delta_path
+        result.revenue_path = catalog.current(REVENUE).location("delta")
         result.matches = _check(readers, result.revenue_rows)
     _print_checks(console, result)
     return result
@@ -170,7 +170,7 @@ def _print_views(readers: _Readers, console: Console) -> None:
 def _price_history(catalog: Catalog) -> dict[int, list[dict[str, Any]]]:
     from deltalake import DeltaTable
 
-    rows = DeltaTable(catalog.current("price_history").delta_path).to_pyarrow_table()
+    rows = DeltaTable(catalog.current("price_history").location("delta")).to_pyarrow_table()
     history: dict[int, list[dict[str, Any]]] = {}
     for row in sorted(rows.to_pylist(), key=lambda r: (r["id"], r["valid_from"])):
         history.setdefault(int(row["id"]), []).append(row)

@@ -38,15 +38,12 @@ from pathlib import Path
 from typing import Any
 
 from lakefold.projections._model import (
-    DeltaTableTarget,
     ProjectionOptions,
-    RedisCacheTarget,
-    SearchIndexTarget,
-    Target,
     check_name,
     event_type_name,
     fingerprint,
 )
+from lakefold.projections._targets import Target
 from lakefold.projections._truncate import check_truncatable
 from lakefold.projections.exceptions import (
     IncompatibleTargetError,
@@ -197,7 +194,7 @@ def _check_sources(name: str, sources: object) -> tuple[Source, ...]:
 
 
 def _check_target(name: str, target: object) -> Target:
-    if not isinstance(target, DeltaTableTarget | RedisCacheTarget | SearchIndexTarget):
+    if not isinstance(target, Target):
         raise IncompatibleTargetError(
             f"projection {name}: target {target!r} is not a delta_table(...), "
             "redis_cache(...) or search_index(...)"
@@ -215,18 +212,7 @@ def check_static(projection: Projection) -> None:
     if fold is None:
         check_truncatable(projection)
         return
-    target = projection.target
-    if isinstance(target, RedisCacheTarget | SearchIndexTarget) and target.key != fold.key_column:
-        raise MissingKeyError(
-            f"projection {projection.name}: the target is keyed by {target.key!r} but the fold "
-            f"emits its key as {fold.key_column!r}; use the same column (key_column=...)"
-        )
-    if isinstance(target, DeltaTableTarget) and target.mode != "append" \
-            and fold.key_column not in target.keys:
-        raise MissingKeyError(
-            f"projection {projection.name}: the Delta {target.mode} keys {list(target.keys)} "
-            f"must include the fold's key column {fold.key_column!r}"
-        )
+    projection.target.check_fold_key(projection.name, fold.key_column)
     restricted = {t for s in projection.sources if isinstance(s, EventSource) for t in s.types}
     only_events = all(isinstance(s, EventSource) for s in projection.sources)
     unrestricted = any(isinstance(s, EventSource) and not s.types for s in projection.sources)

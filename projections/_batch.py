@@ -38,19 +38,12 @@ from lakefold.projections import _codec
 from lakefold.projections._api import Projection
 from lakefold.projections._catalog import Catalog, Generation
 from lakefold.projections._deadletters import DeadLetter, DeadLetters, NewDeadLetter
-from lakefold.projections._delta import DRIVER_MERGE_ROWS, DeltaViewWriter
 from lakefold.projections._fold import DEAD_LETTER_COLUMN
-from lakefold.projections._model import (
-    POSITION_COLUMN,
-    DeltaTableTarget,
-    RedisCacheTarget,
-    SearchIndexTarget,
-)
+from lakefold.projections._model import POSITION_COLUMN
 from lakefold.projections._readers import GenerationReads
-from lakefold.projections._redis import RedisCacheWriter, key_text
-from lakefold.projections._search import IndexLayout, SearchIndexWriter
+from lakefold.projections._redis import key_text
+from lakefold.projections._targets import TargetBatch, TargetContext
 from lakefold.projections._truncate import FOLD_KEY_COLUMN, reads_changelog, source_mode
-from lakefold.projections.exceptions import ProjectionError
 from lakefold.spark import _source_reads
 from lakefold.spark._source_inputs import ChangelogSource
 from lakefold.spark._source_truncates import FoldKeys, Truncate
@@ -107,43 +100,30 @@ class GenerationSink:
         self.redis_url = redis_url
         self.namespace = namespace
         self.progress = Progress()
-        self._output_schema = output_schema
-        self._redis: RedisCacheWriter | None = None
-        self._search: SearchIndexWriter | None = None
-        self._delta: DeltaViewWriter | None = None
         self._fold_keys: FoldKeys | None = None
         if projection.fold is not None and reads_changelog(projection):
             self._fold_keys = FoldKeys(catalog.dsn)
             self._fold_keys.install()
         #: The generation's positions in the changelog streams it reads (hold compaction).
         self.reads = GenerationReads(catalog.dsn, projection, generation.generation)
+        if output_schema is not None and FOLD_KEY_COLUMN in output_schema.names:
+            output_schema = output_schema.remove(output_schema.get_field_index(FOLD_KEY_COLUMN))
         target = projection.target
-        if isinstance(target, DeltaTableTarget):
-            self._delta = DeltaViewWriter(target, generation.delta_path,
-                                          app_id=f"{projection.name}@{generation.generation}",
-                                          name=projection.name)
-        elif isinstance(target, RedisCacheTarget):
-            if redis_url is None:
-                raise ProjectionError(
-                    f"projection {projection.name} writes to Redis, but no Redis URL is "
-                    "configured; set LAKEFOLD_REDIS_URL"
-                )
-            self._redis = RedisCacheWriter(redis_url, generation.redis_prefix, key=target.key,
-                                           format=target.format)
+        self.target = target.open(
+            generation.location(target.kind),
+            TargetContext(projection.name, generation.generation, redis_url=redis_url,
+                          redis_namespace=namespace, schema=output_schema))
 
     def close(self) -> None:
         self.reads.close()
-        if self._redis is not None:
-            self._redis.close()
-        if self._search is not None:
-            self._search.close()
+        self.target.close()
         if self._fold_keys is not None:
             self._fold_keys.close()
 
     def publish(self) -> None:
-        """Point Redis readers at this generation (call after the catalog switch)."""
-        if self._redis is not None:
-            self._redis.publish(self.projection.name, self.namespace, self.generation.generation)
+        """Point the target's readers at this generation (call after the catalog switch;
+        Redis readers follow a pointer)."""
+        self.target.publish()
 
     def __call__(self, df: DataFrame, batch_id: int) -> None:
         try:
@@ -172,10 +152,8 @@ class GenerationSink:
         letters: list[NewDeadLetter] = []
         retried = self._pending_target_retries()
         truncates = self._truncates(start, end)
-        if self._delta is not None:
-            letters += self._write_delta(df, batch_id, retried, records, truncates)
-        else:
-            letters += self._write_rows(df, batch_id, batch_position, retried, truncates)
+        letters += self._write(df, TargetBatch(batch_id, batch_position, tuple(truncates)),
+                               retried, records)
         if letters:
             self.dead_letters.add(self.projection.name, self.generation.generation, letters)
         self._resolve_retries(start, end, retried)
@@ -232,43 +210,32 @@ class GenerationSink:
                 error=data["error"], attempts=int(data["attempts"])))
         return letters
 
-    def _write_delta(self, df: DataFrame, batch_id: int, retried: list[DeadLetter],
-                     records: int, truncates: list[Truncate]) -> list[NewDeadLetter]:
-        assert self._delta is not None  # noqa: S101
-        if self._delta.spec.mode == "append":
-            return self._write_delta_distributed(df, batch_id, retried, truncates)
-        if records <= DRIVER_MERGE_ROWS:
-            return self._write_delta_from_driver(df, batch_id, retried, truncates)
+    def _write(self, df: DataFrame, batch: TargetBatch, retried: list[DeadLetter],
+               records: int) -> list[NewDeadLetter]:
+        """Write the batch on the driver or through Spark's tasks, as the target prefers
+        (``max_driver_rows``), and return the dead letters."""
+        limit = self.target.max_driver_rows
+        if limit is None or (limit > 0 and records <= limit):
+            return self._write_from_driver(df, batch, retried)
+        if limit == 0:
+            return self._write_distributed(df, batch, retried)
         # A large input batch (a rebuild's) often folds into few output rows (an aggregate
-        # over few keys): compute it once, and merge it from the driver when it is small, which
-        # spares the sink's distributed staging round trip.
+        # over few keys): compute it once, and write it from the driver when it is small,
+        # which spares the sink's distributed staging round trip.
         df = df.persist()
         try:
-            if df.count() <= DRIVER_MERGE_ROWS:
-                return self._write_delta_from_driver(df, batch_id, retried, truncates)
-            return self._write_delta_distributed(df, batch_id, retried, truncates)
+            if df.count() <= limit:
+                return self._write_from_driver(df, batch, retried)
+            return self._write_distributed(df, batch, retried)
         finally:
             df.unpersist()
 
-    def _write_delta_from_driver(self, df: DataFrame, batch_id: int,
-                                 retried: list[DeadLetter], truncates: list[Truncate]
-                                 ) -> list[NewDeadLetter]:
-        """One Spark job: collect, split off dead letters, merge from the driver."""
-        assert self._delta is not None  # noqa: S101
-        table, letters = self._collect(df, retried)
-        if self._delta.spec.mode == "scd2":
-            self._delta.write_scd2(table, batch_id, truncates=truncates)
-        else:
-            self._delta.write_arrow(table, batch_id, replace=bool(truncates))
-        return letters
-
-    def _write_delta_distributed(self, df: DataFrame, batch_id: int,
-                                 retried: list[DeadLetter], truncates: list[Truncate]
-                                 ) -> list[NewDeadLetter]:
-        """Through the Spark sink: tasks write the files, the driver commits them."""
+    def _write_distributed(self, df: DataFrame, batch: TargetBatch,
+                           retried: list[DeadLetter]) -> list[NewDeadLetter]:
+        """Through Spark's tasks (the Delta sink: tasks write the files, the driver commits
+        them)."""
         from pyspark.sql import functions as F
 
-        assert self._delta is not None  # noqa: S101
         letters: list[NewDeadLetter] = []
         internal = [c for c in (DEAD_LETTER_COLUMN, FOLD_KEY_COLUMN) if c in df.columns]
         if internal:
@@ -284,12 +251,11 @@ class GenerationSink:
                     self._record_fold_keys([r[0] for r in data.select(FOLD_KEY_COLUMN)
                                             .distinct().collect()])
                 data = self._with_retried_rows(data.drop(*internal), retried)
-                self._delta.write(data, batch_id, truncates=truncates)
+                self.target.write_frame(data, batch)
             finally:
                 df.unpersist()
         else:
-            self._delta.write(self._with_retried_rows(df, retried), batch_id,
-                              truncates=truncates)
+            self.target.write_frame(self._with_retried_rows(df, retried), batch)
         return letters
 
     def _collect(self, df: DataFrame, retried: list[DeadLetter]
@@ -319,35 +285,21 @@ class GenerationSink:
             [tuple(r.get(c) for c in df.columns) for r in rows], df.schema)
         return df.unionByName(extra)
 
-    def _write_rows(self, df: DataFrame, batch_id: int, batch_position: int,
-                    retried: list[DeadLetter], truncates: list[Truncate]
-                    ) -> list[NewDeadLetter]:
+    def _write_from_driver(self, df: DataFrame, batch: TargetBatch,
+                           retried: list[DeadLetter]) -> list[NewDeadLetter]:
+        """One Spark job: collect, split off dead letters, write from the driver; the rows
+        the target refuses become dead letters."""
         table, letters = self._collect(df, retried)
         rejected: list[tuple[dict[str, Any], str]] = []
-        target = self.projection.target
-        if isinstance(target, RedisCacheTarget):
-            assert self._redis is not None  # noqa: S101
-            self._redis.write(table, batch_id=batch_id, position=batch_position,
-                              rejected=rejected,
-                              truncated_at=truncates[-1].position if truncates else None)
-        elif isinstance(target, SearchIndexTarget):
-            if self._search is None:
-                schema = self._output_schema or table.schema
-                if FOLD_KEY_COLUMN in schema.names:
-                    schema = schema.remove(schema.get_field_index(FOLD_KEY_COLUMN))
-                layout = IndexLayout.from_arrow(schema, key=target.key, text=target.text)
-                self._search = SearchIndexWriter(self.generation.index_dir, layout)
-            self._search.write(table, batch_id=batch_id, rejected=rejected,
-                               replace=bool(truncates))
-        key_column = target.key if isinstance(target, RedisCacheTarget | SearchIndexTarget) \
-            else ""
+        self.target.write(table, batch, rejected=rejected)
+        key_column = self.target.keys[0] if self.target.keys else ""
         for row, error in rejected:
             key = row.get(key_column)
             position = row.get(POSITION_COLUMN)
             reference = key_text(key) if key is not None else _codec.dumps(row)
             letters.append(NewDeadLetter(
-                ref=f"target:{reference}:{position if position is not None else batch_position}",
-                stage="target", source=target.kind,
-                position=int(position) if position is not None else batch_position,
+                ref=f"target:{reference}:{position if position is not None else batch.position}",
+                stage="target", source=self.target.kind,
+                position=int(position) if position is not None else batch.position,
                 record={"row": _codec.plain(row)}, error=error, attempts=1))
         return letters

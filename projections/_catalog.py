@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import threading
 import zlib
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime
@@ -111,17 +111,27 @@ class SinkRoots:
         return cls(lake=(lake or home / "lake").resolve(), search=(home / "search").resolve(),
                    checkpoints=(home / "checkpoints").resolve())
 
+    def locations(self, name: str, generation: int) -> dict[str, str]:
+        """Target kind → where generation ``generation`` of NAME keeps its storage."""
+        tag = f"g{generation}"
+        return {"delta": str(self.lake / name / tag),
+                "redis": f"{self.redis_namespace}:{name}:{tag}:",
+                "search": str(self.search / name / tag)}
+
+
+#: Target kind → the catalog column that holds a generation's storage location of that kind.
+LOCATION_COLUMNS = {"delta": "delta_path", "redis": "redis_prefix", "search": "index_dir"}
+
 
 @dataclass(frozen=True)
 class Generation:
-    """One generation of a projection and its private sink locations."""
+    """One generation of a projection and its private sink locations: one per target kind
+    (``location``), and Spark's checkpoint directory."""
 
     name: str
     generation: int
     status: str
-    delta_path: str
-    redis_prefix: str
-    index_dir: str
+    locations: Mapping[str, str]
     checkpoint_dir: str
     scope: dict[str, Any] | None
     position: dict[str, int]
@@ -130,6 +140,17 @@ class Generation:
     last_batch_at: datetime | None
     created_at: datetime
     switched_at: datetime | None
+
+    def location(self, kind: str) -> str:
+        """Where this generation keeps the storage of a ``kind`` target (a Delta table's
+        path, a Redis key prefix, an index directory)."""
+        try:
+            return self.locations[kind]
+        except KeyError:
+            raise ProjectionStateError(
+                f"generation {self.generation} of {self.name} has no location for a {kind} "
+                f"target (known kinds: {', '.join(sorted(self.locations))})"
+            ) from None
 
 
 @dataclass(frozen=True)
@@ -212,15 +233,15 @@ class Catalog:
     # ------------------------------------------------------------------ projections
 
     def _locations(self, name: str, generation: int) -> tuple[str, str, str, str]:
+        """The new generation's location columns (``LOCATION_COLUMNS`` order), then its
+        checkpoint directory."""
         if self.roots is None:
             raise ProjectionStateError(
                 "this catalog was opened without sink roots; pass SinkRoots to create generations"
             )
-        tag = f"g{generation}"
-        return (str(self.roots.lake / name / tag),
-                f"{self.roots.redis_namespace}:{name}:{tag}:",
-                str(self.roots.search / name / tag),
-                str(self.roots.checkpoints / name / tag))
+        locations = self.roots.locations(name, generation)
+        delta, redis, search = (locations[kind] for kind in LOCATION_COLUMNS)
+        return delta, redis, search, str(self.roots.checkpoints / name / f"g{generation}")
 
     def ensure(self, name: str, *, target_kind: str, fingerprint: str,
                keep_generations: int, definition: dict[str, Any] | None = None
@@ -307,7 +328,9 @@ class Catalog:
 
     @staticmethod
     def _generation(row: dict[str, Any]) -> Generation:
-        return Generation(**row)
+        row = dict(row)
+        locations = {kind: row.pop(column) for kind, column in LOCATION_COLUMNS.items()}
+        return Generation(locations=locations, **row)
 
     def generation(self, name: str, generation: int) -> Generation:
         with self._tx() as conn:

@@ -37,6 +37,7 @@ from lakefold.projections._model import (
     POSITION_COLUMN,
     DeltaTableTarget,
 )
+from lakefold.projections._targets import GenerationTarget, Rejected, TargetBatch, TargetContext
 from lakefold.projections.exceptions import (
     IncompatibleTargetError,
     MissingKeyError,
@@ -206,6 +207,19 @@ class DeltaViewWriter:
                 f"commit of batch {batch_id} to {self.path} conflicted with another writer; "
                 "retrying the batch"
             ) from e
+
+    def append_arrow(self, rows: pa.Table, batch_id: int) -> DeltaWriteResult:
+        """Append ``rows`` from the driver, exactly once per batch id."""
+        table = self._open()
+        if self._committed(table, batch_id):
+            assert table is not None  # noqa: S101
+            return DeltaWriteResult(True, 0, table.version())
+        properties = CommitProperties(app_transactions=[Transaction(self.app_id, batch_id)])
+        write_deltalake(self.path, rows, mode="append", name=self.name,
+                        partition_by=list(self.spec.partition_by) or None,
+                        commit_properties=properties)
+        version = self._open()
+        return DeltaWriteResult(False, rows.num_rows, version.version() if version else 0)
 
     # ------------------------------------------------------------------ SCD2
 
@@ -377,3 +391,114 @@ def _versions(
                 inserts.append(version)
                 open_row, open_is_new = version, True
     return closes, inserts
+
+
+class DeltaGenerationTarget(GenerationTarget):
+    """One generation's Delta table, as the ``Target`` protocol sees it (``_targets``): a
+    batch is one Delta transaction carrying ``Transaction(projection@generation, batch id)``
+    (``DeltaViewWriter``). Deletes and truncates need the keyed mode (``upsert``): the other
+    modes keep history."""
+
+    kind = "delta"
+
+    def __init__(self, spec: DeltaTableTarget, location: str, context: TargetContext) -> None:
+        super().__init__(location, context)
+        self.spec = spec
+        self.writer = DeltaViewWriter(spec, location,
+                                      app_id=f"{context.projection}@{context.generation}",
+                                      name=context.projection)
+
+    @property
+    def keys(self) -> tuple[str, ...]:
+        return self.spec.keys
+
+    @property
+    def max_driver_rows(self) -> int | None:
+        # An append batch goes through the Spark sink; an upsert or SCD2 batch is merged
+        # from the driver unless it is large (see ``DeltaViewWriter``).
+        return 0 if self.spec.mode == "append" else DRIVER_MERGE_ROWS
+
+    def write(self, rows: pa.Table, batch: TargetBatch, *,
+              rejected: Rejected | None = None) -> bool:
+        missing = [k for k in self.spec.keys if k not in rows.column_names]
+        if missing:
+            raise TargetError(f"rows for {self.location} lack the key columns {missing}")
+        if self.spec.mode == "scd2":
+            result = self.writer.write_scd2(rows, batch.batch_id, truncates=batch.truncates)
+        elif self.spec.mode == "append":
+            result = self.writer.append_arrow(rows, batch.batch_id)
+        else:
+            result = self.writer.write_arrow(rows, batch.batch_id,
+                                             replace=bool(batch.truncates))
+        return not result.skipped
+
+    def write_frame(self, df: DataFrame, batch: TargetBatch) -> bool:
+        return not self.writer.write(df, batch.batch_id, truncates=batch.truncates).skipped
+
+    def _keyed(self, what: str) -> DeltaTable | None:
+        if self.spec.mode != "upsert":
+            raise IncompatibleTargetError(
+                f"a Delta {self.spec.mode} target keeps history: it cannot {what}; use "
+                "delta_table('upsert', keys=[...])"
+            )
+        return self.writer._open()
+
+    def delete(self, keys: pa.Table, batch: TargetBatch) -> bool:
+        if self._keyed("delete keys") is None:
+            return False  # no table yet: nothing to delete
+        return super().delete(keys, batch)
+
+    def truncate(self, batch: TargetBatch) -> bool:
+        if not batch.truncates:
+            raise TargetError("truncate() needs a batch with at least one truncate")
+        table = self._keyed("truncate")
+        if table is None:
+            return False  # no table yet: nothing to remove
+        schema = pa.schema(table.schema().to_arrow())
+        empty = pa.Table.from_pylist([], schema=pa.schema([schema.field(k)
+                                                           for k in self.spec.keys]))
+        return not self.writer.write_arrow(empty, batch.batch_id, replace=True).skipped
+
+    def read(self, keys: Sequence[object]) -> dict[str, dict[str, Any]]:
+        from lakefold.projections._redis import key_text
+
+        table = self.writer._open()
+        if table is None or not keys:
+            return {}
+        import pyarrow.dataset as ds
+
+        key = self.spec.keys[0]
+        dataset = table.to_pyarrow_dataset()
+        values = pa.array(list(keys)).cast(dataset.schema.field(key).type)
+        found = dataset.to_table(filter=ds.field(key).isin(values)).to_pylist()
+        return {key_text(row[key]): row for row in found}
+
+    def stored_keys(self) -> list[object]:
+        table = self.writer._open()
+        if table is None:
+            return []
+        held: list[object] = table.to_pyarrow_table(
+            columns=[self.spec.keys[0]]).column(0).to_pylist()
+        return held
+
+    def checkpoint(self) -> int | None:
+        table = self.writer._open()
+        return None if table is None else table.transaction_version(self.writer.app_id)
+
+    def repair(self, rows: pa.Table, position: int) -> None:
+        """A merge under its own app id (``projection@generation/part``): the batch
+        sequence's app transaction stays where it is."""
+        import time
+
+        writer = DeltaViewWriter(self.spec, self.location,
+                                 app_id=f"{self.writer.app_id}/part", name=self.writer.name)
+        if DELETED_COLUMN not in rows.column_names:
+            rows = rows.append_column(DELETED_COLUMN,
+                                      pc.cast(pa.nulls(rows.num_rows), pa.bool_()))
+        writer.write_arrow(rows, int(time.time() * 1000))
+
+    @classmethod
+    def drop_storage(cls, location: str, context: TargetContext) -> None:
+        import shutil
+
+        shutil.rmtree(location, ignore_errors=True)

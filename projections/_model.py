@@ -12,16 +12,23 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from lakefold.projections.exceptions import (
     IncompatibleTargetError,
     MissingKeyError,
     ProjectionDefinitionError,
+    ProjectionStateError,
 )
 from lakefold.spark._source_inputs import ChangelogSource, EventSource
+from lakefold.spark._source_truncates import Mode
+
+if TYPE_CHECKING:
+    from lakefold.projections._api import Projection
+    from lakefold.projections._targets import GenerationTarget, TargetContext
 
 NAME_PATTERN = re.compile(r"^[a-z][a-z0-9_]{0,62}$")
 #: Columns the runner adds to, or reads from, every projection's output.
@@ -96,12 +103,15 @@ def events(
 # --------------------------------------------------------------------------------- targets
 
 DeltaMode = Literal["append", "upsert", "scd2"]
+#: How a changelog source hands truncates to a target (see ``_truncate``).
+TruncateMode = Mode
 
 
 @dataclass(frozen=True)
 class DeltaTableTarget:
     """A Delta table: ``append`` rows, ``upsert`` by ``keys`` (rows with ``_deleted`` true
-    delete), or ``scd2`` history with ``valid_from``/``valid_to``/``current`` columns."""
+    delete), or ``scd2`` history with ``valid_from``/``valid_to``/``current`` columns.
+    Implements the ``Target`` protocol (``_targets``); its storage: ``_delta``."""
 
     mode: DeltaMode
     keys: tuple[str, ...] = ()
@@ -112,10 +122,103 @@ class DeltaTableTarget:
     def kind(self) -> Literal["delta"]:
         return "delta"
 
+    @property
+    def truncate_mode(self) -> TruncateMode:
+        return {"append": "keep", "scd2": "drop"}.get(self.mode, "cut")  # type: ignore[return-value]
+
+    @property
+    def keeps_history(self) -> bool:
+        return self.mode in ("scd2", "append")
+
+    def describe(self) -> str:
+        return f"a Delta {self.mode} target"
+
+    def check_fold_key(self, projection: str, key_column: str) -> None:
+        if self.mode != "append" and key_column not in self.keys:
+            raise MissingKeyError(
+                f"projection {projection}: the Delta {self.mode} keys {list(self.keys)} "
+                f"must include the fold's key column {key_column!r}"
+            )
+
+    def check_output(self, projection: Projection, columns: list[str],
+                     types: Mapping[str, str], *, stateful: bool) -> None:
+        from lakefold.projections._delta import check_columns
+
+        if stateful and self.mode in ("append", "scd2") and projection.fold is None:
+            raise IncompatibleTargetError(
+                f"projection {projection.name}: the transform keeps state (an aggregation, "
+                "deduplication or join), so it emits updated rows; a Delta "
+                f"{self.mode} target would record every update as a new row. Use "
+                "delta_table('upsert', keys=[...])"
+            )
+        if projection.fold is not None and self.mode == "append":
+            raise IncompatibleTargetError(
+                f"projection {projection.name}: a fold emits the new state of each changed "
+                "key; write it with delta_table('upsert', keys=[...]) or 'scd2', not 'append'"
+            )
+        check_columns(self, columns, dict(types))
+
+    def check_repairable(self, projection: str) -> None:
+        if self.mode != "upsert":
+            raise ProjectionStateError(
+                f"projection {projection} writes a Delta {self.mode} table, whose rows "
+                "cannot be corrected one key at a time; run a full `lakefold rebuild`"
+            )
+
+    def open(self, location: str, context: TargetContext) -> GenerationTarget:
+        from lakefold.projections._delta import DeltaGenerationTarget
+
+        return DeltaGenerationTarget(self, location, context)
+
+
+class _OneRowPerKey:
+    """``Target`` behaviour of a kind that holds one row per value of one ``key`` column
+    (the latest state): Redis and search."""
+
+    key: str
+
+    @property
+    def kind(self) -> str:
+        raise NotImplementedError
+
+    @property
+    def keys(self) -> tuple[str, ...]:
+        return (self.key,)
+
+    @property
+    def truncate_mode(self) -> TruncateMode:
+        return "cut"
+
+    @property
+    def keeps_history(self) -> bool:
+        return False
+
+    def describe(self) -> str:
+        return f"a {self.kind} target"
+
+    def check_fold_key(self, projection: str, key_column: str) -> None:
+        if self.key != key_column:
+            raise MissingKeyError(
+                f"projection {projection}: the target is keyed by {self.key!r} but the fold "
+                f"emits its key as {key_column!r}; use the same column (key_column=...)"
+            )
+
+    def check_key_column(self, projection: Projection, columns: list[str]) -> None:
+        if self.key not in columns:
+            raise MissingKeyError(
+                f"projection {projection.name}: the {self.kind} target's key column "
+                f"{self.key!r} is not in the output columns {columns}; add it to the "
+                "projection's output"
+            )
+
+    def check_repairable(self, projection: str) -> None:
+        return None
+
 
 @dataclass(frozen=True)
-class RedisCacheTarget:
-    """One Redis value per key: a hash of the row's columns, or the row as a JSON string."""
+class RedisCacheTarget(_OneRowPerKey):
+    """One Redis value per key: a hash of the row's columns, or the row as a JSON string.
+    Implements the ``Target`` protocol (``_targets``); its storage: ``_redis``."""
 
     key: str
     format: Literal["hash", "json"] = "hash"
@@ -124,15 +227,29 @@ class RedisCacheTarget:
     def kind(self) -> Literal["redis"]:
         return "redis"
 
-    @property
-    def keys(self) -> tuple[str, ...]:
-        return (self.key,)
+
+    def check_output(self, projection: Projection, columns: list[str],
+                     types: Mapping[str, str], *, stateful: bool) -> None:
+        self.check_key_column(projection, columns)
+        if self.format == "hash":
+            nested = [c for c in columns if types[c].startswith(("struct", "array", "map"))]
+            if nested:
+                raise IncompatibleTargetError(
+                    f"projection {projection.name}: a Redis hash holds flat fields, but "
+                    f"{nested} are nested; use redis_cache(..., format='json') or flatten them"
+                )
+
+    def open(self, location: str, context: TargetContext) -> GenerationTarget:
+        from lakefold.projections._redis import RedisGenerationTarget
+
+        return RedisGenerationTarget(self, location, context)
 
 
 @dataclass(frozen=True)
-class SearchIndexTarget:
+class SearchIndexTarget(_OneRowPerKey):
     """A Tantivy index, one document per key. ``text`` columns are tokenized for full-text
-    search; every other column is stored and indexed as-is (strings as exact terms)."""
+    search; every other column is stored and indexed as-is (strings as exact terms).
+    Implements the ``Target`` protocol (``_targets``); its storage: ``_search``."""
 
     key: str
     text: tuple[str, ...]
@@ -141,12 +258,26 @@ class SearchIndexTarget:
     def kind(self) -> Literal["search"]:
         return "search"
 
-    @property
-    def keys(self) -> tuple[str, ...]:
-        return (self.key,)
 
+    def check_output(self, projection: Projection, columns: list[str],
+                     types: Mapping[str, str], *, stateful: bool) -> None:
+        self.check_key_column(projection, columns)
+        for column in self.text:
+            if column not in columns:
+                raise IncompatibleTargetError(
+                    f"projection {projection.name}: search text column {column!r} is not in "
+                    f"the output columns {columns}"
+                )
+            if types[column] != "string":
+                raise IncompatibleTargetError(
+                    f"projection {projection.name}: search text column {column!r} is "
+                    f"{types[column]}, not a string"
+                )
 
-Target = DeltaTableTarget | RedisCacheTarget | SearchIndexTarget
+    def open(self, location: str, context: TargetContext) -> GenerationTarget:
+        from lakefold.projections._search import SearchGenerationTarget
+
+        return SearchGenerationTarget(self, location, context)
 
 
 def delta_table(

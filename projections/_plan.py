@@ -14,15 +14,11 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from lakefold.projections._api import STREAM_KEY, Projection, Registry
-from lakefold.projections._delta import check_columns
 from lakefold.projections._fold import DEAD_LETTER_COLUMN, apply_fold, fold_input
 from lakefold.projections._input_checks import check_sources_exist
 from lakefold.projections._model import (
     DELETED_COLUMN,
     POSITION_COLUMN,
-    DeltaTableTarget,
-    RedisCacheTarget,
-    SearchIndexTarget,
 )
 from lakefold.projections._pruning import event_columns_read
 from lakefold.projections._stateful import check_no_state_over_changelogs
@@ -133,46 +129,7 @@ def check_target(projection: Projection, plan: Plan) -> None:
             f"projection {projection.name}: _deleted must be a boolean column, not "
             f"{plan.types[DELETED_COLUMN]}"
         )
-    if isinstance(target, DeltaTableTarget):
-        if plan.stateful and target.mode in ("append", "scd2") and projection.fold is None:
-            raise IncompatibleTargetError(
-                f"projection {projection.name}: the transform keeps state (an aggregation, "
-                "deduplication or join), so it emits updated rows; a Delta "
-                f"{target.mode} target would record every update as a new row. Use "
-                "delta_table('upsert', keys=[...])"
-            )
-        if projection.fold is not None and target.mode == "append":
-            raise IncompatibleTargetError(
-                f"projection {projection.name}: a fold emits the new state of each changed "
-                "key; write it with delta_table('upsert', keys=[...]) or 'scd2', not 'append'"
-            )
-        check_columns(target, columns, dict(plan.types))
-        return
-    key = target.key
-    if key not in columns:
-        raise MissingKeyError(
-            f"projection {projection.name}: the {target.kind} target's key column {key!r} is "
-            f"not in the output columns {columns}; add it to the projection's output"
-        )
-    if isinstance(target, RedisCacheTarget) and target.format == "hash":
-        nested = [c for c in columns if plan.types[c].startswith(("struct", "array", "map"))]
-        if nested:
-            raise IncompatibleTargetError(
-                f"projection {projection.name}: a Redis hash holds flat fields, but "
-                f"{nested} are nested; use redis_cache(..., format='json') or flatten them"
-            )
-    if isinstance(target, SearchIndexTarget):
-        for column in target.text:
-            if column not in columns:
-                raise IncompatibleTargetError(
-                    f"projection {projection.name}: search text column {column!r} is not in "
-                    f"the output columns {columns}"
-                )
-            if plan.types[column] != "string":
-                raise IncompatibleTargetError(
-                    f"projection {projection.name}: search text column {column!r} is "
-                    f"{plan.types[column]}, not a string"
-                )
+    target.check_output(projection, columns, plan.types, stateful=plan.stateful)
 
 
 def _check_fold_keys(projection: Projection, dsn: str) -> None:

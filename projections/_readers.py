@@ -34,7 +34,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from lakefold.projections._api import Projection
-from lakefold.projections._model import DeltaTableTarget
 from lakefold.projections.exceptions import BehindCompactionError
 from lakefold.spark._source_inputs import ChangelogSource
 
@@ -56,15 +55,11 @@ def reader_name(name: str, generation: int) -> str:
 def needs_history(projection: Projection) -> bool:
     """True when the target keeps every version (Delta scd2 or append), not the latest state
     per key: such a view cannot be rebuilt from a compacted stream."""
-    target = projection.target
-    return isinstance(target, DeltaTableTarget) and target.mode in ("scd2", "append")
+    return projection.target.keeps_history
 
 
 def _what(projection: Projection) -> str:
-    target = projection.target
-    if isinstance(target, DeltaTableTarget):
-        return f"a Delta {target.mode} target"
-    return f"a {target.kind} target"
+    return projection.target.describe()
 
 
 def changelog_streams(projection: Projection) -> dict[str, list[str]]:

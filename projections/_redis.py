@@ -26,10 +26,10 @@ from __future__ import annotations
 import datetime as dt
 import json
 import time
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from decimal import Decimal
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import pyarrow as pa
 import redis
@@ -37,7 +37,16 @@ import redis
 from lakefold.core.dsn import mask_dsn
 from lakefold.projections._catalog import redis_pointer_key
 from lakefold.projections._model import DELETED_COLUMN, POSITION_COLUMN
-from lakefold.projections.exceptions import ProjectionNotFound, TargetError, TargetUnavailable
+from lakefold.projections._targets import GenerationTarget, Rejected, TargetBatch, TargetContext
+from lakefold.projections.exceptions import (
+    ProjectionNotFound,
+    ProjectionStateError,
+    TargetError,
+    TargetUnavailable,
+)
+
+if TYPE_CHECKING:
+    from lakefold.projections._model import RedisCacheTarget
 
 CHUNK_KEYS = 2_000
 _APPLY = """
@@ -248,6 +257,18 @@ class RedisCacheWriter:
         self._client.set(redis_pointer_key(namespace, name), json.dumps(pointer))
 
 
+def read_value(client: redis.Redis, prefix: str, format: str, key: object
+               ) -> dict[str, Any] | None:
+    """The value of ``key`` under a generation's ``prefix`` (a client that decodes
+    responses), or None when the key is absent."""
+    full = f"{prefix}k:{key_text(key)}"
+    if format == "json":
+        raw = client.get(full)
+        return None if raw is None else dict(json.loads(raw))
+    value: dict[str, Any] = client.hgetall(full)  # type: ignore[assignment]
+    return dict(value) if value else None
+
+
 def _rows(table: pa.Table) -> Iterator[dict[str, Any]]:
     for batch in table.to_batches(max_chunksize=10_000):
         yield from batch.to_pylist()
@@ -311,12 +332,7 @@ class RedisCacheReader:
     def get(self, view: str, key: object) -> dict[str, Any] | None:
         """The value of ``key`` in ``view`` (a dict), or None when the key is absent."""
         pointer = self.pointer(view)
-        full = f"{pointer['prefix']}k:{key_text(key)}"
-        if pointer["format"] == "json":
-            raw = self._client.get(full)
-            return None if raw is None else dict(json.loads(raw))
-        value: dict[str, Any] = self._client.hgetall(full)  # type: ignore[assignment]
-        return dict(value) if value else None
+        return read_value(self._client, pointer["prefix"], pointer["format"], key)
 
     def position(self, view: str, key: object) -> int | None:
         """The source position the stored value of ``key`` reflects."""
@@ -330,3 +346,80 @@ class RedisCacheReader:
         start = len(pointer["prefix"]) + 2
         return sorted(k[start:] for k in self._client.scan_iter(
             match=pointer["prefix"] + "k:*", count=1_000))
+
+
+class RedisGenerationTarget(GenerationTarget):
+    """One generation's key prefix, as the ``Target`` protocol sees it (``_targets``): a
+    batch is applied by ``RedisCacheWriter``'s Lua chunks, each guarded by the checkpoint and
+    the keys' positions and storing the checkpoint."""
+
+    kind = "redis"
+
+    def __init__(self, spec: RedisCacheTarget, location: str, context: TargetContext) -> None:
+        super().__init__(location, context)
+        if context.redis_url is None:
+            raise ProjectionStateError(
+                f"projection {context.projection} writes to Redis, but no Redis URL is "
+                "configured; set LAKEFOLD_REDIS_URL"
+            )
+        self.spec = spec
+        self.url = context.redis_url
+        self.writer = RedisCacheWriter(self.url, location, key=spec.key, format=spec.format)
+        self._reader: redis.Redis | None = None
+
+    @property
+    def keys(self) -> tuple[str, ...]:
+        return (self.spec.key,)
+
+    def write(self, rows: pa.Table, batch: TargetBatch, *,
+              rejected: Rejected | None = None) -> bool:
+        result = self.writer.write(
+            rows, batch_id=batch.batch_id, position=batch.position, rejected=rejected,
+            truncated_at=batch.truncates[-1].position if batch.truncates else None)
+        return not (result.skipped_chunks and not result.written and not result.refused)
+
+    def _client(self) -> redis.Redis:
+        if self._reader is None:
+            self._reader = redis.Redis.from_url(self.url, decode_responses=True)
+        return self._reader
+
+    def read(self, keys: Sequence[object]) -> dict[str, dict[str, Any]]:
+        found = {}
+        for key in keys:
+            value = read_value(self._client(), self.location, self.spec.format, key)
+            if value is not None:
+                found[key_text(key)] = value
+        return found
+
+    def stored_keys(self) -> list[object]:
+        start = len(self.location) + 2
+        return [k[start:] for k in self._client().scan_iter(match=self.location + "k:*")]
+
+    def checkpoint(self) -> int | None:
+        last = self.writer.checkpoint()
+        return None if last is None else last[0]
+
+    def repair(self, rows: pa.Table, position: int) -> None:
+        """Through the position guard, under a checkpoint of its own (``_ckpt_part``): the
+        batch sequence's checkpoint stays where it is, and no key moves backwards."""
+        writer = RedisCacheWriter(self.url, self.location, key=self.spec.key,
+                                  format=self.spec.format, checkpoint="_ckpt_part")
+        try:
+            writer.write(rows, batch_id=int(time.time() * 1000), position=position)
+        finally:
+            writer.close()
+
+    def publish(self) -> None:
+        self.writer.publish(self.context.projection, self.context.redis_namespace,
+                            self.context.generation)
+
+    def close(self) -> None:
+        self.writer.close()
+        if self._reader is not None:
+            self._reader.close()
+            self._reader = None
+
+    @classmethod
+    def drop_storage(cls, location: str, context: TargetContext) -> None:
+        if context.redis_url is not None:
+            drop_prefix(context.redis_url, location)

@@ -12,7 +12,7 @@ Rebuild (``Catalog.begin_rebuild``; ``lakefold rebuild NAME``): generation N+1 r
 position 0 in batches of ``rebuild_records_per_batch`` while generation N stays live. When
 N+1's committed position has reached N's for every source, the catalog switches NAME to N+1
 in one transaction, Redis readers' pointer follows, N's query stops, and generations beyond
-``keep_generations`` are dropped (Delta directory, Redis keys, index, checkpoint). N+1's query
+``keep_generations`` are dropped (the storage of every target kind, and the checkpoint). N+1's query
 simply carries on as the live one: readers never see an empty or half-built view.
 
 Compaction: every running or building generation holds its positions in the changelog streams
@@ -53,10 +53,10 @@ from lakefold.projections._readers import (
     keep_history_for,
     release_gone,
 )
-from lakefold.projections._redis import drop_prefix
 from lakefold.projections._retry_source import retry_frame
 from lakefold.projections._run_report import RUNNING_STATES, ProjectionReport, RunTally
 from lakefold.projections._targeted import PartReport, rebuild_part
+from lakefold.projections._targets import TargetContext, drop_generation_storage
 from lakefold.projections.exceptions import (
     BehindCompactionError,
     ProjectionNotFound,
@@ -563,11 +563,10 @@ class Runner:
                 raise ProjectionStateError(
                     f"generation {generation.generation} of {generation.name} is running"
                 )
-            shutil.rmtree(generation.delta_path, ignore_errors=True)
-            shutil.rmtree(generation.index_dir, ignore_errors=True)
+            drop_generation_storage(generation.locations, TargetContext(
+                generation.name, generation.generation, redis_url=self.config.redis_url,
+                redis_namespace=self.config.roots.redis_namespace))
             shutil.rmtree(generation.checkpoint_dir, ignore_errors=True)
-            if self.config.redis_url is not None:
-                drop_prefix(self.config.redis_url, generation.redis_prefix)
             FoldKeys(self.config.store_dsn).drop(generation.name, generation.generation)
             self.catalog.mark_dropped(generation.name, generation.generation)
 

@@ -21,10 +21,10 @@ import datetime as dt
 import json
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 import tantivy
@@ -32,11 +32,15 @@ import tantivy
 from lakefold.projections._model import DELETED_COLUMN, POSITION_COLUMN
 from lakefold.projections._redis import key_text
 from lakefold.projections._search_matches import MatchedText, MatchFinder
+from lakefold.projections._targets import GenerationTarget, Rejected, TargetBatch, TargetContext
 from lakefold.projections.exceptions import (
     IncompatibleTargetError,
     ProjectionNotFound,
     TargetError,
 )
+
+if TYPE_CHECKING:
+    from lakefold.projections._model import SearchIndexTarget
 
 KEY_FIELD = "_key"
 BATCH_FIELD = "_batch"
@@ -322,11 +326,7 @@ class SearchIndexReader:
     def get(self, view: str, key: object) -> dict[str, Any] | None:
         """The document with id ``key``, or None."""
         index, _ = self._index(view)
-        index.reload()
-        searcher = index.searcher()
-        query = tantivy.Query.term_query(index.schema, KEY_FIELD, key_text(key))
-        hits = searcher.search(query, limit=1).hits
-        return _plain(searcher.doc(hits[0][1])) if hits else None
+        return read_document(index, key)
 
     def count(self, view: str) -> int:
         """How many documents ``view`` holds."""
@@ -334,6 +334,15 @@ class SearchIndexReader:
         index.reload()
         searcher = index.searcher()
         return int(searcher.num_docs) - (1 if committed_batch(index) is not None else 0)
+
+
+def read_document(index: tantivy.Index, key: object) -> dict[str, Any] | None:
+    """The document with id ``key`` in ``index`` (reloaded first), or None."""
+    index.reload()
+    searcher = index.searcher()
+    query = tantivy.Query.term_query(index.schema, KEY_FIELD, key_text(key))
+    hits = searcher.search(query, limit=1).hits
+    return _plain(searcher.doc(hits[0][1])) if hits else None
 
 
 def _text_fields(path: str) -> list[str]:
@@ -354,3 +363,89 @@ def drop_index(path: str | Path) -> None:
 
     shutil.rmtree(path, ignore_errors=True)
 
+
+
+class SearchGenerationTarget(GenerationTarget):
+    """One generation's index directory, as the ``Target`` protocol sees it (``_targets``):
+    a batch is one Tantivy commit holding its batch id (``SearchIndexWriter``). The index's
+    layout comes from the context's output schema (else from the first batch)."""
+
+    kind = "search"
+
+    def __init__(self, spec: SearchIndexTarget, location: str, context: TargetContext) -> None:
+        super().__init__(location, context)
+        self.spec = spec
+        self._writer: SearchIndexWriter | None = None
+
+    @property
+    def keys(self) -> tuple[str, ...]:
+        return (self.spec.key,)
+
+    def _layout(self, schema: pa.Schema) -> IndexLayout:
+        return IndexLayout.from_arrow(schema, key=self.spec.key, text=self.spec.text)
+
+    def _opened(self, rows: pa.Table) -> SearchIndexWriter:
+        if self._writer is None:
+            self._writer = SearchIndexWriter(
+                self.location, self._layout(self.context.schema or rows.schema))
+        return self._writer
+
+    def write(self, rows: pa.Table, batch: TargetBatch, *,
+              rejected: Rejected | None = None) -> bool:
+        result = self._opened(rows).write(rows, batch_id=batch.batch_id, rejected=rejected,
+                                          replace=bool(batch.truncates))
+        return not result.skipped
+
+    def _index(self) -> tantivy.Index | None:
+        if not (Path(self.location) / "meta.json").exists():
+            return None
+        return tantivy.Index.open(self.location)
+
+    def read(self, keys: Sequence[object]) -> dict[str, dict[str, Any]]:
+        index = self._index()
+        if index is None:
+            return {}
+        found = {}
+        for key in keys:
+            document = read_document(index, key)
+            if document is not None:
+                found[key_text(key)] = document
+        return found
+
+    def stored_keys(self) -> list[object]:
+        index = self._index()
+        if index is None:
+            return []
+        index.reload()
+        searcher = index.searcher()
+        hits = searcher.search(tantivy.Query.all_query(), limit=max(1, searcher.num_docs))
+        held = [searcher.doc(address).to_dict()[KEY_FIELD][0] for _, address in hits.hits]
+        return [k for k in held if k != CHECKPOINT_ID]
+
+    def checkpoint(self) -> int | None:
+        if self._writer is not None:
+            return self._writer.checkpoint
+        index = self._index()
+        return None if index is None else committed_batch(index)
+
+    def repair(self, rows: pa.Table, position: int) -> None:
+        """One commit that keeps the batch checkpoint where it is (through this target's
+        writer when it has one: an index takes one writer at a time)."""
+        if self._writer is not None:
+            self._writer.write(rows, batch_id=self._writer.checkpoint or 0, repair=True)
+            return
+        layout = self._layout(pa.schema([f for f in rows.schema if f.name != DELETED_COLUMN]))
+        search = SearchIndexWriter(self.location, layout)
+        try:
+            search.write(rows, batch_id=search.checkpoint or 0, repair=True)
+        finally:
+            search.close()
+
+    def close(self) -> None:
+        if self._writer is not None:
+            self._writer.close()  # consumes the writer: a later write opens a new one
+            self._writer = None
+
+    @classmethod
+    def drop_storage(cls, location: str, context: TargetContext) -> None:
+        drop_index(location)

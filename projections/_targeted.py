@@ -28,21 +28,13 @@ from typing import TYPE_CHECKING, Any
 
 import psycopg
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from lakefold.projections._api import Projection
 from lakefold.projections._catalog import LOCK_NAMESPACE, Catalog, generation_lock_key
-from lakefold.projections._delta import DeltaViewWriter
-from lakefold.projections._model import (
-    DELETED_COLUMN,
-    POSITION_COLUMN,
-    DeltaTableTarget,
-    RedisCacheTarget,
-    SearchIndexTarget,
-)
+from lakefold.projections._model import DELETED_COLUMN, POSITION_COLUMN
 from lakefold.projections._plan import _call_transform, is_stateful
-from lakefold.projections._redis import RedisCacheWriter, key_text
-from lakefold.projections._search import IndexLayout, SearchIndexWriter
+from lakefold.projections._redis import key_text
+from lakefold.projections._targets import GenerationTarget, TargetContext
 from lakefold.projections.exceptions import ProjectionStateError
 from lakefold.spark._source_records import range_frame
 
@@ -70,12 +62,7 @@ def _check_supported(projection: Projection) -> None:
             f"checkpoint and would no longer match the view; run `lakefold rebuild "
             f"{projection.name}` (a new generation) instead"
         )
-    target = projection.target
-    if isinstance(target, DeltaTableTarget) and target.mode != "upsert":
-        raise ProjectionStateError(
-            f"projection {projection.name} writes a Delta {target.mode} table, whose rows "
-            "cannot be corrected one key at a time; run a full `lakefold rebuild`"
-        )
+    projection.target.check_repairable(projection.name)
 
 
 def _wait_released(dsn: str, name: str, generation: int) -> None:
@@ -114,13 +101,6 @@ def _output(spark: SparkSession, projection: Projection, dsn: str,
     return result
 
 
-def _key_column(projection: Projection) -> str:
-    target = projection.target
-    if isinstance(target, RedisCacheTarget | SearchIndexTarget):
-        return target.key
-    return target.keys[0]
-
-
 def _in_range(value: object, low: str | None, high: str | None) -> bool:
     text = key_text(value)
     number = isinstance(value, int | float)
@@ -150,17 +130,22 @@ def rebuild_part(spark: SparkSession, catalog: Catalog, projection: Projection, 
         live = catalog.current(name)
         position = dict(live.position)
         output = _output(spark, projection, dsn, position, stream)
-        key = _key_column(projection)
+        key = projection.target.keys[0]
         table = output.toArrow()
         keep = [i for i, value in enumerate(table.column(key).to_pylist())
                 if value is not None and _in_range(value, key_from, key_to)]
         table = table.take(pa.array(keep, pa.int64()))
         ranged = key_from is not None or key_to is not None
-        stale = _stale_keys(projection, live, redis_url, table, key, key_from,
-                            key_to) if ranged else []
-        if stale:
-            table = _with_deletes(table, key, stale, sum(position.values()))
-        _write(projection, live, redis_url, table, position)
+        target = projection.target.open(
+            live.location(projection.target.kind),
+            TargetContext(name, live.generation, redis_url=redis_url))
+        try:
+            stale = _stale_keys(target, table, key, key_from, key_to) if ranged else []
+            if stale:
+                table = _with_deletes(table, key, stale, sum(position.values()))
+            target.repair(table, sum(position.values()))
+        finally:
+            target.close()
         return PartReport(generation=live.generation, rows=table.num_rows,
                           deleted=len(stale), position=position)
     finally:
@@ -183,8 +168,8 @@ def _with_deleted(schema: pa.Schema) -> pa.Schema:
     return schema.append(pa.field(DELETED_COLUMN, pa.bool_()))
 
 
-def _stale_keys(projection: Projection, live: Any, redis_url: str | None, table: pa.Table,
-                key: str, low: str | None, high: str | None) -> list[Any]:
+def _stale_keys(target: GenerationTarget, table: pa.Table, key: str, low: str | None,
+                high: str | None) -> list[Any]:
     """Keys of the range that the view holds but the replay did not produce (live rows)."""
     produced = set()
     deleted = table.column(DELETED_COLUMN).to_pylist() if DELETED_COLUMN in \
@@ -192,68 +177,7 @@ def _stale_keys(projection: Projection, live: Any, redis_url: str | None, table:
     for value, gone in zip(table.column(key).to_pylist(), deleted, strict=True):
         if not gone:
             produced.add(key_text(value))
-    held: list[Any] = []
-    target = projection.target
-    if isinstance(target, RedisCacheTarget) and redis_url is not None:
-        import redis
-
-        client = redis.Redis.from_url(redis_url, decode_responses=True)
-        try:
-            start = len(live.redis_prefix) + 2
-            held = [k[start:] for k in client.scan_iter(match=live.redis_prefix + "k:*")]
-        finally:
-            client.close()
-        typed = table.schema.field(key).type
-        if pa.types.is_integer(typed):
-            held = [int(k) for k in held]
-    elif isinstance(target, DeltaTableTarget):
-        from deltalake import DeltaTable
-
-        held = DeltaTable(live.delta_path).to_pyarrow_table(columns=[key]).column(
-            key).to_pylist()
-    elif isinstance(target, SearchIndexTarget):
-        import tantivy
-
-        from lakefold.projections._search import CHECKPOINT_ID, KEY_FIELD
-
-        index = tantivy.Index.open(live.index_dir)
-        searcher = index.searcher()
-        hits = searcher.search(tantivy.Query.all_query(), limit=max(1, searcher.num_docs))
-        held = [searcher.doc(address).to_dict()[KEY_FIELD][0] for _, address in hits.hits]
-        held = [k for k in held if k != CHECKPOINT_ID]
-        typed = table.schema.field(key).type
-        if pa.types.is_integer(typed):
-            held = [int(k) for k in held]
+    held = target.stored_keys()
+    if pa.types.is_integer(table.schema.field(key).type):
+        held = [int(k) for k in held]  # type: ignore[call-overload]
     return [v for v in held if _in_range(v, low, high) and key_text(v) not in produced]
-
-
-def _write(projection: Projection, live: Any, redis_url: str | None, table: pa.Table,
-           position: dict[str, int]) -> None:
-    target = projection.target
-    stamp = int(time.time() * 1000)
-    if isinstance(target, RedisCacheTarget):
-        if redis_url is None:
-            raise ProjectionStateError("no Redis URL is configured; set LAKEFOLD_REDIS_URL")
-        writer = RedisCacheWriter(redis_url, live.redis_prefix, key=target.key,
-                                  format=target.format, checkpoint="_ckpt_part")
-        try:
-            writer.write(table, batch_id=stamp, position=sum(position.values()))
-        finally:
-            writer.close()
-    elif isinstance(target, SearchIndexTarget):
-        layout = IndexLayout.from_arrow(
-            pa.schema([f for f in table.schema if f.name != DELETED_COLUMN]),
-            key=target.key, text=target.text)
-        search = SearchIndexWriter(live.index_dir, layout)
-        try:
-            search.write(table, batch_id=search.checkpoint or 0, repair=True)
-        finally:
-            search.close()
-    else:
-        writer_delta = DeltaViewWriter(target, live.delta_path,
-                                       app_id=f"{projection.name}@{live.generation}/part",
-                                       name=projection.name)
-        if DELETED_COLUMN not in table.column_names:
-            table = table.append_column(DELETED_COLUMN,
-                                        pc.cast(pa.nulls(table.num_rows), pa.bool_()))
-        writer_delta.write_arrow(table, stamp)

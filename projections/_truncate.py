@@ -48,7 +48,6 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from lakefold.projections._model import DeltaTableTarget
 from lakefold.projections.exceptions import ProjectionDefinitionError
 from lakefold.spark._source_inputs import ChangelogSource
 from lakefold.spark._source_truncates import TRUNCATE, Mode
@@ -69,12 +68,7 @@ def source_mode(projection: Projection) -> Mode:
     """How ``projection``'s changelog sources deliver truncate records."""
     if projection.fold is not None:
         return "fanout"
-    target = projection.target
-    if isinstance(target, DeltaTableTarget) and target.mode == "append":
-        return "keep"
-    if isinstance(target, DeltaTableTarget) and target.mode == "scd2":
-        return "drop"
-    return "cut"
+    return projection.target.truncate_mode
 
 
 def check_truncatable(projection: Projection) -> None:

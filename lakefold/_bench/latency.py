@@ -189,9 +189,10 @@ def _readers(work: _Workload, stack: ExitStack) -> dict[str, Callable[[], object
 
     catalog = stack.enter_context(closing(Catalog(work.dsn)))
     cache = stack.enter_context(closing(RedisCacheReader(work.redis_url, pointer_ttl=60)))
-    search = SearchIndexReader(lambda view: catalog.current(view).index_dir, pointer_ttl=60)
+    search = SearchIndexReader(lambda view: catalog.current(view).location("search"),
+                               pointer_ttl=60)
     log_store = stack.enter_context(ChangelogStore(work.dsn))
-    delta_path = catalog.current("customers_delta").delta_path
+    delta_path = catalog.current("customers_delta").location("delta")
     table: list[DeltaTable] = []
     last_seen = [0]
 

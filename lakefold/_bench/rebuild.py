@@ -139,7 +139,7 @@ def _build_and_rebuild(report: Report, spark: Any, dsn: str, scratch: Path, even
         finally:
             background.close()
             runner.close()
-        return catalog.current(NAME).delta_path
+        return catalog.current(NAME).location("delta")
     finally:
         catalog.close()
 

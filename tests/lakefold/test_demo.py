@@ -83,7 +83,7 @@ def test_demo_shows_rebuilds_and_checks_every_view_after_an_earlier_run(tmp_path
     assert rebuilt.generation == 2
     delta_rows = sorted(
         (int(r["customer_id"]), r["name"], int(r["orders"]), Decimal(r["revenue"]))
-        for r in DeltaTable(live.delta_path).to_pyarrow_table().to_pylist()
+        for r in DeltaTable(live.location("delta")).to_pyarrow_table().to_pylist()
     )
     assert delta_rows == expected
     assert len(expected) > 100

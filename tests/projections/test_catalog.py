@@ -51,10 +51,13 @@ def test_ensure_creates_generation_one_with_private_locations(catalog, tmp_path)
     assert row.current_generation == 1 and not row.paused
     gen = catalog.current("revenue")
     assert gen.status == "live"
-    assert gen.delta_path == str((tmp_path / "lake" / "revenue" / "g1").resolve())
-    assert gen.redis_prefix == "lf:revenue:g1:"
-    assert gen.index_dir.endswith("search/revenue/g1")
+    assert gen.location("delta") == str((tmp_path / "lake" / "revenue" / "g1").resolve())
+    assert gen.location("redis") == "lf:revenue:g1:"
+    assert gen.location("search").endswith("search/revenue/g1")
     assert gen.checkpoint_dir.endswith("checkpoints/revenue/g1")
+    assert gen.locations == SinkRoots.under(tmp_path).locations("revenue", 1)
+    with pytest.raises(ProjectionStateError, match="no location for a kafka target"):
+        gen.location("kafka")
     again = catalog.ensure("revenue", target_kind="delta", fingerprint="f2", keep_generations=2)
     assert again.current_generation == 1 and again.fingerprint == "f2"
     assert again.keep_generations == 2
@@ -63,7 +66,7 @@ def test_ensure_creates_generation_one_with_private_locations(catalog, tmp_path)
 def test_rebuild_switch_and_retention(catalog):
     catalog.ensure("v", target_kind="redis", fingerprint="f", keep_generations=1)
     g2 = catalog.begin_rebuild("v")
-    assert g2.generation == 2 and g2.status == "building" and g2.redis_prefix == "lf:v:g2:"
+    assert g2.generation == 2 and g2.status == "building" and g2.location("redis") == "lf:v:g2:"
     with pytest.raises(ProjectionStateError, match="already being rebuilt into generation 2"):
         catalog.begin_rebuild("v")
     assert catalog.current("v").generation == 1  # readers still see generation 1

@@ -31,7 +31,7 @@ def env(pg, tmp_path):
         record={"id": 4}, error="ValueError: bad price", attempts=3)])
     layout = IndexLayout.from_arrow(pa.schema([("id", pa.int64()), ("name", pa.string())]),
                                     key="id", text=("name",))
-    writer = SearchIndexWriter(catalog.current("products").index_dir, layout)
+    writer = SearchIndexWriter(catalog.current("products").location("search"), layout)
     writer.write(pa.Table.from_pylist([{"id": 1, "name": "oak lamp"},
                                        {"id": 2, "name": "steel mug"}]), batch_id=0)
     writer.close()

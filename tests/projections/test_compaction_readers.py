@@ -125,7 +125,7 @@ def test_paused_projections_miss_no_update_or_delete_that_compaction_removed(
         _set_paused(catalog, False, *names)
         runner.run(until_caught_up=True, timeout=180)
         assert _redis_view(redis_url) == helpers.customers(pg.dsn)
-        history = _scd2_rows(catalog.current("price_history").delta_path)
+        history = _scd2_rows(catalog.current("price_history").location("delta"))
         assert history == _scd2_oracle(products_full)
 
         # price_history made its stream keep its full history; compaction was held for the
@@ -153,7 +153,7 @@ def test_paused_projections_miss_no_update_or_delete_that_compaction_removed(
         _set_paused(catalog, False, *names)
         runner.run(until_caught_up=True, timeout=180)
         assert _redis_view(redis_url) == helpers.customers(pg.dsn)
-        history = _scd2_rows(catalog.current("price_history").delta_path)
+        history = _scd2_rows(catalog.current("price_history").location("delta"))
         assert history == _scd2_oracle(products_full)
 
 
@@ -205,7 +205,7 @@ def test_readers_behind_compaction_fail_with_the_fix_and_rebuild(pg, spark, redi
         for part in ("customer_history", "public.customers", "compaction", "scd2",
                      f"position {state.removed_to}"):
             assert part in error, (part, error)
-        assert not Path(catalog.current("customer_history").delta_path).exists()
+        assert not Path(catalog.current("customer_history").location("delta")).exists()
 
 
 def test_a_history_rebuild_gets_the_kept_history_or_refuses(pg, spark, redis_url, tmp_path):
@@ -223,12 +223,12 @@ def test_a_history_rebuild_gets_the_kept_history_or_refuses(pg, spark, redis_url
         runner.run(until_caught_up=True, timeout=120)
         store.compact(tombstone_retention=timedelta(0))  # the stream keeps its history
         full = _all_records(pg.dsn, "public.products")
-        live = _scd2_rows(catalog.current("price_history").delta_path)
+        live = _scd2_rows(catalog.current("price_history").location("delta"))
         assert live == _scd2_oracle(full)
         runner.request_rebuild("price_history")
         runner.run(until_caught_up=True, timeout=180)
         assert catalog.current("price_history").generation == 2
-        assert _scd2_rows(catalog.current("price_history").delta_path) == live
+        assert _scd2_rows(catalog.current("price_history").location("delta")) == live
 
         # history no longer kept: compaction removes what the live generation has passed,
         # and a rebuild, which could not be the history the live run built, is refused
@@ -253,7 +253,7 @@ def test_a_history_rebuild_gets_the_kept_history_or_refuses(pg, spark, redis_url
         full += [r for r in _all_records(pg.dsn, "public.products")
                  if r["_position"] > full[-1]["_position"]]
         runner.run(until_caught_up=True, timeout=120)
-        assert _scd2_rows(catalog.current("price_history").delta_path) == _scd2_oracle(full)
+        assert _scd2_rows(catalog.current("price_history").location("delta")) == _scd2_oracle(full)
 
 
 def test_generations_that_no_longer_run_stop_holding_compaction(pg, tmp_path):
@@ -378,5 +378,5 @@ def test_sigkill_while_compaction_runs_leaves_every_view_exact(pg, redis_url, tm
         assert store.compaction_state("public.customers").expired_to > 0
         assert store.compaction_state("public.products").removed > 0
         assert _redis_view(redis_url) == helpers.customers(pg.dsn)
-        history = _scd2_rows(catalog.current("price_history").delta_path)
+        history = _scd2_rows(catalog.current("price_history").location("delta"))
         assert history == _scd2_oracle(oracle.records)

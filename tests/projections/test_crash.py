@@ -75,7 +75,8 @@ def test_sigkill_loop_every_target_equals_a_fresh_computation(pg, redis_url, tmp
     out, _ = child.communicate(timeout=300)
     assert child.returncode == 0 and b"caught up" in out
 
-    revenue = DeltaTable(catalog.current("revenue").delta_path).to_pyarrow_table().to_pylist()
+    revenue = DeltaTable(catalog.current("revenue").location("delta")).to_pyarrow_table(
+        ).to_pylist()
     assert {r["customer"]: r["revenue"] for r in revenue} == {
         k: v.quantize(Decimal("0.01")) for k, v in expected.items()}
     poison = [p for p in range(17, 40 + 8 * KILLS + 1, 17)]
@@ -84,7 +85,7 @@ def test_sigkill_loop_every_target_equals_a_fresh_computation(pg, redis_url, tmp
     with RedisCacheReader(redis_url) as reader:
         assert sorted(reader.keys("last_order")) == sorted(last)
         assert {c: reader.get("last_order", c) for c in last} == last
-    search = SearchIndexReader(lambda view: catalog.current(view).index_dir)
+    search = SearchIndexReader(lambda view: catalog.current(view).location("search"))
     assert search.count("order_search") == len(notes)
     for order, note in notes.items():
         assert (search.get("order_search", order) or {}).get("note") == note

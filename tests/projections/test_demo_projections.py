@@ -51,7 +51,8 @@ def test_demo_projections_equal_sql_on_the_source(pg, spark, redis_url, tmp_path
         customers = conn.execute("SELECT id, name, email, city FROM shop.customers").fetchall()
         products = conn.execute("SELECT id, name, description, price FROM shop.products"
                                 ).fetchall()
-    revenue = DeltaTable(catalog.current("revenue_per_customer").delta_path).to_pyarrow_table()
+    revenue = DeltaTable(
+        catalog.current("revenue_per_customer").location("delta")).to_pyarrow_table()
     assert sorted((r["customer_id"], r["name"], r["orders"], r["revenue"])
                   for r in revenue.to_pylist()) == expected
 
@@ -61,7 +62,7 @@ def test_demo_projections_equal_sql_on_the_source(pg, spark, redis_url, tmp_path
             assert cache.get("customer_cache", cid) == {"id": str(cid), "name": name,
                                                         "email": email, "city": city}
 
-    search = SearchIndexReader(lambda view: catalog.current(view).index_dir)
+    search = SearchIndexReader(lambda view: catalog.current(view).location("search"))
     assert search.count("product_search") == len(products)
     for pid, name, description, _price in products:
         document = search.get("product_search", pid) or {}
@@ -70,7 +71,7 @@ def test_demo_projections_equal_sql_on_the_source(pg, spark, redis_url, tmp_path
     assert {h.key for h in search.search("product_search", word, limit=100)} >= {
         str(p[0]) for p in products if word in p[1].split()}
 
-    history = DeltaTable(catalog.current("price_history").delta_path).to_pyarrow_table()
+    history = DeltaTable(catalog.current("price_history").location("delta")).to_pyarrow_table()
     rows = history.to_pylist()
     assert {r["id"]: r["price"] for r in rows if r["current"]} == {p[0]: p[3] for p in products}
     changed = [r for r in rows if r["id"] <= 4]

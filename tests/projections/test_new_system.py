@@ -35,7 +35,7 @@ MODULE = str(Path(__file__).with_name("new_system_projections.py"))
 
 
 def _balances(catalog: Catalog) -> dict[str, int]:
-    path = Path(catalog.current("balances").delta_path)
+    path = Path(catalog.current("balances").location("delta"))
     if not (path / "_delta_log").is_dir():
         return {}
     return {r["account"]: r["amount"] for r in DeltaTable(str(path)).to_pyarrow_table()

@@ -19,7 +19,7 @@ from lakefold.projections import (
     Runner,
     RunnerConfig,
     SinkRoots,
-    _batch,
+    _delta,
     load_projections,
 )
 from lakefold.schemas.events import NewEvent
@@ -33,7 +33,7 @@ CUSTOMERS = [f"c{i}" for i in range(7)]
 
 def revenue_of(dsn: str) -> dict[str, Decimal]:
     with Catalog(dsn) as catalog:
-        path = catalog.current("revenue").delta_path
+        path = catalog.current("revenue").location("delta")
     rows = DeltaTable(path).to_pyarrow_table().to_pylist()
     return {r["customer"]: r["revenue"] for r in rows}
 
@@ -42,7 +42,7 @@ def test_rebuild_while_writing_switches_without_a_gap(pg, spark, redis_url, tmp_
                                                       monkeypatch):
     # Batches above this many input records take the large-batch path (computed once, merged
     # from the driver when the output is small), as a rebuild's million-record batches do.
-    monkeypatch.setattr(_batch, "DRIVER_MERGE_ROWS", 10)
+    monkeypatch.setattr(_delta, "DRIVER_MERGE_ROWS", 10)
     rng = random.Random(3)
     store = EventStore(pg.dsn)
     store.install()

@@ -41,7 +41,8 @@ def test_event_projections_equal_a_fresh_computation(pg, spark, redis_url, tmp_p
                           redis_url=redis_url, poll_seconds=0.2)
     with Runner(spark, registry, config) as runner, Catalog(pg.dsn) as catalog:
         runner.run(until_caught_up=True, timeout=180)
-        revenue = DeltaTable(catalog.current("revenue").delta_path).to_pyarrow_table().to_pylist()
+        revenue = DeltaTable(catalog.current("revenue").location("delta")).to_pyarrow_table(
+            ).to_pylist()
         assert {r["customer"]: r["revenue"] for r in revenue} == {
             k: v.quantize(Decimal("0.01")) for k, v in expected_revenue.items()}
         letters = DeadLetters(catalog).find("revenue")
@@ -54,7 +55,7 @@ def test_event_projections_equal_a_fresh_computation(pg, spark, redis_url, tmp_p
             for customer, row in last.items():
                 assert reader.get("last_order", customer) == row
 
-        search = SearchIndexReader(lambda view: catalog.current(view).index_dir)
+        search = SearchIndexReader(lambda view: catalog.current(view).location("search"))
         assert search.count("order_search") == len(notes)
         word = helpers.NOTE_WORDS[0]
         assert sorted(h.key for h in search.search("order_search", word, limit=100)) == sorted(
@@ -62,7 +63,7 @@ def test_event_projections_equal_a_fresh_computation(pg, spark, redis_url, tmp_p
 
         # targeted rebuild: damage some keys, repair a key range and one stream in place
         client = redis.Redis.from_url(redis_url)
-        prefix = catalog.current("last_order").redis_prefix
+        prefix = catalog.current("last_order").location("redis")
         client.hset(prefix + "k:c1", "amount", "bogus")
         client.delete(prefix + "k:c2")
         client.hset(prefix + "k:c1x", "customer", "c1x")  # a stale key inside the range
@@ -76,7 +77,7 @@ def test_event_projections_equal_a_fresh_computation(pg, spark, redis_url, tmp_p
             assert (reader.get("last_order", "c5") or {}).get("amount") == "bogus"
         client.close()
         damaged = sorted(notes)[3]
-        index_writer = SearchIndexWriter(catalog.current("order_search").index_dir,
+        index_writer = SearchIndexWriter(catalog.current("order_search").location("search"),
                                          IndexLayout(key="order", text=("note",), fields=()))
         index_writer.write(pa.Table.from_pylist([{"order": damaged, "_deleted": True}]),
                            batch_id=index_writer.checkpoint or 0, repair=True)
@@ -114,7 +115,7 @@ def test_pause_resume_and_dead_letter_retry(pg, spark, redis_url, tmp_path):
     try:
         def revenue() -> dict[str, Decimal]:
             try:
-                path = catalog.current("revenue").delta_path
+                path = catalog.current("revenue").location("delta")
             except ProjectionNotFound:  # the runner has not installed the catalog yet
                 return {}
             if not Path(path, "_delta_log").exists():

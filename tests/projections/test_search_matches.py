@@ -61,7 +61,7 @@ def env(pg, tmp_path):
         catalog.install()
         catalog.ensure("product_search", target_kind="search", fingerprint="f",
                        keep_generations=1, definition={"sources": []})
-        _index(Path(catalog.current("product_search").index_dir))
+        _index(Path(catalog.current("product_search").location("search")))
     return {"LAKEFOLD_STORE_DSN": pg.dsn, "LAKEFOLD_HOME": str(tmp_path), "COLUMNS": "200"}
 
 

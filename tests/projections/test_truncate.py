@@ -47,7 +47,7 @@ def _sql(dsn: str, query: str) -> list[tuple[Any, ...]]:
 
 
 def _delta(catalog: Catalog, name: str) -> list[dict[str, Any]]:
-    path = catalog.current(name).delta_path
+    path = catalog.current(name).location("delta")
     if not Path(path, "_delta_log").exists():
         return []
     return list(DeltaTable(path).to_pyarrow_table().to_pylist())
@@ -85,7 +85,7 @@ def check_views(dsn: str, catalog: Catalog, redis_url: str) -> None:
         expected_labels[key] = label
     assert labels == expected_labels
 
-    search = SearchIndexReader(lambda view: catalog.current(view).index_dir)
+    search = SearchIndexReader(lambda view: catalog.current(view).location("search"))
     assert search.count("customer_search") == len(customers)
     for key, (name, _) in customers.items():
         assert (search.get("customer_search", key) or {}).get("name") == name
