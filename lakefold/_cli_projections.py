@@ -18,7 +18,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from lakefold.cli import app
+from lakefold._cli_common import app
 from lakefold.core.exceptions import ConfigurationError
 from lakefold.projections.exceptions import ProjectionError
 

@@ -21,6 +21,8 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from lakefold._cli_common import app as _app
+
 if TYPE_CHECKING:  # pyarrow is imported by the commands that use it, not at CLI start
     import pyarrow as pa
 
@@ -165,8 +167,5 @@ def register(app: typer.Typer) -> None:
     app.command()(optimize)
     app.command()(vacuum)
 
-
-# lakefold.cli imports this module once, at its end, after `app` exists.
-from lakefold.cli import app as _app  # noqa: E402
 
 register(_app)
