@@ -250,11 +250,11 @@ def all_imports(modules: Mapping[str, Path]) -> list[Import]:
 
 
 def _describe(component: frozenset[str], imports: list[Import], root: Path) -> str:
-    edges = sorted(
+    edges = sorted({
         f"  {imp.path.relative_to(root)}:{imp.line}: {imp.importer} -> {imp.target}"
         for imp in imports
         if not imp.type_only and imp.importer in component and imp.target in component
-    )
+    })
     return "cycle " + ", ".join(sorted(component)) + ":\n" + "\n".join(edges)
 
 
