@@ -25,6 +25,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from lakefold._cli_common import app as _app
 from lakefold.core.exceptions import ConfigurationError
 
 capture_app = typer.Typer(
@@ -158,7 +159,7 @@ def run(
             _out.print(f"capturing through slot [bold]{escape(slot)}[/] "
                        f"(publication {escape(publication)}); Ctrl-C stops cleanly")
 
-    from lakefold._cli_snapshots import SnapshotProgress
+    from lakefold._cli_common import SnapshotProgress
 
     with SnapshotProgress(enabled=not as_json) as progress:  # the initial snapshot's bars
         stats = Capture(config, listener=progress).run(stop=stop, until_lsn=until,
@@ -375,7 +376,5 @@ def drop(
                  publication=publication)
     _out.print(f"dropped slot {escape(slot)} and publication {escape(publication)}")
 
-
-from lakefold.cli import app as _app  # noqa: E402
 
 _app.add_typer(capture_app, name="capture")

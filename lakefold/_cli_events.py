@@ -22,6 +22,7 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
+from lakefold._cli_common import app as _app
 from lakefold.core.exceptions import ConfigurationError
 
 events_app = typer.Typer(
@@ -181,8 +182,5 @@ def _tail_options() -> Any:
 
     return StoreOptions(pool_size=2, application_name="lakefold-events-tail")
 
-
-# lakefold.cli imports this module once, at its end, after `app` exists.
-from lakefold.cli import app as _app  # noqa: E402
 
 _app.add_typer(events_app, name="events")

@@ -18,7 +18,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from lakefold.cli import app
+from lakefold._cli_common import app
 from lakefold.core.exceptions import ConfigurationError
 from lakefold.projections.exceptions import ProjectionError
 
@@ -77,9 +77,9 @@ def _registry(settings: Settings, location: str | None) -> Registry:
 
 def _runner(settings: Settings, location: str | None, *, only: tuple[str, ...] = (),
             trigger: float | None = None) -> Any:
+    from lakefold._from_settings import session_from_settings
     from lakefold.projections import Runner, RunnerConfig, SinkRoots
     from lakefold.projections._runner import RUNNER_SPARK_CONF
-    from lakefold.spark._session import session_from_settings
 
     registry = _registry(settings, location)
     redis_url = settings.redis_url.get_secret_value() if settings.redis_url else None

@@ -10,22 +10,11 @@ invalidated. The commands are added to the ``lakefold capture`` group.
 from __future__ import annotations
 
 import json
-import time
-from contextlib import AbstractContextManager
-from types import TracebackType
 from typing import Annotated, Any
 
 import typer
 from rich.console import Console
 from rich.markup import escape
-from rich.progress import (
-    BarColumn,
-    MofNCompleteColumn,
-    Progress,
-    TaskID,
-    TextColumn,
-    TimeElapsedColumn,
-)
 from rich.table import Table
 
 from lakefold._cli_capture import (
@@ -39,64 +28,10 @@ from lakefold._cli_capture import (
     _store_dsn,
     capture_app,
 )
+from lakefold._cli_common import SnapshotProgress
 from lakefold.core.exceptions import ConfigurationError
 
 _out = Console()
-_err = Console(stderr=True)
-
-
-class SnapshotProgress(AbstractContextManager["SnapshotProgress"]):
-    """A rich progress bar per table with rows copied and rows/s (a ``SnapshotListener``);
-    drawn on stderr so that ``--json`` output stays clean. The bars are shown only while a
-    snapshot copies rows (a long-running capture keeps its terminal)."""
-
-    def __init__(self, *, enabled: bool = True) -> None:
-        self._progress = Progress(
-            TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-            TextColumn("{task.fields[rate]}"), TimeElapsedColumn(),
-            console=_err, disable=not enabled, transient=False)
-        self._tasks: dict[str, tuple[TaskID, float, int]] = {}
-        self._open = 0
-        self._live = False
-
-    def __enter__(self) -> SnapshotProgress:
-        return self
-
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
-        if self._live:
-            self._progress.stop()
-            self._live = False
-
-    def table_started(self, table: str, estimated_rows: int, done_rows: int) -> None:
-        if not self._live:
-            self._progress.start()
-            self._live = True
-        self._open += 1
-        task = self._progress.add_task(table, total=max(estimated_rows, done_rows, 1),
-                                       completed=done_rows, rate="")
-        self._tasks[table] = (task, time.monotonic(), 0)
-
-    def rows_copied(self, table: str, rows: int) -> None:
-        task, started, copied = self._tasks[table]
-        copied += rows
-        self._tasks[table] = (task, started, copied)
-        elapsed = max(time.monotonic() - started, 1e-6)
-        current = self._progress.tasks[self._tasks_index(task)]
-        total = max(current.total or 0, current.completed + rows)
-        self._progress.update(task, advance=rows, total=total,
-                              rate=f"{copied / elapsed:,.0f} rows/s")
-
-    def table_done(self, table: str, rows: int) -> None:
-        task, _, _ = self._tasks[table]
-        self._progress.update(task, total=rows, completed=rows)
-        self._open -= 1
-        if self._open <= 0 and self._live:
-            self._progress.stop()
-            self._live = False
-
-    def _tasks_index(self, task: TaskID) -> int:
-        return next(i for i, t in enumerate(self._progress.tasks) if t.id == task)
 
 
 def _config(dsn: str | None, store_dsn: str | None, slot: str, publication: str,

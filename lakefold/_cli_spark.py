@@ -1,8 +1,8 @@
 """``lakefold query``, ``lakefold optimize`` and ``lakefold vacuum``: SQL and table upkeep.
 
-Tables are named through the catalog (``lakefold.spark.catalog_for``): the projections' live
-generations when the projections layer provides a catalog, else the Delta tables under the lake
-directory. ``optimize`` and ``vacuum`` also take a Delta table path.
+Tables are named through the catalog (``lakefold._from_settings.table_catalog``): each
+Delta-target projection at its live generation, over the Delta tables under the lake directory.
+``optimize`` and ``vacuum`` also take a Delta table path.
 """
 
 from __future__ import annotations
@@ -20,6 +20,8 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 from rich.console import Console
 from rich.table import Table
+
+from lakefold._cli_common import app as _app
 
 if TYPE_CHECKING:  # pyarrow is imported by the commands that use it, not at CLI start
     import pyarrow as pa
@@ -93,16 +95,16 @@ def query(
              "for small interactive queries).")] = EngineChoice.SPARK,
 ) -> None:
     """Run SQL over every materialized table, each registered under its name."""
+    from lakefold._from_settings import table_catalog
     from lakefold.settings import load_settings
-    from lakefold.spark._catalog import catalog_for
     from lakefold.spark._query import Engine, run_query
 
     settings = load_settings()
-    catalog = catalog_for(settings)
+    catalog = table_catalog(settings)
     if engine is EngineChoice.LOCAL:
         result = run_query(sql_text, catalog, engine=Engine.LOCAL)
     else:
-        from lakefold.spark._session import session_from_settings
+        from lakefold._from_settings import session_from_settings
 
         spark = session_from_settings(settings, app_name="lakefold-query")
         try:
@@ -118,11 +120,12 @@ def optimize(
     as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False,
 ) -> None:
     """Compact a table's small files into larger ones (no row changes)."""
+    from lakefold._from_settings import table_catalog
     from lakefold.settings import load_settings
-    from lakefold.spark._catalog import catalog_for, resolve_table
+    from lakefold.spark._catalog import resolve_table
     from lakefold.spark._delta_maintenance import optimize_table
 
-    path = resolve_table(catalog_for(load_settings()), table)
+    path = resolve_table(table_catalog(load_settings()), table)
     result = optimize_table(path, target_size=target_size)
     if as_json:
         sys.stdout.write(json.dumps(asdict(result)) + "\n")
@@ -143,11 +146,12 @@ def vacuum(
     as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False,
 ) -> None:
     """Delete files no table version inside the retention window needs."""
+    from lakefold._from_settings import table_catalog
     from lakefold.settings import load_settings
-    from lakefold.spark._catalog import catalog_for, resolve_table
+    from lakefold.spark._catalog import resolve_table
     from lakefold.spark._delta_maintenance import vacuum_table
 
-    path = resolve_table(catalog_for(load_settings()), table)
+    path = resolve_table(table_catalog(load_settings()), table)
     result = vacuum_table(path, retention_hours=retention_hours, dry_run=dry_run,
                           enforce_retention=not force)
     if as_json:
@@ -165,8 +169,5 @@ def register(app: typer.Typer) -> None:
     app.command()(optimize)
     app.command()(vacuum)
 
-
-# lakefold.cli imports this module once, at its end, after `app` exists.
-from lakefold.cli import app as _app  # noqa: E402
 
 register(_app)

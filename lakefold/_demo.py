@@ -83,9 +83,9 @@ def _fresh_database(admin_dsn: str) -> str:
 def run_demo(settings: Settings, *, orders: int = 2_000, console: Console | None = None
              ) -> DemoResult:
     """Run the whole demo and print its views; see the module docstring."""
+    from lakefold._from_settings import session_from_settings
     from lakefold.capture import Capture, CaptureConfig
     from lakefold.projections._runner import RUNNER_SPARK_CONF
-    from lakefold.spark._session import session_from_settings
 
     console = console or Console()
     started = time.monotonic()

@@ -10,14 +10,11 @@ from rich.console import Console
 from rich.markup import escape
 
 from lakefold._bench import bench_app
+from lakefold._cli_common import app
 from lakefold.core.exceptions import LakefoldError
 
-app = typer.Typer(
-    no_args_is_help=True,
-    pretty_exceptions_enable=False,
-    add_completion=False,
-    help="lakefold: change-data capture and event sourcing on PostgreSQL, projected by Spark.",
-)
+__all__ = ["app", "main"]
+
 app.add_typer(bench_app, name="bench")
 _stderr = Console(stderr=True)
 
@@ -93,7 +90,8 @@ def main() -> None:
         sys.exit(130)
 
 
-# Command groups live in their own modules and register themselves on `app` when imported.
+# Command groups live in their own modules and add themselves to `app` (from _cli_common) when
+# imported: here, after `demo`, so that the order of the help stays the same.
 from lakefold import (  # noqa: E402
     _cli_capture,  # noqa: F401  (capture run, streams, read, tail, compact, drop)
     _cli_events,  # noqa: F401  (events install, status, tail)

@@ -12,11 +12,13 @@ and run them with ``lakefold run --projections FILE`` (or ``Runner`` in-process)
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from lakefold.core.lazy import lazy_getattr
 
 if TYPE_CHECKING:  # the real names for type checkers; at run time they load lazily
+    from pathlib import Path
+
     from lakefold.projections._api import (
         STREAM_KEY,
         Fold,
@@ -46,6 +48,7 @@ if TYPE_CHECKING:  # the real names for type checkers; at run time they load laz
     from lakefold.projections._runner import Runner, RunnerConfig
     from lakefold.projections._search import SearchHit, SearchIndexReader
     from lakefold.projections._search_matches import MatchedText
+    from lakefold.projections._tables import ProjectionTableCatalog
     from lakefold.projections.exceptions import (
         BehindCompactionError,
         IncompatibleTargetError,
@@ -58,7 +61,6 @@ if TYPE_CHECKING:  # the real names for type checkers; at run time they load laz
         StatefulChangelogError,
         UnknownSourceError,
     )
-    from lakefold.settings import Settings
     from lakefold.spark._source_inputs import ChangelogSource, EventSource
 
 # Lazy exports: Spark's Python workers may import a projections module (the retry source),
@@ -138,9 +140,10 @@ __getattr__ = lazy_getattr(
 )
 
 
-def table_catalog(settings: Settings) -> Any:
+def table_catalog(store_dsn: str | None, lake_path: Path) -> ProjectionTableCatalog:
     """The generation-aware ``TableCatalog`` for ``lakefold query``: each Delta-target
-    projection under its name, at its current generation's path (see ``_tables``)."""
+    projection under its name, at its current generation's path (read from the store at
+    ``store_dsn``), over the Delta tables directly under ``lake_path`` (see ``_tables``)."""
     from lakefold.projections._tables import ProjectionTableCatalog
 
-    return ProjectionTableCatalog.from_settings(settings)
+    return ProjectionTableCatalog(store_dsn=store_dsn, lake_path=lake_path)

@@ -23,12 +23,10 @@ the batch, and step 3 makes the replay a no-op.
 
 from __future__ import annotations
 
-import json
 import threading
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
@@ -40,7 +38,7 @@ from lakefold.projections._catalog import Catalog, Generation
 from lakefold.projections._deadletters import DeadLetter, DeadLetters, NewDeadLetter
 from lakefold.projections._fold import DEAD_LETTER_COLUMN
 from lakefold.projections._model import POSITION_COLUMN
-from lakefold.projections._readers import GenerationReads
+from lakefold.projections._readers import GenerationReads, read_offsets
 from lakefold.projections._redis import key_text
 from lakefold.projections._targets import TargetBatch, TargetContext
 from lakefold.projections._truncate import FOLD_KEY_COLUMN, reads_changelog, source_mode
@@ -52,24 +50,6 @@ if TYPE_CHECKING:
     from pyspark.sql import DataFrame
 
 RETRY_SOURCE = "_retry"
-
-
-def read_offsets(checkpoint_dir: str, batch_id: int) -> dict[str, int] | None:
-    """Source alias → end position of ``batch_id``, from Spark's offset log."""
-    path = Path(checkpoint_dir) / "offsets" / str(batch_id)
-    try:
-        lines = path.read_text().splitlines()
-    except FileNotFoundError:
-        return None
-    positions: dict[str, int] = {}
-    for line in lines[2:]:
-        line = line.strip()
-        if not line or line == "-":
-            continue
-        offset = json.loads(line)
-        if isinstance(offset, dict) and "source" in offset and "position" in offset:
-            positions[str(offset["source"])] = int(offset["position"])
-    return positions
 
 
 @dataclass

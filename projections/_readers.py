@@ -28,6 +28,7 @@ keep compaction from making a view silently wrong (the capture's durable readers
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Iterable, Mapping
 from pathlib import Path
@@ -71,11 +72,27 @@ def changelog_streams(projection: Projection) -> dict[str, list[str]]:
     return streams
 
 
+def read_offsets(checkpoint_dir: str, batch_id: int) -> dict[str, int] | None:
+    """Source alias → end position of ``batch_id``, from Spark's offset log."""
+    path = Path(checkpoint_dir) / "offsets" / str(batch_id)
+    try:
+        lines = path.read_text().splitlines()
+    except FileNotFoundError:
+        return None
+    positions: dict[str, int] = {}
+    for line in lines[2:]:
+        line = line.strip()
+        if not line or line == "-":
+            continue
+        offset = json.loads(line)
+        if isinstance(offset, dict) and "source" in offset and "position" in offset:
+            positions[str(offset["source"])] = int(offset["position"])
+    return positions
+
+
 def committed_positions(checkpoint_dir: str) -> dict[str, int]:
     """Source alias → the next position a generation's query reads when it starts again: the
     end of the last batch in Spark's commit log ({} for a query that never committed one)."""
-    from lakefold.projections._batch import read_offsets  # _batch uses this module
-
     commits = Path(checkpoint_dir) / "commits"
     try:
         batches = [int(p.name) for p in commits.iterdir() if p.name.isdigit()]

@@ -10,15 +10,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import psycopg
 
 from lakefold.core.dsn import error_text, mask_dsn
 from lakefold.projections.exceptions import CatalogUnavailable
-
-if TYPE_CHECKING:
-    from lakefold.settings import Settings
 
 
 @dataclass(frozen=True)
@@ -27,10 +23,6 @@ class ProjectionTableCatalog:
 
     store_dsn: str | None
     lake_path: Path
-
-    @classmethod
-    def from_settings(cls, settings: Settings) -> ProjectionTableCatalog:
-        return cls(store_dsn=settings.resolved_store_dsn(), lake_path=settings.lake_path)
 
     def projection_tables(self) -> dict[str, str]:
         """Delta-target projections that have a table at their current generation."""

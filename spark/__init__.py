@@ -20,14 +20,14 @@ from typing import TYPE_CHECKING
 from lakefold.core.lazy import lazy_getattr
 
 if TYPE_CHECKING:
-    from lakefold.spark._catalog import LakeCatalog, StaticCatalog, TableCatalog, catalog_for
+    from lakefold.spark._catalog import LakeCatalog, StaticCatalog, TableCatalog
     from lakefold.spark._delta_commit import CommitPolicy
     from lakefold.spark._delta_maintenance import optimize_table, vacuum_table
     from lakefold.spark._delta_read import DeltaSnapshot, load_snapshot, read_delta
     from lakefold.spark._delta_sink import delta_sink, write_batch
     from lakefold.spark._delta_target import DeltaTarget, WriteMode, WriteResult
     from lakefold.spark._query import Engine, run_query
-    from lakefold.spark._session import session_from_settings, spark_session
+    from lakefold.spark._session import spark_session
     from lakefold.spark._source_registry import CHANGELOG_SOURCE, EVENTS_SOURCE, register_sources
     from lakefold.spark.exceptions import (
         DeltaCommitConflict,
@@ -57,14 +57,12 @@ _EXPORTS: dict[str, str] = {
     "UnknownTableError": "lakefold.spark.exceptions",
     "WriteMode": "lakefold.spark._delta_target",
     "WriteResult": "lakefold.spark._delta_target",
-    "catalog_for": "lakefold.spark._catalog",
     "delta_sink": "lakefold.spark._delta_sink",
     "load_snapshot": "lakefold.spark._delta_read",
     "optimize_table": "lakefold.spark._delta_maintenance",
     "read_delta": "lakefold.spark._delta_read",
     "register_sources": "lakefold.spark._source_registry",
     "run_query": "lakefold.spark._query",
-    "session_from_settings": "lakefold.spark._session",
     "spark_session": "lakefold.spark._session",
     "vacuum_table": "lakefold.spark._delta_maintenance",
     "write_batch": "lakefold.spark._delta_sink",
@@ -88,14 +86,12 @@ __all__ = [
     "UnknownTableError",
     "WriteMode",
     "WriteResult",
-    "catalog_for",
     "delta_sink",
     "load_snapshot",
     "optimize_table",
     "read_delta",
     "register_sources",
     "run_query",
-    "session_from_settings",
     "spark_session",
     "vacuum_table",
     "write_batch",

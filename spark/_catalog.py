@@ -1,25 +1,21 @@
 """Which materialized tables exist, under which names: the ``TableCatalog`` protocol.
 
-``lakefold query`` registers every table of a catalog under its name. The default catalog lists
-the Delta tables directly under the lake directory (``Settings.lake_path``): the directory name
-is the table name. The projections layer supplies a generation-aware catalog (name → the Delta
-path of the live generation) by implementing the same one-method protocol, and exposes it as
-``lakefold.projections.table_catalog(settings)``; ``catalog_for`` prefers it when it exists.
+``lakefold query`` registers every table of a catalog under its name. ``LakeCatalog`` lists the
+Delta tables directly under a lake directory: the directory name is the table name. The
+projections layer implements the same one-method protocol with a generation-aware catalog
+(name → the Delta path of the live generation, ``lakefold.projections.table_catalog``); the
+application chooses the catalog and passes it in.
 """
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol, runtime_checkable
+from typing import Protocol, runtime_checkable
 
 from lakefold.spark._delta_target import normalize_table_uri
 from lakefold.spark.exceptions import NotADeltaTableError, UnknownTableError
-
-if TYPE_CHECKING:
-    from lakefold.settings import Settings
 
 DELTA_LOG = "_delta_log"
 
@@ -67,20 +63,6 @@ class StaticCatalog:
 
     def tables(self) -> dict[str, str]:
         return {name: normalize_table_uri(path) for name, path in self.entries.items()}
-
-
-def catalog_for(settings: Settings) -> TableCatalog:
-    """The projections layer's catalog when it provides one, else the lake directory's."""
-    try:
-        projections = importlib.import_module("lakefold.projections")
-    except ImportError:
-        projections = None
-    factory = getattr(projections, "table_catalog", None)
-    if callable(factory):
-        catalog = factory(settings)
-        if isinstance(catalog, TableCatalog):
-            return catalog
-    return LakeCatalog(settings.lake_path)
 
 
 def resolve_table(catalog: TableCatalog, name_or_path: str) -> str:

@@ -13,8 +13,6 @@ from typing import TYPE_CHECKING, BinaryIO
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
-    from lakefold.settings import Settings
-
 # Measured on a 2-core machine (../shared/FIELD-NOTES.md): the UI and console progress cost
 # start-up time and print noise; the default 200 shuffle partitions make small local jobs slow.
 DEFAULT_CONF: dict[str, str] = {
@@ -172,16 +170,3 @@ def spark_session(
     session.sparkContext.setLogLevel("ERROR")
     return session
 
-
-def settings_driver_log(settings: Settings) -> Path:
-    """The driver log of a session made for ``settings``: ``$LAKEFOLD_HOME/logs``."""
-    return settings.home / "logs" / "spark-driver.log"
-
-
-def session_from_settings(settings: Settings, *, app_name: str = "lakefold",
-                          conf: Mapping[str, str] | None = None) -> SparkSession:
-    """The session for ``settings``: ``spark_master`` (``local[*]`` by default), ``conf`` and
-    then ``spark_conf`` on top of lakefold's defaults; the driver's own output goes to
-    ``settings_driver_log(settings)``."""
-    return spark_session(settings.spark_master, conf={**(conf or {}), **settings.spark_conf},
-                         app_name=app_name, log_path=settings_driver_log(settings))

@@ -1,0 +1,43 @@
+"""What the application builds from its settings for the layers below it.
+
+The lower layers take plain arguments (a master URL, a log path, a DSN, a directory) and never
+read ``lakefold.settings`` themselves; the commands, the demo and the benchmarks read the
+settings once and hand these down.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+    from lakefold.settings import Settings
+    from lakefold.spark import TableCatalog
+
+
+def settings_driver_log(settings: Settings) -> Path:
+    """The driver log of a session made for ``settings``: ``$LAKEFOLD_HOME/logs``."""
+    return settings.home / "logs" / "spark-driver.log"
+
+
+def session_from_settings(settings: Settings, *, app_name: str = "lakefold",
+                          conf: Mapping[str, str] | None = None) -> SparkSession:
+    """The session for ``settings``: ``spark_master`` (``local[*]`` by default), ``conf`` and
+    then ``spark_conf`` on top of lakefold's defaults; the driver's own output goes to
+    ``settings_driver_log(settings)``."""
+    from lakefold.spark import spark_session
+
+    return spark_session(settings.spark_master, conf={**(conf or {}), **settings.spark_conf},
+                         app_name=app_name, log_path=settings_driver_log(settings))
+
+
+def table_catalog(settings: Settings) -> TableCatalog:
+    """The tables ``lakefold query``, ``optimize`` and ``vacuum`` name: each Delta-target
+    projection at its current generation (from the store), over the Delta tables of the lake
+    directory."""
+    from lakefold.projections import table_catalog as projection_table_catalog
+
+    return projection_table_catalog(settings.resolved_store_dsn(), settings.lake_path)
