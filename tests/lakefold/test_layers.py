@@ -325,7 +325,7 @@ def test_checker_catches_sideways_imports_and_cycles(tmp_path: Path) -> None:
         "lakefold/capture/__init__.py": "from lakefold.core.lazy import lazy_getattr\n"
                                         "_EXPORTS = {'Z': '_z'}\n"
                                         "__getattr__ = lazy_getattr('lakefold.capture', {\n"
-                                        "    n: f'lakefold.spark.{m}' for n, m in _EXPORTS.items()"
+                                        "    n: f'lakefold.projections.{m}' for n, m in _EXPORTS.items()"
                                         "})\n",
         "lakefold/capture/_x.py": "from lakefold.spark import Y\n",
         "lakefold/spark/__init__.py": "",
@@ -338,5 +338,6 @@ def test_checker_catches_sideways_imports_and_cycles(tmp_path: Path) -> None:
     assert [p.split(": ", 1)[0] for p in problems] == [
         "lakefold/capture/__init__.py:2", "lakefold/capture/_x.py:1"
     ], problems
-    assert problems[0].endswith("imports lakefold.spark._z (layer capture/spark, spark): upward")
+    assert problems[0].endswith(
+        "imports lakefold.projections._z (layer projections, projections): upward")
     assert problems[1].endswith("imports lakefold.spark (layer capture/spark, spark): sideways")
