@@ -56,6 +56,7 @@ from lakefold.capture._snapshot import SnapshotListener
 from lakefold.capture._writer import ChangelogWriter
 from lakefold.capture.exceptions import (
     CaptureError,
+    CaptureTerminalError,
     ConnectionLostError,
     OwnershipError,
     OwnershipLostError,
@@ -184,7 +185,8 @@ class Capture:
 
     def _owner(self) -> _ownership.SlotOwnership:
         if self._ownership is None:
-            raise CaptureError("the capture does not own its slot here; call setup() or run()")
+            raise CaptureTerminalError(
+                "the capture does not own its slot here; call setup() or run()")
         return self._ownership
 
     # -- set-up ----------------------------------------------------------------------------

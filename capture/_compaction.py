@@ -48,6 +48,7 @@ import psycopg
 
 from lakefold.capture import _readers, _segments
 from lakefold.capture._config import CompactionPolicy
+from lakefold.capture.exceptions import CaptureValueError
 
 log = logging.getLogger(__name__)
 
@@ -104,9 +105,9 @@ def compact_stream(conn: psycopg.Connection[Any], stream_id: int, *, retention: 
     """Compact one stream (see the module docstring); returns how many records were removed,
     or 0 when another compaction of the stream holds the lock. ``conn`` is autocommit."""
     if retention < timedelta(0):
-        raise ValueError(f"tombstone retention must not be negative, got {retention}")
+        raise CaptureValueError(f"tombstone retention must not be negative, got {retention}")
     if chunk_positions < 1:
-        raise ValueError(f"chunk_positions must be at least 1, got {chunk_positions}")
+        raise CaptureValueError(f"chunk_positions must be at least 1, got {chunk_positions}")
     locked = conn.execute("SELECT pg_try_advisory_lock(%s, %s)",
                           (_LOCK_SPACE, stream_id)).fetchone()
     if not locked or not locked[0]:

@@ -48,7 +48,7 @@ from lakefold.capture._writer import (
     TEXT_OID,
     encode_key,
 )
-from lakefold.capture.exceptions import StoreError
+from lakefold.capture.exceptions import CaptureLookupError, CaptureValueError, StoreError
 
 _COMPRESSION: Final = pa.ipc.IpcWriteOptions(compression="zstd")
 _ARRAY_HEADER: Final = struct.Struct(">iiiii")  # ndim, flags, element oid, dim, lbound
@@ -98,8 +98,8 @@ def write(cur: psycopg.Cursor[Any], segment: Segment, rows: pa.Table,
           key_indexes: Sequence[int]) -> None:
     """Store ``rows`` (text columns, ``segment.size`` of them) as ``segment``."""
     if rows.num_rows != segment.size:
-        raise ValueError(f"a segment of {segment.size} positions cannot hold {rows.num_rows} "
-                         "rows")
+        raise CaptureValueError(f"a segment of {segment.size} positions cannot hold "
+                                f"{rows.num_rows} rows; seal one row per position")
     cur.execute(INSERT, (
         segment.stream_id, segment.first_position, segment.last_position,
         segment.first_ordinal, segment.commit_lsn, segment.commit_ts, segment.schema_version,
@@ -124,7 +124,7 @@ def _rows(cur: psycopg.Cursor[Any] | psycopg.Connection[Any], segment: Segment) 
         "SELECT rows FROM lakefold.changelog_segments WHERE stream_id = %s "
         "AND first_position = %s", (segment.stream_id, segment.first_position)).fetchone()
     if row is None:
-        raise LookupError(f"segment {segment.first_position} of stream {segment.stream_id} "
+        raise CaptureLookupError(f"segment {segment.first_position} of stream {segment.stream_id} "
                           "is gone (compacted meanwhile)")
     return decode(row[0])
 

@@ -8,19 +8,39 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from lakefold.core.exceptions import TerminalError, TransientError
+from lakefold.core.exceptions import (
+    ConfigurationError,
+    LakefoldError,
+    TerminalError,
+    TransientError,
+)
 
 
-class CaptureError(TerminalError):
+class CaptureError(LakefoldError):
+    """Base of every capture error, transient and terminal: ``except CaptureError`` catches
+    them all; ``error.transient`` (or ``except TransientError``) tells which to retry."""
+
+
+class CaptureTerminalError(CaptureError, TerminalError):
     """Capture cannot continue without a person changing something."""
 
 
-class SourceConfigurationError(CaptureError):
+class CaptureValueError(CaptureTerminalError, ValueError):
+    """A value given to or read by capture is malformed (an LSN, an option, a literal); it is
+    also a ``ValueError`` for callers that catch that."""
+
+
+class CaptureLookupError(CaptureTerminalError, LookupError):
+    """Something capture looked up is gone (e.g. a segment compacted meanwhile); it is also a
+    ``LookupError`` for callers that catch that."""
+
+
+class SourceConfigurationError(CaptureTerminalError, ConfigurationError):
     """The source server or database is not set up for logical replication as required
     (``wal_level``, privileges, replica identity)."""
 
 
-class OwnershipError(CaptureError):
+class OwnershipError(CaptureTerminalError):
     """A publication, slot or stream exists but belongs to something other than this capture."""
 
 
@@ -29,20 +49,20 @@ class CaptureRunningError(OwnershipError):
     to hand the slot over)."""
 
 
-class OwnershipLostError(CaptureError):
+class OwnershipLostError(CaptureTerminalError):
     """This capture no longer owns its slot: another capture took it over. It stops and does
     not take the slot back by itself."""
 
 
-class SlotError(CaptureError):
+class SlotError(CaptureTerminalError):
     """The replication slot is missing, in use by another process, or unusable."""
 
 
-class DecodingError(CaptureError):
+class DecodingError(CaptureTerminalError):
     """The replication stream contained something the decoder cannot interpret."""
 
 
-class StoreError(CaptureError):
+class StoreError(CaptureTerminalError):
     """The changelog store rejected an operation or is not installed."""
 
 
@@ -66,7 +86,7 @@ class ReaderBehindCompactionError(StoreError):
         self.history = history
 
 
-class ConnectionLostError(TransientError):
+class ConnectionLostError(CaptureError, TransientError):
     """A connection to the source or the store dropped; the capture reconnects and resumes."""
 
 
@@ -74,5 +94,5 @@ class StoreUnavailableError(ConnectionLostError):
     """The changelog store cannot be reached right now."""
 
 
-class InvalidConfigError(CaptureError):
+class InvalidConfigError(CaptureTerminalError, ConfigurationError):
     """A capture or store option has a wrong value."""

@@ -38,8 +38,8 @@ from lakefold.eventstore._reads import log_statement, with_deletion_records
 from lakefold.eventstore._sequencer import sequence_once
 from lakefold.eventstore._translate import translate_errors
 from lakefold.eventstore.exceptions import (
-    EventStoreError,
     EventStoreNotInstalled,
+    EventStoreTerminalError,
     EventStoreUnavailable,
     InvalidRequest,
 )
@@ -137,7 +137,7 @@ def _fetch(reader: adbc.Connection, statement: str, masked_dsn: str
                 f"the event store at {masked_dsn} is not installed, or was installed by an "
                 "older lakefold; run `lakefold events install` or EventStore(dsn).install()"
             ) from e
-        raise EventStoreError(f"reading events from {masked_dsn} failed: {e}") from e
+        raise EventStoreTerminalError(f"reading events from {masked_dsn} failed: {e}") from e
     except adbc.Error as e:
         raise EventStoreUnavailable(f"reading events from {masked_dsn} failed: {e}") from e
 

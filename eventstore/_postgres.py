@@ -53,7 +53,7 @@ from lakefold.eventstore._sequencer import (
 )
 from lakefold.eventstore._translate import one_line, raise_translated
 from lakefold.eventstore.exceptions import (
-    EventStoreError,
+    EventStoreTerminalError,
     EventStoreUnavailable,
     IdempotencyConflict,
     StreamDeleted,
@@ -190,7 +190,7 @@ class PostgresRecorder(EventRecorder):
         try:
             params = psycopg.conninfo.conninfo_to_dict(dsn)
         except psycopg.ProgrammingError as e:
-            raise EventStoreError(f"the event store DSN is invalid: {e}; check it") from e
+            raise EventStoreTerminalError(f"the event store DSN is invalid: {e}; check it") from e
         # UTF-8 whatever the DSN asks: the one-event fast path sends its arguments as UTF-8.
         self._connect_kwargs: dict[str, Any] = {"autocommit": True, "client_encoding": "UTF8"}
         if "application_name" not in params:
@@ -375,9 +375,11 @@ def save_checkpoint(conn: psycopg.Connection[Any], name: str, position: int) -> 
     """Save subscription ``name``'s checkpoint on ``conn``: inside the caller's transaction when
     one is open, so the checkpoint commits (or rolls back) with the caller's own writes."""
     if not isinstance(name, str) or not name:
-        raise EventStoreError(f"checkpoint name {name!r} is invalid: use a non-empty string")
+        raise EventStoreTerminalError(
+            f"checkpoint name {name!r} is invalid: use a non-empty string")
     if isinstance(position, bool) or not isinstance(position, int) or position < 0:
-        raise EventStoreError(f"checkpoint position {position!r} is invalid: use an int >= 0")
+        raise EventStoreTerminalError(
+            f"checkpoint position {position!r} is invalid: use an int >= 0")
     conn.execute(
         "INSERT INTO lakefold.subscription_checkpoints (name, position) VALUES (%s, %s) "
         "ON CONFLICT (name) DO UPDATE SET position = excluded.position, updated_at = now()",

@@ -39,7 +39,7 @@ from lakefold.eventstore._recorder import EventRecorder
 from lakefold.eventstore._segments import SEGMENT_POSITIONS
 from lakefold.eventstore._subscriptions import Subscription, SubscriptionOptions
 from lakefold.eventstore.exceptions import (
-    EventStoreError,
+    EventStoreTerminalError,
     InvalidRequest,
     WatermarkHeld,
 )
@@ -248,7 +248,7 @@ class EventStore:
         (``UnitOfWork.connection``); committed when the block ends, rolled back on error."""
         recorder = self.recorder
         if not isinstance(recorder, PostgresRecorder):
-            raise EventStoreError("transactions need the PostgreSQL event store")
+            raise EventStoreTerminalError("transactions need the PostgreSQL event store")
         with recorder.connection() as conn:
             with conn.transaction():
                 unit = UnitOfWork(self, conn)

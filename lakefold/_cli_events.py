@@ -22,7 +22,7 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from lakefold.core.exceptions import ConfigurationError
+from lakefold.core.exceptions import ConfigurationError, EncodingError
 
 events_app = typer.Typer(
     no_args_is_help=True,
@@ -54,7 +54,7 @@ def _json_default(value: Any) -> Any:
         return value.isoformat()
     if isinstance(value, UUID):
         return str(value)
-    raise TypeError(f"cannot serialise {type(value).__name__}")
+    raise EncodingError(f"cannot serialise {type(value).__name__}")
 
 
 @events_app.command("install")

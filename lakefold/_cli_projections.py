@@ -20,7 +20,7 @@ from rich.table import Table
 
 from lakefold.cli import app
 from lakefold.core.exceptions import ConfigurationError
-from lakefold.projections.exceptions import ProjectionError
+from lakefold.projections.exceptions import ProjectionTerminalError
 
 if TYPE_CHECKING:
     from lakefold.projections import Catalog, Registry
@@ -124,7 +124,7 @@ def run(
         runner.close()
     failed = [r for r in reports if r.state == "failed"]
     if failed:
-        raise ProjectionError(
+        raise ProjectionTerminalError(
             f"projection {failed[0].name} failed: {failed[0].error}; fix the cause, then run "
             f"`lakefold resume {failed[0].name}` and `lakefold run` again")
 

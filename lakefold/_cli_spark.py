@@ -21,6 +21,8 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from lakefold.core.exceptions import EncodingError
+
 if TYPE_CHECKING:  # pyarrow is imported by the commands that use it, not at CLI start
     import pyarrow as pa
 
@@ -45,7 +47,7 @@ def _json_default(value: Any) -> Any:
         return value.hex()
     if isinstance(value, dt.timedelta):
         return value.total_seconds()
-    raise TypeError(f"cannot encode {type(value).__name__} as JSON")
+    raise EncodingError(f"cannot encode {type(value).__name__} as JSON")
 
 
 def render(result: pa.Table, fmt: OutputFormat) -> str:

@@ -27,7 +27,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from lakefold import _shop
 from lakefold._demo_views import REVENUE, show_views
 from lakefold.core.dsn import error_text, mask_dsn
-from lakefold.core.exceptions import ConfigurationError, LakefoldError
+from lakefold.core.exceptions import ConfigurationError, TerminalError
 from lakefold.local import LocalPostgres, LocalRedis
 from lakefold.settings import Settings
 
@@ -157,7 +157,7 @@ def _redis_url(settings: Settings, stack: ExitStack, console: Console) -> str:
     return server.url
 
 
-class DemoMismatchError(LakefoldError):
+class DemoMismatchError(TerminalError):
     """The projected table does not equal the source aggregate."""
 
 

@@ -57,7 +57,7 @@ from lakefold.projections._truncate import (
     reads_changelog,
     source_mode,
 )
-from lakefold.projections.exceptions import ProjectionError
+from lakefold.projections.exceptions import ProjectionTerminalError
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
@@ -128,7 +128,7 @@ class GenerationSink:
                                           name=projection.name)
         elif isinstance(target, RedisCacheTarget):
             if redis_url is None:
-                raise ProjectionError(
+                raise ProjectionTerminalError(
                     f"projection {projection.name} writes to Redis, but no Redis URL is "
                     "configured; set LAKEFOLD_REDIS_URL"
                 )

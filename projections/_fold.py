@@ -52,7 +52,7 @@ from lakefold.projections._truncate import (
     TRUNCATED_AT_COLUMN,
     reads_changelog,
 )
-from lakefold.projections.exceptions import RecordFailed
+from lakefold.projections.exceptions import ProjectionTypeError, RecordFailed
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
@@ -107,7 +107,7 @@ def output_schema(fold: FoldLogic, *, track_keys: bool = False) -> StructType:
 
     declared = StructType.fromDDL(fold.schema)
     if not isinstance(declared, StructType):
-        raise TypeError("a fold schema must be a list of columns")
+        raise ProjectionTypeError("a fold schema must be a list of columns")
     return StructType([
         *declared.fields,
         StructField(POSITION_COLUMN, LongType()),

@@ -37,7 +37,12 @@ import redis
 from lakefold.core.dsn import mask_dsn
 from lakefold.projections._catalog import redis_pointer_key
 from lakefold.projections._model import DELETED_COLUMN, POSITION_COLUMN
-from lakefold.projections.exceptions import ProjectionNotFound, TargetError, TargetUnavailable
+from lakefold.projections.exceptions import (
+    ProjectionNotFound,
+    ProjectionTypeError,
+    TargetError,
+    TargetUnavailable,
+)
 
 CHUNK_KEYS = 2_000
 _APPLY = """
@@ -109,7 +114,7 @@ def _json_default(value: object) -> object:
         return value.isoformat()
     if isinstance(value, bytes):
         return value.decode("utf-8", errors="backslashreplace")
-    raise TypeError(f"cannot encode {type(value).__name__} as JSON")
+    raise ProjectionTypeError(f"cannot encode {type(value).__name__} as JSON")
 
 
 def key_text(value: object) -> str:

@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any
 
 import psycopg
 
-from lakefold.core.exceptions import LakefoldError
+from lakefold.core.exceptions import LakefoldError, marker_in
 from lakefold.projections import _stores
 from lakefold.projections._api import Projection, Registry
 from lakefold.projections._batch import GenerationSink
@@ -63,6 +63,7 @@ from lakefold.projections.exceptions import (
     BehindCompactionError,
     ProjectionNotFound,
     ProjectionStateError,
+    ProjectionTimeoutError,
 )
 
 if TYPE_CHECKING:
@@ -370,7 +371,7 @@ class Runner:
                     if all(done):
                         break
                 if deadline is not None and time.monotonic() > deadline:
-                    raise TimeoutError(f"projections not caught up within {timeout} s")
+                    raise ProjectionTimeoutError(f"projections not caught up within {timeout} s")
                 stop.wait(self.config.poll_seconds)
         finally:
             self.stop_all()
@@ -506,7 +507,7 @@ class Runner:
         health.failures += 1
         text = _describe(error)
         health.last_error = text
-        if _terminal(error, text):
+        if _terminal(error):
             health.given_up = True
             self.catalog.set_state(projection.name, "failed", error=text)
             log.error("projection %s failed: %s", projection.name, text)
@@ -573,17 +574,16 @@ class Runner:
 
 
 QUERY_BACKOFF_MAX = 60.0
-_TERMINAL_NAMES = ("RecordFailed", "TargetError", "ProjectionDefinitionError",
-                   "MissingKeyError", "IncompatibleTargetError", "UnknownSourceError",
-                   "SchemaMergeError", "NotADeltaTableError")
 
 
-def _terminal(error: BaseException, text: str) -> bool:
-    """True for errors that retrying cannot fix (a lakefold terminal error, also when it
-    reaches us wrapped in a Spark error)."""
+def _terminal(error: BaseException) -> bool:
+    """True for errors that retrying cannot fix: a lakefold terminal error, also when it
+    reaches us wrapped in a Spark error (read from the marker every lakefold error carries
+    into its traceback text)."""
     if isinstance(error, LakefoldError):
         return not error.transient
-    return text.startswith(_TERMINAL_NAMES)
+    marker = marker_in(str(error))
+    return marker is not None and not marker.transient
 
 
 _PY_ERROR = re.compile(r"^(?:[A-Za-z_][\w.]*\.)?([A-Z]\w*(?:Error|Exception|Failed|Unavailable))"

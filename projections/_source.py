@@ -45,6 +45,7 @@ from lakefold.projections._truncate import (
     Mode,
     apply_mode,
 )
+from lakefold.projections.exceptions import ProjectionValueError
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -187,7 +188,8 @@ class ProjectionBatchReader(DataSourceReader):
         self.start = int(options.get("start", "0"))
         self.end = int(options["end"])
         if self._stream.truncates == "fanout":
-            raise ValueError("a fixed range is never read for a fold (truncates='fanout')")
+            raise ProjectionValueError(
+                "a fixed range is never read for a fold (truncates='fanout'); rebuild the fold")
 
     def partitions(self) -> Sequence[InputPartition]:
         return self._stream.partitions(self._stream._offset(self.start),

@@ -39,7 +39,13 @@ from lakefold.schemas.events import (
     NewEvent,
     new_event_id,
 )
-from lakefold.schemas.exceptions import InvalidEventData, UnknownEventType, UpcastError
+from lakefold.schemas.exceptions import (
+    InvalidEventData,
+    SchemaTypeError,
+    SchemaValueError,
+    UnknownEventType,
+    UpcastError,
+)
 
 ModelT = TypeVar("ModelT", bound=BaseModel)
 Upcaster = Callable[[dict[str, Any]], dict[str, Any]]
@@ -71,12 +77,12 @@ class EventType:
 
 def _check_name(name: object) -> str:
     if not isinstance(name, str) or not name.strip() or name != name.strip():
-        raise ValueError(
+        raise SchemaValueError(
             f"event type name {name!r} is invalid: use a non-empty string without surrounding "
             "spaces, e.g. 'order.placed'"
         )
     if name.startswith(SYSTEM_PREFIX):
-        raise ValueError(
+        raise SchemaValueError(
             f"event type name {name!r} starts with {SYSTEM_PREFIX!r}, which is reserved for "
             "lakefold's own records; pick another name"
         )
@@ -85,7 +91,7 @@ def _check_name(name: object) -> str:
 
 def _check_version(version: object, what: str) -> int:
     if isinstance(version, bool) or not isinstance(version, int) or version < 1:
-        raise ValueError(f"{what} {version!r} is invalid: versions are integers >= 1")
+        raise SchemaValueError(f"{what} {version!r} is invalid: versions are integers >= 1")
     return version
 
 
@@ -112,20 +118,21 @@ class EventRegistry:
         _check_name(name)
         _check_version(version, "event version")
         if not (isinstance(model, type) and issubclass(model, BaseModel)):
-            raise TypeError(f"{model!r} is not a pydantic model class; events must be BaseModels")
+            raise SchemaTypeError(
+                f"{model!r} is not a pydantic model class; events must be BaseModels")
         if name in self._by_name:
-            raise ValueError(
+            raise SchemaValueError(
                 f"event type {name!r} is already registered (version "
                 f"{self._by_name[name].version}, {self._by_name[name].model.__name__}); a name "
                 "has one current model: bump its version and add an upcaster instead"
             )
         if model in self._by_model:
-            raise ValueError(
+            raise SchemaValueError(
                 f"{model.__name__} is already registered as {self._by_model[model].name!r}"
             )
         for (upcast_name, from_version) in self._upcasters:
             if upcast_name == name and from_version >= version:
-                raise ValueError(
+                raise SchemaValueError(
                     f"an upcaster from version {from_version} of {name!r} exists, so its current "
                     f"version must be greater than {from_version}, not {version}"
                 )
@@ -149,15 +156,15 @@ class EventRegistry:
         _check_name(name)
         _check_version(from_version, "upcaster from_version")
         if not callable(upcaster):
-            raise TypeError(f"upcaster for {name!r} v{from_version} is not callable")
+            raise SchemaTypeError(f"upcaster for {name!r} v{from_version} is not callable")
         current = self._by_name.get(name)
         if current is not None and from_version >= current.version:
-            raise ValueError(
+            raise SchemaValueError(
                 f"{name!r} is at version {current.version}; an upcaster from version "
                 f"{from_version} would go beyond it"
             )
         if (name, from_version) in self._upcasters:
-            raise ValueError(f"an upcaster from version {from_version} of {name!r} exists")
+            raise SchemaValueError(f"an upcaster from version {from_version} of {name!r} exists")
         self._upcasters[(name, from_version)] = upcaster
 
     def upcaster(self, name: str, *, from_version: int) -> Callable[[UpcasterT], UpcasterT]:

@@ -34,7 +34,7 @@ from lakefold.spark.exceptions import (
     DeltaCommitConflict,
     NotADeltaTableError,
     SchemaMergeError,
-    SparkLayerError,
+    SparkTerminalError,
 )
 
 T = TypeVar("T")
@@ -68,7 +68,7 @@ def open_table(uri: str, *, version: int | None = None) -> DeltaTable | None:
             ) from None
         return None
     except DeltaError as e:
-        raise SparkLayerError(f"cannot open the Delta table at {uri}: {e}") from e
+        raise SparkTerminalError(f"cannot open the Delta table at {uri}: {e}") from e
 
 
 def require_table(uri: str, *, version: int | None = None) -> DeltaTable:
@@ -104,7 +104,7 @@ def create_table(target: DeltaTarget, schema: pa.Schema) -> DeltaTable:
             configuration=dict(target.configuration) or None,
         )
     except DeltaError as e:
-        raise SparkLayerError(f"cannot create the Delta table at {target.path}: {e}") from e
+        raise SparkTerminalError(f"cannot create the Delta table at {target.path}: {e}") from e
 
 
 def _with_retry(target: DeltaTarget, table: DeltaTable, batch_id: int, policy: CommitPolicy,
@@ -127,7 +127,7 @@ def _with_retry(target: DeltaTarget, table: DeltaTable, batch_id: int, policy: C
             backoff = min(backoff * 2, policy.max_backoff_s)
             continue
         except DeltaError as e:
-            raise SparkLayerError(
+            raise SparkTerminalError(
                 f"committing batch {batch_id} of {target.app_id!r} to {target.path} failed: {e}"
             ) from e
         return False, attempt

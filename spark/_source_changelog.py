@@ -37,7 +37,7 @@ from lakefold.schemas.arrow import conform_batch, spark_compatible
 from lakefold.spark._position_source import PositionSource
 from lakefold.spark._positions import PositionRange
 from lakefold.spark._store_dsn import store_dsn_option
-from lakefold.spark.exceptions import SparkLayerError
+from lakefold.spark.exceptions import SparkTerminalError
 
 SOURCE_NAME = "lakefold_changelog"
 
@@ -54,7 +54,7 @@ class ChangelogQuery:
         lowered = {k.lower(): v for k, v in options.items()}
         stream = lowered.get("stream")
         if not stream:
-            raise SparkLayerError(
+            raise SparkTerminalError(
                 "the lakefold_changelog source needs .option('stream', 'schema.table'); "
                 "`ChangelogStore(dsn).streams()` lists them"
             )

@@ -42,7 +42,7 @@ from lakefold.spark._event_payloads import PayloadDecoder, load_registry
 from lakefold.spark._position_source import PositionSource
 from lakefold.spark._positions import PositionRange
 from lakefold.spark._store_dsn import store_dsn_option
-from lakefold.spark.exceptions import SparkLayerError
+from lakefold.spark.exceptions import SparkTerminalError
 
 SOURCE_NAME = "lakefold_events"
 
@@ -67,7 +67,7 @@ class EventsQuery:
         names = [c.strip() for c in (lowered.get("columns") or "").split(",") if c.strip()]
         fields = tuple(n.removeprefix("data.") for n in names if n.startswith("data."))
         if fields and registry is None:
-            raise SparkLayerError(
+            raise SparkTerminalError(
                 f"columns {', '.join('data.' + f for f in fields)} name payload fields, which "
                 "need typed payloads: set the registry option too")
         column_list = tuple(dict.fromkeys("data" if n.startswith("data.") else n
@@ -75,7 +75,7 @@ class EventsQuery:
         try:
             events_schema(column_list or None)
         except InvalidRequest as e:
-            raise SparkLayerError(str(e)) from e
+            raise SparkTerminalError(str(e)) from e
         query = cls(
             dsn=store_dsn_option(lowered),
             category=lowered.get("category") or None,

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from lakefold.core.exceptions import ConfigurationError
-from lakefold.spark.exceptions import SparkLayerError
+from lakefold.spark.exceptions import SparkTerminalError
 
 
 def store_dsn_option(lowered_options: Mapping[str, str]) -> str:
@@ -23,9 +23,9 @@ def store_dsn_option(lowered_options: Mapping[str, str]) -> str:
     try:
         settings_dsn = load_settings().resolved_store_dsn()
     except ConfigurationError as e:
-        raise SparkLayerError(f"no store DSN for the source: {e}") from e
+        raise SparkTerminalError(f"no store DSN for the source: {e}") from e
     if not settings_dsn:
-        raise SparkLayerError(
+        raise SparkTerminalError(
             "no store DSN for the source: pass .option('dsn', ...) or set LAKEFOLD_STORE_DSN "
             "(or LAKEFOLD_DSN) where Spark's driver and workers run"
         )

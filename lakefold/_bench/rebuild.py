@@ -39,7 +39,7 @@ from lakefold._bench.history import (
     StoreDsnOption,
     history_store,
 )
-from lakefold._bench.report import Report
+from lakefold._bench.report import BenchmarkError, Report
 from lakefold.core.exceptions import LakefoldError
 
 
@@ -104,7 +104,7 @@ class _Background:
     def wait(self, done: Callable[[], bool], what: str) -> None:
         while not done():
             if not self.thread.is_alive():
-                raise LakefoldError(f"the runner stopped before {what}") from self.error
+                raise BenchmarkError(f"the runner stopped before {what}") from self.error
             time.sleep(0.05)
 
     def close(self) -> None:
@@ -171,7 +171,7 @@ def run(events: int, customers: int, batch: int, store_dsn: str | None = None) -
             rows = DeltaTable(path).to_pyarrow_table().to_pylist()
             got = {r["customer"]: (r["amount"], r["events"]) for r in rows}
             if got != expected_sums(events, customers):
-                raise LakefoldError("the rebuilt aggregate differs from the expected sums")
+                raise BenchmarkError("the rebuilt aggregate differs from the expected sums")
             register_sources(spark)
             frame = spark.read.format("lakefold_events").option("dsn", dsn).load()
             began = time.perf_counter()
@@ -195,5 +195,5 @@ def rebuild(
 ) -> None:
     """Rebuild a Delta aggregate from the whole event history (events/s)."""
     if events < 1 or customers < 1 or batch < 1:
-        raise LakefoldError("need --events >= 1, --customers >= 1 and --batch >= 1")
+        raise BenchmarkError("need --events >= 1, --customers >= 1 and --batch >= 1")
     run(events, customers, batch, store_dsn).emit(as_json=as_json)
