@@ -41,11 +41,11 @@ from lakefold.capture._store import (
 from lakefold.capture._types import ColumnSchema, StreamSchema
 from lakefold.capture._values import Interval
 from lakefold.capture.exceptions import (
+    CaptureConfigurationError,
     CaptureError,
     CaptureRunningError,
     ConnectionLostError,
     DecodingError,
-    InvalidConfigError,
     OwnershipError,
     OwnershipLostError,
     ReaderBehindCompactionError,
@@ -60,6 +60,7 @@ __all__: list[str] = [
     "META_SCHEMA",
     "Capture",
     "CaptureConfig",
+    "CaptureConfigurationError",
     "CaptureError",
     "CaptureRunningError",
     "CaptureStats",
@@ -72,7 +73,6 @@ __all__: list[str] = [
     "HealthThresholds",
     "HeartbeatPolicy",
     "Interval",
-    "InvalidConfigError",
     "OwnershipError",
     "OwnershipLostError",
     "ReaderBehindCompactionError",

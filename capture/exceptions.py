@@ -94,5 +94,5 @@ class StoreUnavailableError(ConnectionLostError):
     """The changelog store cannot be reached right now."""
 
 
-class InvalidConfigError(CaptureTerminalError, ConfigurationError):
+class CaptureConfigurationError(CaptureTerminalError, ConfigurationError):
     """A capture or store option has a wrong value."""

@@ -60,8 +60,8 @@ def seal(dsn: str, *, size: int = SEGMENT_POSITIONS, stop: threading.Event | Non
     """Seal every complete range of the log that has no segment yet, oldest first, until
     ``stop`` is set, calling ``progress(done, total)`` after each range; see
     ``_segments.py``. Safe to run from several processes at once.
-    Raises EventStoreUnavailable, or EventStoreNotInstalled (also for a store installed by a
-    lakefold without segments: ``install()`` upgrades it)."""
+    Raises EventStoreUnavailableError, or EventStoreNotInstalledError (also for a store
+    installed by a lakefold without segments: ``install()`` upgrades it)."""
     masked = mask_dsn(dsn)
     segments = events = 0
     with translate_errors(masked), psycopg.connect(dsn, autocommit=True) as conn:

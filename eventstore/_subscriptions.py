@@ -32,7 +32,7 @@ from lakefold.eventstore._model import (
     finite_seconds,
 )
 from lakefold.eventstore._recorder import EventRecorder, Waiter
-from lakefold.eventstore.exceptions import EventStoreTerminalError, EventStoreUnavailable
+from lakefold.eventstore.exceptions import EventStoreTerminalError, EventStoreUnavailableError
 from lakefold.schemas.events import EventEnvelope
 
 logger = logging.getLogger(__name__)
@@ -141,7 +141,7 @@ class Subscription:
         while not self._stopped.is_set():
             try:
                 events = self._read()
-            except EventStoreUnavailable as e:
+            except EventStoreUnavailableError as e:
                 self._retry_later(e)
                 continue
             if events:
@@ -155,7 +155,7 @@ class Subscription:
                 return
             try:
                 self._wait(idle_since, idle_timeout_s)
-            except EventStoreUnavailable as e:
+            except EventStoreUnavailableError as e:
                 self._retry_later(e)
 
     def _read(self) -> list[EventEnvelope]:

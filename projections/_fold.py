@@ -52,7 +52,7 @@ from lakefold.projections._truncate import (
     TRUNCATED_AT_COLUMN,
     reads_changelog,
 )
-from lakefold.projections.exceptions import ProjectionTypeError, RecordFailed
+from lakefold.projections.exceptions import ProjectionTypeError, RecordFailedError
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
@@ -259,7 +259,7 @@ def make_fold_function(runtime: FoldRuntime) -> Callable[..., Iterator[Any]]:
             result, error, attempts = _attempt(runtime, handler, base, record)
             if error is not None:
                 if runtime.options.on_error == "stop":
-                    raise RecordFailed(
+                    raise RecordFailedError(
                         f"projection {runtime.name}: handler for {record.type} failed on "
                         f"{record.source} position {record.position} after {attempts} "
                         f"attempts: {error}"

@@ -38,10 +38,10 @@ from lakefold.core.dsn import mask_dsn
 from lakefold.projections._catalog import redis_pointer_key
 from lakefold.projections._model import DELETED_COLUMN, POSITION_COLUMN
 from lakefold.projections.exceptions import (
-    ProjectionNotFound,
+    ProjectionNotFoundError,
     ProjectionTypeError,
     TargetError,
-    TargetUnavailable,
+    TargetUnavailableError,
 )
 
 CHUNK_KEYS = 2_000
@@ -158,7 +158,7 @@ class RedisCacheWriter:
         try:
             raw = self._client.hmget(self._checkpoint, ["batch", "chunk"])
         except redis.RedisError as e:
-            raise TargetUnavailable(f"Redis at {mask_dsn(self._url)}: {e}") from e
+            raise TargetUnavailableError(f"Redis at {mask_dsn(self._url)}: {e}") from e
         if raw[0] is None or raw[1] is None:
             return None
         return int(raw[0]), int(raw[1])
@@ -191,7 +191,7 @@ class RedisCacheWriter:
                 deleted += int(self._wipe(keys=[poskey],
                                           args=[self.prefix, position, *keys[i:i + CHUNK_KEYS]]))
         except redis.ConnectionError as e:
-            raise TargetUnavailable(
+            raise TargetUnavailableError(
                 f"Redis at {mask_dsn(self._url)} is unreachable ({e}); retrying"
             ) from e
         except redis.RedisError as e:
@@ -235,7 +235,7 @@ class RedisCacheWriter:
                 result = self._script(keys=[self._checkpoint, self.prefix + "_pos"],
                                       args=argv)
             except redis.ConnectionError as e:
-                raise TargetUnavailable(
+                raise TargetUnavailableError(
                     f"Redis at {mask_dsn(self._url)} is unreachable ({e}); retrying"
                 ) from e
             except redis.RedisError as e:
@@ -305,7 +305,7 @@ class RedisCacheReader:
             return cached[1]
         raw = self._client.get(redis_pointer_key(self._namespace, view))
         if raw is None:
-            raise ProjectionNotFound(
+            raise ProjectionNotFoundError(
                 f"no Redis cache view named {view!r}; is a projection with a redis_cache target "
                 "of that name running (`lakefold status`)?"
             )

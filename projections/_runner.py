@@ -61,7 +61,7 @@ from lakefold.projections._targeted import PartReport, rebuild_part
 from lakefold.projections._truncate import FoldKeys
 from lakefold.projections.exceptions import (
     BehindCompactionError,
-    ProjectionNotFound,
+    ProjectionNotFoundError,
     ProjectionStateError,
     ProjectionTimeoutError,
 )
@@ -256,7 +256,7 @@ class Runner:
                     if not self.config.only or p.name in self.config.only]
         unknown = set(self.config.only) - {p.name for p in selected}
         if unknown:
-            self.registry.get(sorted(unknown)[0])  # raises ProjectionNotFound, listing names
+            self.registry.get(sorted(unknown)[0])  # raises ProjectionNotFoundError, listing names
         return selected
 
     def plan(self, projection: Projection, generation: int, *, max_records: int,
@@ -290,7 +290,7 @@ class Runner:
             selected._projections[projection.name] = projection
             try:
                 live[projection.name] = self.catalog.current(projection.name).generation
-            except ProjectionNotFound:
+            except ProjectionNotFoundError:
                 live[projection.name] = 1
 
         def factory(projection: Projection) -> Plan:

@@ -28,7 +28,7 @@ import pyarrow.compute as pc
 from lakefold.core.dsn import error_text, mask_dsn
 from lakefold.projections._model import ChangelogSource, EventSource, Source
 from lakefold.projections._truncate import Truncate
-from lakefold.projections.exceptions import CatalogUnavailable, UnknownSourceError
+from lakefold.projections.exceptions import CatalogUnavailableError, UnknownSourceError
 
 META_FIELDS = [
     pa.field("_position", pa.int64(), nullable=False),
@@ -45,7 +45,7 @@ def _connect(dsn: str) -> psycopg.Connection[Any]:
     try:
         return psycopg.connect(dsn, autocommit=True, connect_timeout=10)
     except psycopg.OperationalError as e:
-        raise CatalogUnavailable(
+        raise CatalogUnavailableError(
             f"the store at {mask_dsn(dsn)} is unreachable ({error_text(e)}); check the store "
             "DSN"
         ) from e
@@ -69,12 +69,12 @@ def event_types(dsn: str, category: str | None) -> list[str]:
 
 
 def _ask_events(question: Callable[..., list[str]], dsn: str, *args: Any) -> list[str]:
-    from lakefold.eventstore import EventStoreUnavailable
+    from lakefold.eventstore import EventStoreUnavailableError
 
     try:
         return question(dsn, *args)
-    except EventStoreUnavailable as e:
-        raise CatalogUnavailable(f"{e}; check the store DSN") from e
+    except EventStoreUnavailableError as e:
+        raise CatalogUnavailableError(f"{e}; check the store DSN") from e
 
 
 _handles: dict[tuple[str, str], Any] = {}

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 import psycopg
 
 from lakefold.core.dsn import error_text, mask_dsn
-from lakefold.projections.exceptions import CatalogUnavailable
+from lakefold.projections.exceptions import CatalogUnavailableError
 
 if TYPE_CHECKING:
     from lakefold.settings import Settings
@@ -48,7 +48,7 @@ class ProjectionTableCatalog:
                     "AND g.generation = p.current_generation "
                     "WHERE p.target_kind = 'delta' ORDER BY p.name").fetchall()
         except psycopg.OperationalError as e:
-            raise CatalogUnavailable(
+            raise CatalogUnavailableError(
                 f"cannot read the projection catalog at {mask_dsn(self.store_dsn)} "
                 f"({error_text(e)}); "
                 "check LAKEFOLD_STORE_DSN"

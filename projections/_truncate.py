@@ -54,7 +54,7 @@ import pyarrow.compute as pc
 
 from lakefold.core.dsn import mask_dsn
 from lakefold.projections._model import ChangelogSource, DeltaTableTarget
-from lakefold.projections.exceptions import CatalogUnavailable, ProjectionDefinitionError
+from lakefold.projections.exceptions import CatalogUnavailableError, ProjectionDefinitionError
 
 if TYPE_CHECKING:
     from lakefold.projections._api import Projection
@@ -219,7 +219,7 @@ class FoldKeys:
         try:
             return psycopg.connect(self.dsn, autocommit=True, connect_timeout=10)
         except psycopg.OperationalError as e:
-            raise CatalogUnavailable(
+            raise CatalogUnavailableError(
                 f"the store at {mask_dsn(self.dsn)} is unreachable ({e}); retrying") from e
 
     def close(self) -> None:
@@ -249,7 +249,7 @@ class FoldKeys:
                 (name, generation, unique))
         except psycopg.OperationalError as e:
             self.close()
-            raise CatalogUnavailable(
+            raise CatalogUnavailableError(
                 f"recording the keys of {name} generation {generation} failed ({e}); "
                 "retrying the batch") from e
 

@@ -53,7 +53,7 @@ class StatefulChangelogError(ProjectionDefinitionError):
     changelog: Spark streaming has no retractions, so the view would silently drift."""
 
 
-class ProjectionNotFound(ProjectionTerminalError):
+class ProjectionNotFoundError(ProjectionTerminalError):
     """A command names a projection that is not registered or not in the catalog."""
 
 
@@ -72,14 +72,14 @@ class TargetError(ProjectionTerminalError):
     """A target (Delta, Redis, search) refused a write in a way that retrying will not fix."""
 
 
-class TargetUnavailable(ProjectionError, TransientError):
+class TargetUnavailableError(ProjectionError, TransientError):
     """A target could not be reached or a commit conflicted; retry the batch with backoff."""
 
 
-class CatalogUnavailable(ProjectionError, TransientError):
+class CatalogUnavailableError(ProjectionError, TransientError):
     """The catalog database could not be reached; retry with backoff."""
 
 
-class RecordFailed(ProjectionTerminalError):
+class RecordFailedError(ProjectionTerminalError):
     """User code failed on one record after every retry; the record goes to the dead letters
     or, by the projection's policy, stops it."""

@@ -10,9 +10,9 @@ from lakefold.schemas.events import (
     new_event_id,
 )
 from lakefold.schemas.exceptions import (
-    InvalidEventData,
+    InvalidEventDataError,
     SchemaError,
-    UnknownEventType,
+    UnknownEventTypeError,
     UpcastError,
 )
 from lakefold.schemas.registry import EventRegistry, EventType, StreamDeletedRecord
@@ -26,11 +26,11 @@ __all__ += [
     "EventMetadata",
     "EventRegistry",
     "EventType",
-    "InvalidEventData",
+    "InvalidEventDataError",
     "NewEvent",
     "SchemaError",
     "StreamDeletedRecord",
-    "UnknownEventType",
+    "UnknownEventTypeError",
     "UpcastError",
     "category_of",
     "new_event_id",

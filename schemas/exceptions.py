@@ -23,12 +23,12 @@ class SchemaTypeError(SchemaTerminalError, TypeError):
     is not callable); also a ``TypeError`` for callers that catch that."""
 
 
-class UnknownEventType(SchemaTerminalError):
+class UnknownEventTypeError(SchemaTerminalError):
     """The event type (or its stored version) is not registered; register the model or deploy
     the code that defines it."""
 
 
-class InvalidEventData(SchemaTerminalError, ValueError):
+class InvalidEventDataError(SchemaTerminalError, ValueError):
     """An event's payload does not validate against its registered model; nothing was written."""
 
 

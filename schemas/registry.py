@@ -40,10 +40,10 @@ from lakefold.schemas.events import (
     new_event_id,
 )
 from lakefold.schemas.exceptions import (
-    InvalidEventData,
+    InvalidEventDataError,
     SchemaTypeError,
     SchemaValueError,
-    UnknownEventType,
+    UnknownEventTypeError,
     UpcastError,
 )
 
@@ -187,12 +187,12 @@ class EventRegistry:
         return sorted(self._by_name)
 
     def get(self, name: str) -> EventType:
-        """The registered type ``name``; UnknownEventType when there is none."""
+        """The registered type ``name``; UnknownEventTypeError when there is none."""
         try:
             return self._by_name[name]
         except KeyError:
             known = ", ".join(self.names) or "none"
-            raise UnknownEventType(
+            raise UnknownEventTypeError(
                 f"event type {name!r} is not registered (registered: {known}); register its "
                 "model with @registry.event(name, version=...)"
             ) from None
@@ -202,7 +202,7 @@ class EventRegistry:
         try:
             return self._by_model[type(event)]
         except KeyError:
-            raise UnknownEventType(
+            raise UnknownEventTypeError(
                 f"{type(event).__name__} is not a registered event model; register it with "
                 "@registry.event(name, version=...)"
             ) from None
@@ -215,7 +215,7 @@ class EventRegistry:
         validates (a model built with ``model_construct`` or mutated after validation may
         not)."""
         if not isinstance(event, BaseModel):
-            raise UnknownEventType(
+            raise UnknownEventTypeError(
                 f"{event!r} is a {type(event).__name__}, not a pydantic event model; append "
                 "registered models or NewEvent values"
             )
@@ -223,7 +223,7 @@ class EventRegistry:
         try:
             data = event.model_dump(mode="json", warnings="error")
         except (ValueError, TypeError, PydanticSerializationError) as e:
-            raise InvalidEventData(
+            raise InvalidEventDataError(
                 f"{event_type.name} v{event_type.version} cannot be serialised to JSON: {e}"
             ) from e
         new = NewEvent(type=event_type.name, data=data, schema_version=event_type.version,
@@ -233,17 +233,17 @@ class EventRegistry:
 
     def validate(self, new: NewEvent) -> NewEvent:
         """Check a ``NewEvent`` against the registry: known type, current version, valid
-        payload. Returns it unchanged; raises UnknownEventType or InvalidEventData."""
+        payload. Returns it unchanged; raises UnknownEventTypeError or InvalidEventDataError."""
         event_type = self.get(new.type)
         if new.schema_version != event_type.version:
-            raise InvalidEventData(
+            raise InvalidEventDataError(
                 f"{new.type} is registered at version {event_type.version}, but event "
                 f"{new.event_id} says version {new.schema_version}; append the current version"
             )
         try:
             event_type.model.model_validate(new.data)
         except ValidationError as e:
-            raise InvalidEventData(
+            raise InvalidEventDataError(
                 f"event {new.event_id} ({new.type} v{new.schema_version}) is invalid: "
                 f"{_validation_summary(e)}; nothing was written"
             ) from e
@@ -255,7 +255,7 @@ class EventRegistry:
         """The payload of ``name`` stored at ``version``, brought to the current version."""
         event_type = self.get(name)
         if version > event_type.version:
-            raise UnknownEventType(
+            raise UnknownEventTypeError(
                 f"a stored {name} event is at version {version}, newer than the registered "
                 f"version {event_type.version}; deploy the code that defines version {version}"
             )

@@ -21,7 +21,7 @@ if TYPE_CHECKING:
     from lakefold.spark._session import session_from_settings, spark_session
     from lakefold.spark._sources import CHANGELOG_SOURCE, EVENTS_SOURCE, register_sources
     from lakefold.spark.exceptions import (
-        DeltaCommitConflict,
+        DeltaCommitConflictError,
         NotADeltaTableError,
         QueryError,
         SchemaMergeError,
@@ -33,7 +33,7 @@ if TYPE_CHECKING:
 _EXPORTS: dict[str, str] = {
     "CHANGELOG_SOURCE": "lakefold.spark._sources",
     "CommitPolicy": "lakefold.spark._delta_commit",
-    "DeltaCommitConflict": "lakefold.spark.exceptions",
+    "DeltaCommitConflictError": "lakefold.spark.exceptions",
     "DeltaSnapshot": "lakefold.spark._delta_read",
     "DeltaTarget": "lakefold.spark._delta_target",
     "EVENTS_SOURCE": "lakefold.spark._sources",
@@ -65,7 +65,7 @@ __all__ = [
     "CHANGELOG_SOURCE",
     "EVENTS_SOURCE",
     "CommitPolicy",
-    "DeltaCommitConflict",
+    "DeltaCommitConflictError",
     "DeltaSnapshot",
     "DeltaTarget",
     "Engine",

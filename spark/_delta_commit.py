@@ -4,7 +4,7 @@ Every commit carries ``Transaction(app_id, batch_id)``. delta-rs does not refuse
 has seen, so each attempt first refreshes the snapshot and reads
 ``transaction_version(app_id)``: a batch at or below it is already in the table and is skipped.
 A commit that loses a race with another writer (``CommitFailedError``) is retried from a fresh
-snapshot, up to ``CommitPolicy.attempts`` times, then surfaces as ``DeltaCommitConflict``
+snapshot, up to ``CommitPolicy.attempts`` times, then surfaces as ``DeltaCommitConflictError``
 (transient). Two writers of the same app id conflict in delta-rs's own check, and the loser
 then finds the winner's version and skips: the batch lands once.
 
@@ -31,7 +31,7 @@ from lakefold.spark._delta_files import WrittenFile
 from lakefold.spark._delta_schema import WritePlan
 from lakefold.spark._delta_target import DeltaTarget, WriteMode
 from lakefold.spark.exceptions import (
-    DeltaCommitConflict,
+    DeltaCommitConflictError,
     NotADeltaTableError,
     SchemaMergeError,
     SparkTerminalError,
@@ -119,7 +119,7 @@ def _with_retry(target: DeltaTarget, table: DeltaTable, batch_id: int, policy: C
             attempt_once(table)
         except CommitFailedError as e:
             if attempt == policy.attempts:
-                raise DeltaCommitConflict(
+                raise DeltaCommitConflictError(
                     f"batch {batch_id} of {target.app_id!r} lost {attempt} commit races on "
                     f"{target.path}; another writer keeps committing: retry the batch later"
                 ) from e

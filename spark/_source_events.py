@@ -32,7 +32,7 @@ import pyarrow as pa
 
 from lakefold.eventstore import (
     PAYLOAD_FIELDS,
-    InvalidRequest,
+    InvalidRequestError,
     events_schema,
     head_position,
     read_events_range,
@@ -74,7 +74,7 @@ class EventsQuery:
                                           for n in names))
         try:
             events_schema(column_list or None)
-        except InvalidRequest as e:
+        except InvalidRequestError as e:
             raise SparkTerminalError(str(e)) from e
         query = cls(
             dsn=store_dsn_option(lowered),

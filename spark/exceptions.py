@@ -14,7 +14,7 @@ class SparkTerminalError(SparkLayerError, TerminalError):
     """A Spark source, sink or query failed in a way that needs a person."""
 
 
-class DeltaCommitConflict(SparkLayerError, TransientError):
+class DeltaCommitConflictError(SparkLayerError, TransientError):
     """Another writer committed to the Delta table first; retry the batch."""
 
 
@@ -35,5 +35,5 @@ class QueryError(SparkTerminalError):
     stack trace."""
 
 
-class SourceUnavailable(SparkLayerError, TransientError):
+class SourceUnavailableError(SparkLayerError, TransientError):
     """A store a source reads from cannot be reached right now; Spark retries the task."""

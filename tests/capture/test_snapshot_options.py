@@ -8,9 +8,9 @@ from datetime import timedelta
 import pytest
 
 from lakefold.capture import (
+    CaptureConfigurationError,
     HealthThresholds,
     HeartbeatPolicy,
-    InvalidConfigError,
     SnapshotPolicy,
 )
 from lakefold.capture._inband import ChunkHeader, decode_chunk_header, encode_chunk, encode_tuple
@@ -32,7 +32,7 @@ from lakefold.capture.exceptions import DecodingError
 ], ids=["chunk", "incremental", "bytes", "workers", "retries", "interval", "keep", "lag",
         "safe"])
 def test_bad_options_are_refused(make, message: str) -> None:
-    with pytest.raises(InvalidConfigError, match=message):
+    with pytest.raises(CaptureConfigurationError, match=message):
         make()
 
 

@@ -22,7 +22,7 @@ from lakefold.eventstore import (
     EVENTS_ARROW_SCHEMA,
     PAYLOAD_FIELDS,
     EventStore,
-    EventStoreNotInstalled,
+    EventStoreNotInstalledError,
     StoreOptions,
     StreamEvents,
     events_schema,
@@ -252,9 +252,9 @@ def test_a_store_without_segments_table_says_to_upgrade(filled: str,
                                                         ) -> None:
     with psycopg.connect(filled, autocommit=True) as conn:
         conn.execute("DROP TABLE lakefold.event_segments")
-    with pytest.raises(EventStoreNotInstalled, match=r"older lakefold.*install"):
+    with pytest.raises(EventStoreNotInstalledError, match=r"older lakefold.*install"):
         list(read_events_range(filled, 1, 10))
-    with pytest.raises(EventStoreNotInstalled, match="install"):
+    with pytest.raises(EventStoreNotInstalledError, match="install"):
         seal(filled, size=SIZE)
     sealer = BackgroundSealer(filled, size=SIZE)
     sealer.poke()

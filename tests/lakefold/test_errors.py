@@ -81,14 +81,14 @@ def test_every_concrete_error_is_transient_or_terminal(error: type[LakefoldError
 
 def test_a_package_base_catches_its_transient_errors() -> None:
     from lakefold.capture.exceptions import ConnectionLostError
-    from lakefold.eventstore.exceptions import EventStoreUnavailable
-    from lakefold.projections.exceptions import TargetUnavailable
-    from lakefold.spark.exceptions import SourceUnavailable
+    from lakefold.eventstore.exceptions import EventStoreUnavailableError
+    from lakefold.projections.exceptions import TargetUnavailableError
+    from lakefold.spark.exceptions import SourceUnavailableError
 
     for base, transient in ((CaptureError, ConnectionLostError),
-                            (EventStoreError, EventStoreUnavailable),
-                            (ProjectionError, TargetUnavailable),
-                            (SparkLayerError, SourceUnavailable)):
+                            (EventStoreError, EventStoreUnavailableError),
+                            (ProjectionError, TargetUnavailableError),
+                            (SparkLayerError, SourceUnavailableError)):
         with pytest.raises(base):
             raise transient("lost")
         assert transient("lost").transient

@@ -17,7 +17,7 @@ from deltalake import DeltaTable
 from lakefold.projections import (
     Catalog,
     DeadLetters,
-    ProjectionNotFound,
+    ProjectionNotFoundError,
     ProjectionStateError,
     RedisCacheReader,
     Runner,
@@ -115,7 +115,7 @@ def test_pause_resume_and_dead_letter_retry(pg, spark, redis_url, tmp_path):
         def revenue() -> dict[str, Decimal]:
             try:
                 path = catalog.current("revenue").delta_path
-            except ProjectionNotFound:  # the runner has not installed the catalog yet
+            except ProjectionNotFoundError:  # the runner has not installed the catalog yet
                 return {}
             if not Path(path, "_delta_log").exists():
                 return {}

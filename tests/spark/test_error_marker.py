@@ -10,14 +10,14 @@ import pytest
 
 from lakefold.core.exceptions import LakefoldError, marker_in
 from lakefold.projections._runner import _describe, _terminal
-from lakefold.projections.exceptions import RecordFailed, TargetUnavailable
+from lakefold.projections.exceptions import RecordFailedError, TargetUnavailableError
 
 if TYPE_CHECKING:
     import pyarrow as pa
     from pyspark.sql import SparkSession
 
-ERRORS: list[tuple[type[LakefoldError], bool]] = [(TargetUnavailable, True),
-                                                 (RecordFailed, False)]
+ERRORS: list[tuple[type[LakefoldError], bool]] = [(TargetUnavailableError, True),
+                                                 (RecordFailedError, False)]
 
 
 def _raiser(kind: type[LakefoldError]) -> Callable[..., None]:
@@ -72,10 +72,10 @@ def test_a_plain_error_wrapping_a_lakefold_error_is_not_taken_for_it() -> None:
 
     try:
         try:
-            raise RecordFailed("inner")
-        except RecordFailed as e:
+            raise RecordFailedError("inner")
+        except RecordFailedError as e:
             raise RuntimeError("outer") from e
     except RuntimeError as e:
         text = "".join(traceback.format_exception(e))
-    assert "[lakefold-error code=RecordFailed transient=false]" in text
+    assert "[lakefold-error code=RecordFailedError transient=false]" in text
     assert marker_in(text) is None
