@@ -96,15 +96,14 @@ def query(
 ) -> None:
     """Run SQL over every materialized table, each registered under its name."""
     from lakefold.settings import load_settings
-    from lakefold.spark._catalog import catalog_for
-    from lakefold.spark._query import Engine, run_query
+    from lakefold.spark import Engine, catalog_for, run_query
 
     settings = load_settings()
     catalog = catalog_for(settings)
     if engine is EngineChoice.LOCAL:
         result = run_query(sql_text, catalog, engine=Engine.LOCAL)
     else:
-        from lakefold.spark._session import session_from_settings
+        from lakefold.spark import session_from_settings
 
         spark = session_from_settings(settings, app_name="lakefold-query")
         try:
@@ -121,8 +120,8 @@ def optimize(
 ) -> None:
     """Compact a table's small files into larger ones (no row changes)."""
     from lakefold.settings import load_settings
-    from lakefold.spark._catalog import catalog_for, resolve_table
-    from lakefold.spark._delta_maintenance import optimize_table
+    from lakefold.spark import catalog_for, optimize_table
+    from lakefold.spark.operations import resolve_table
 
     path = resolve_table(catalog_for(load_settings()), table)
     result = optimize_table(path, target_size=target_size)
@@ -146,8 +145,8 @@ def vacuum(
 ) -> None:
     """Delete files no table version inside the retention window needs."""
     from lakefold.settings import load_settings
-    from lakefold.spark._catalog import catalog_for, resolve_table
-    from lakefold.spark._delta_maintenance import vacuum_table
+    from lakefold.spark import catalog_for, vacuum_table
+    from lakefold.spark.operations import resolve_table
 
     path = resolve_table(catalog_for(load_settings()), table)
     result = vacuum_table(path, retention_hours=retention_hours, dry_run=dry_run,

@@ -84,8 +84,8 @@ def run_demo(settings: Settings, *, orders: int = 2_000, console: Console | None
              ) -> DemoResult:
     """Run the whole demo and print its views; see the module docstring."""
     from lakefold.capture import Capture, CaptureConfig
-    from lakefold.projections._runner import RUNNER_SPARK_CONF
-    from lakefold.spark._session import session_from_settings
+    from lakefold.projections.operations import RUNNER_SPARK_CONF
+    from lakefold.spark import session_from_settings
 
     console = console or Console()
     started = time.monotonic()

@@ -22,12 +22,9 @@ if TYPE_CHECKING:  # the real names for type checkers; at run time they load laz
         Fold,
         Projection,
         Registry,
-        current_registry,
         load_projections,
         projection,
-        registering_into,
     )
-    from lakefold.projections._catalog import Catalog, Generation, SinkRoots
     from lakefold.projections._deadletters import DeadLetter, DeadLetters
     from lakefold.projections._model import (
         ChangelogSource,
@@ -66,9 +63,7 @@ if TYPE_CHECKING:  # the real names for type checkers; at run time they load laz
 # file; importing Redis, Tantivy and psycopg here would add a second to every worker start.
 _EXPORTS: dict[str, str] = {
     "STREAM_KEY": "_api", "Fold": "_api", "Projection": "_api", "Registry": "_api",
-    "current_registry": "_api", "load_projections": "_api", "projection": "_api",
-    "registering_into": "_api",
-    "Catalog": "_catalog", "Generation": "_catalog", "SinkRoots": "_catalog",
+    "load_projections": "_api", "projection": "_api",
     "DeadLetter": "_deadletters", "DeadLetters": "_deadletters",
     "ChangelogSource": "_model", "DeltaTableTarget": "_model", "EventSource": "_model",
     "ProjectionOptions": "_model", "Record": "_model", "RedisCacheTarget": "_model",
@@ -88,14 +83,12 @@ _EXPORTS: dict[str, str] = {
 __all__ = [
     "STREAM_KEY",
     "BehindCompactionError",
-    "Catalog",
     "ChangelogSource",
     "DeadLetter",
     "DeadLetters",
     "DeltaTableTarget",
     "EventSource",
     "Fold",
-    "Generation",
     "IncompatibleTargetError",
     "MatchedText",
     "MissingKeyError",
@@ -116,17 +109,14 @@ __all__ = [
     "SearchHit",
     "SearchIndexReader",
     "SearchIndexTarget",
-    "SinkRoots",
     "StatefulChangelogError",
     "UnknownSourceError",
     "changelog",
-    "current_registry",
     "delta_table",
     "events",
     "load_projections",
     "projection",
     "redis_cache",
-    "registering_into",
     "search_index",
     "table_catalog",
 ]

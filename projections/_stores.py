@@ -121,7 +121,7 @@ def read_events(dsn: str, source: EventSource, start: int, end: int, *,
     made from: position, recorded_at, type, stream_id).
 
     A rebuild replays the whole log through here: sealed ranges come from their segments."""
-    from lakefold.eventstore import read_events_range
+    from lakefold.eventstore.arrow import read_events_range
 
     for batch in read_events_range(dsn, max(start, 1), end, category=source.category,
                                    types=list(source.types) or None, columns=columns):
@@ -130,13 +130,13 @@ def read_events(dsn: str, source: EventSource, start: int, end: int, *,
 
 def event_columns() -> tuple[str, ...]:
     """The event store's columns, as ``read_events`` returns them after the metadata."""
-    from lakefold.eventstore import EVENTS_ARROW_SCHEMA
+    from lakefold.eventstore.arrow import EVENTS_ARROW_SCHEMA
 
     return tuple(EVENTS_ARROW_SCHEMA.names)
 
 
 def events_arrow_schema() -> pa.Schema:
-    from lakefold.eventstore import EVENTS_ARROW_SCHEMA
+    from lakefold.eventstore.arrow import EVENTS_ARROW_SCHEMA
 
     return pa.schema([*META_FIELDS, *EVENTS_ARROW_SCHEMA])
 

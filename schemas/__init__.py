@@ -36,11 +36,5 @@ __all__ += [
     "new_event_id",
 ]
 
-# Arrow and Spark schemas of event models and captured columns (lakefold.spark's side).
-from lakefold.schemas.arrow import (  # noqa: E402
-    arrow_schema_for_model,
-    payload_schema,
-    spark_compatible,
-)
-
-__all__ += ["arrow_schema_for_model", "payload_schema", "spark_compatible"]
+# Arrow and Spark schemas of event models and captured columns (lakefold.spark's side) are in
+# the public module ``lakefold.schemas.arrow``.

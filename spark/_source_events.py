@@ -30,9 +30,9 @@ from dataclasses import dataclass
 
 import pyarrow as pa
 
-from lakefold.eventstore import (
+from lakefold.eventstore import InvalidRequestError
+from lakefold.eventstore.arrow import (
     PAYLOAD_FIELDS,
-    InvalidRequestError,
     events_schema,
     head_position,
     read_events_range,

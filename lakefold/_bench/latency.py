@@ -134,9 +134,9 @@ def _projections(trigger: float) -> Any:
         delta_table,
         projection,
         redis_cache,
-        registering_into,
         search_index,
     )
+    from lakefold.projections.operations import registering_into
 
     registry = Registry()
     options = ProjectionOptions(trigger_seconds=trigger, max_records_per_batch=50_000)
@@ -184,7 +184,8 @@ def _readers(work: _Workload, stack: ExitStack) -> dict[str, Callable[[], object
     from deltalake import DeltaTable
 
     from lakefold.capture import ChangelogStore
-    from lakefold.projections import Catalog, RedisCacheReader, SearchIndexReader
+    from lakefold.projections import RedisCacheReader, SearchIndexReader
+    from lakefold.projections.operations import Catalog
 
     catalog = stack.enter_context(closing(Catalog(work.dsn)))
     cache = stack.enter_context(closing(RedisCacheReader(work.redis_url, pointer_ttl=60)))
@@ -300,8 +301,8 @@ def run(seconds: float, rate: int, rows: int, probes_per_s: float, warmup: float
 
     from lakefold.capture import Capture, CaptureConfig, ChangelogStore
     from lakefold.local import LocalPostgres, LocalRedis
-    from lakefold.projections import Runner, RunnerConfig, SinkRoots
-    from lakefold.projections._runner import RUNNER_SPARK_CONF
+    from lakefold.projections import Runner, RunnerConfig
+    from lakefold.projections.operations import RUNNER_SPARK_CONF, SinkRoots
     from lakefold.spark import spark_session
 
     report = Report("latency", {"seconds": seconds, "rate": rate, "rows": rows,

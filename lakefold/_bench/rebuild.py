@@ -62,14 +62,8 @@ LIVE_BATCH = 200_000
 def _registry(batch: int) -> Any:
     from pyspark.sql import functions as F
 
-    from lakefold.projections import (
-        ProjectionOptions,
-        Registry,
-        delta_table,
-        events,
-        projection,
-        registering_into,
-    )
+    from lakefold.projections import ProjectionOptions, Registry, delta_table, events, projection
+    from lakefold.projections.operations import registering_into
 
     registry = Registry()
     options = ProjectionOptions(trigger_seconds=0.5, max_records_per_batch=min(batch, LIVE_BATCH),
@@ -115,7 +109,8 @@ class _Background:
 def _build_and_rebuild(report: Report, spark: Any, dsn: str, scratch: Path, events: int,
                        batch: int) -> str:
     """Generation 1 from nothing, then a rebuild into generation 2; the new table's path."""
-    from lakefold.projections import Catalog, Runner, RunnerConfig, SinkRoots
+    from lakefold.projections import Runner, RunnerConfig
+    from lakefold.projections.operations import Catalog, SinkRoots
 
     roots = SinkRoots.under(scratch)
     catalog = Catalog(dsn, roots)  # what a `lakefold rebuild` process opens
@@ -156,7 +151,7 @@ def run(events: int, customers: int, batch: int, store_dsn: str | None = None) -
     from deltalake import DeltaTable
     from pyspark.sql import functions as F
 
-    from lakefold.projections._runner import RUNNER_SPARK_CONF
+    from lakefold.projections.operations import RUNNER_SPARK_CONF
     from lakefold.spark import register_sources, spark_session
 
     report = Report("rebuild", {"events": events, "customers": customers, "batch": batch})

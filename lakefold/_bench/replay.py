@@ -129,7 +129,7 @@ def _measure_reads(report: Report, spark: SparkSession, dsn: str, events: int,
                    rounds: int = 2) -> None:
     """The lakefold source and spark.read.jdbc, both warmed up, then interleaved ``rounds``
     times (load drift hits both); the best round of each is reported, every round in params."""
-    from lakefold.spark._positions import ReadOptions, split_range
+    from lakefold.spark.operations import ReadOptions, split_range
 
     partitions = len(split_range(1, events + 1, ReadOptions()))
     report.params["partitions"] = partitions

@@ -14,15 +14,17 @@ import pyarrow as pa
 import pytest
 
 from lakefold.eventstore import (
-    EVENTS_ARROW_SCHEMA,
     EventStore,
     EventStoreNotInstalledError,
     EventStoreUnavailableError,
     InvalidRequestError,
-    events_range_select,
-    head_position,
     list_categories,
     list_event_types,
+)
+from lakefold.eventstore.arrow import (
+    EVENTS_ARROW_SCHEMA,
+    events_range_select,
+    head_position,
     read_events_range,
 )
 from lakefold.schemas import EventMetadata, NewEvent

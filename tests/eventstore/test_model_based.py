@@ -24,8 +24,8 @@ from lakefold.eventstore import (
     StoreOptions,
     StreamEvents,
     WrongExpectedVersionError,
-    read_events_range,
 )
+from lakefold.eventstore.arrow import read_events_range
 from lakefold.schemas import NewEvent
 from tests.fixtures.postgres import PostgresServer, drop_database
 

@@ -18,19 +18,16 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from lakefold.eventstore import (
-    EVENTS_ARROW_SCHEMA,
-    PAYLOAD_FIELDS,
-    EventStore,
-    EventStoreNotInstalledError,
-    StoreOptions,
-    StreamEvents,
-    events_schema,
-    read_events_range,
-)
+from lakefold.eventstore import EventStore, EventStoreNotInstalledError, StoreOptions, StreamEvents
 from lakefold.eventstore._ddl import SEAL_LOCK_KEY
 from lakefold.eventstore._sealer import BackgroundSealer, seal
 from lakefold.eventstore._segments import decode, unsealed_ranges
+from lakefold.eventstore.arrow import (
+    EVENTS_ARROW_SCHEMA,
+    PAYLOAD_FIELDS,
+    events_schema,
+    read_events_range,
+)
 from lakefold.schemas import NewEvent
 from tests.fixtures.postgres import TestDatabase
 

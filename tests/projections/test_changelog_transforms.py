@@ -21,22 +21,20 @@ from pyspark.sql import Window
 from pyspark.sql import functions as F
 
 from lakefold.projections import (
-    Catalog,
     Fold,
     Registry,
     Runner,
     RunnerConfig,
-    SinkRoots,
     StatefulChangelogError,
     changelog,
     delta_table,
     events,
     projection,
     redis_cache,
-    registering_into,
 )
 from lakefold.projections._plan import validate
 from lakefold.projections._source import source_frame
+from lakefold.projections.operations import Catalog, SinkRoots, registering_into
 from tests.projections import helpers
 
 pytestmark = pytest.mark.timeout(240)

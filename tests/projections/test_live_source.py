@@ -5,12 +5,13 @@ from __future__ import annotations
 import pytest
 
 from lakefold._bench.history import CATEGORY, load_history
-from lakefold.projections import Registry, delta_table, projection, registering_into
+from lakefold.projections import Registry, delta_table, projection
 from lakefold.projections._live_source import FORMAT as LIVE_FORMAT
 from lakefold.projections._live_source import LIVE_READ_MAX, live_frame
 from lakefold.projections._model import events
 from lakefold.projections._plan import build
 from lakefold.projections._source import source_frame
+from lakefold.projections.operations import registering_into
 from tests.projections import helpers
 
 pytestmark = pytest.mark.timeout(120)

@@ -13,16 +13,9 @@ import pytest
 from deltalake import DeltaTable
 
 from lakefold.eventstore import EventStore
-from lakefold.projections import (
-    Catalog,
-    RedisCacheReader,
-    Runner,
-    RunnerConfig,
-    SinkRoots,
-    _batch,
-    load_projections,
-)
+from lakefold.projections import RedisCacheReader, Runner, RunnerConfig, _batch, load_projections
 from lakefold.projections._stores import events_head
+from lakefold.projections.operations import Catalog, SinkRoots
 from lakefold.schemas.events import NewEvent
 from tests.projections import helpers
 

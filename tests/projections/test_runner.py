@@ -15,7 +15,6 @@ import redis
 from deltalake import DeltaTable
 
 from lakefold.projections import (
-    Catalog,
     DeadLetters,
     ProjectionNotFoundError,
     ProjectionStateError,
@@ -23,10 +22,10 @@ from lakefold.projections import (
     Runner,
     RunnerConfig,
     SearchIndexReader,
-    SinkRoots,
     load_projections,
 )
 from lakefold.projections._search import IndexLayout, SearchIndexWriter
+from lakefold.projections.operations import Catalog, SinkRoots
 from tests.projections import helpers
 
 pytestmark = pytest.mark.timeout(240)

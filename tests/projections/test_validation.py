@@ -11,20 +11,17 @@ import pytest
 from pyspark.sql import functions as F
 
 from lakefold.projections import (
-    Catalog,
     Fold,
     ProjectionOptions,
     Registry,
     Runner,
     RunnerConfig,
-    SinkRoots,
     changelog,
     delta_table,
     events,
     load_projections,
     projection,
     redis_cache,
-    registering_into,
     search_index,
 )
 from lakefold.projections._plan import validate
@@ -35,6 +32,7 @@ from lakefold.projections.exceptions import (
     ProjectionNotFoundError,
     UnknownSourceError,
 )
+from lakefold.projections.operations import Catalog, SinkRoots, registering_into
 from tests.projections import helpers
 
 pytestmark = pytest.mark.timeout(120)
