@@ -45,11 +45,11 @@ if TYPE_CHECKING:
         parse_lsn,
     )
     from lakefold.capture.exceptions import (
+        CaptureConfigurationError,
         CaptureError,
         CaptureRunningError,
         ConnectionLostError,
         DecodingError,
-        InvalidConfigError,
         OwnershipError,
         OwnershipLostError,
         SlotError,
@@ -95,7 +95,7 @@ _EXPORTS: dict[str, str] = {
     "CaptureRunningError": "lakefold.capture.exceptions",
     "ConnectionLostError": "lakefold.capture.exceptions",
     "DecodingError": "lakefold.capture.exceptions",
-    "InvalidConfigError": "lakefold.capture.exceptions",
+    "CaptureConfigurationError": "lakefold.capture.exceptions",
     "OwnershipError": "lakefold.capture.exceptions",
     "OwnershipLostError": "lakefold.capture.exceptions",
     "SlotError": "lakefold.capture.exceptions",
@@ -106,6 +106,7 @@ _EXPORTS |= dict.fromkeys(_store.__all__, "lakefold.capture.store")
 __all__ = [
     "Capture",
     "CaptureConfig",
+    "CaptureConfigurationError",
     "CaptureError",
     "CaptureRunningError",
     "CaptureStats",
@@ -113,7 +114,6 @@ __all__ = [
     "DecodingError",
     "HealthThresholds",
     "HeartbeatPolicy",
-    "InvalidConfigError",
     "OwnershipError",
     "OwnershipLostError",
     "SlotError",

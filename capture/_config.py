@@ -9,7 +9,7 @@ from datetime import timedelta
 from typing import Final
 
 from lakefold.capture._options import HeartbeatPolicy, SnapshotPolicy
-from lakefold.capture.exceptions import InvalidConfigError, SourceConfigurationError
+from lakefold.capture.exceptions import CaptureConfigurationError, SourceConfigurationError
 from lakefold.capture.store._compaction import CompactionPolicy
 
 _SLOT_NAME: Final = re.compile(r"^[a-z0-9_]{1,63}$")
@@ -86,29 +86,29 @@ class CaptureConfig:
 
     def __post_init__(self) -> None:
         if not self.source_dsn:
-            raise InvalidConfigError("source_dsn is empty; give the DSN of the database to "
+            raise CaptureConfigurationError("source_dsn is empty; give the DSN of the database to "
                                      "capture (LAKEFOLD_DSN or --dsn)")
         if not _SLOT_NAME.match(self.slot):
-            raise InvalidConfigError(
+            raise CaptureConfigurationError(
                 f"slot name {self.slot!r} is invalid; use 1-63 lower-case letters, digits and "
                 "underscores")
         if not self.publication or len(self.publication) > 63:
-            raise InvalidConfigError(
+            raise CaptureConfigurationError(
                 f"publication name {self.publication!r} must have 1-63 characters")
         if (self.schema is None) == (not self.tables):
-            raise InvalidConfigError(
+            raise CaptureConfigurationError(
                 "say what to capture: either a schema (all its tables) or a list of tables, "
                 "not both and not neither")
         if isinstance(self.tables, str):
-            raise InvalidConfigError("tables must be a sequence of 'schema.table' names")
+            raise CaptureConfigurationError("tables must be a sequence of 'schema.table' names")
         refs = tuple(TableRef.parse(t) for t in self.tables)
         if len(set(refs)) != len(refs):
-            raise InvalidConfigError(f"tables lists a table twice: {', '.join(self.tables)}")
+            raise CaptureConfigurationError(f"tables lists a table twice: {', '.join(self.tables)}")
         object.__setattr__(self, "table_refs", refs)
         if self.batch_rows < 1 or self.batch_bytes < 1024:
-            raise InvalidConfigError("batch_rows must be >= 1 and batch_bytes >= 1024")
+            raise CaptureConfigurationError("batch_rows must be >= 1 and batch_bytes >= 1024")
         if self.take_over_timeout.total_seconds() <= 0:
-            raise InvalidConfigError(
+            raise CaptureConfigurationError(
                 f"take_over_timeout must be positive, not {self.take_over_timeout}; it is how "
                 "long to wait for the running capture to hand the slot over")
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import timedelta
 
-from lakefold.capture.exceptions import InvalidConfigError
+from lakefold.capture.exceptions import CaptureConfigurationError
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,15 +41,16 @@ class SnapshotPolicy:
 
     def __post_init__(self) -> None:
         if self.chunk_rows < 1 or self.incremental_chunk_rows < 1:
-            raise InvalidConfigError("snapshot chunk_rows and incremental_chunk_rows must be "
-                                     "at least 1")
+            raise CaptureConfigurationError(
+                "snapshot chunk_rows and incremental_chunk_rows must be at least 1")
         if self.chunk_bytes < 1024:
-            raise InvalidConfigError(f"snapshot chunk_bytes must be at least 1024, not "
+            raise CaptureConfigurationError(f"snapshot chunk_bytes must be at least 1024, not "
                                      f"{self.chunk_bytes}")
         if self.workers < 1:
-            raise InvalidConfigError(f"snapshot workers must be at least 1, not {self.workers}")
+            raise CaptureConfigurationError(
+                f"snapshot workers must be at least 1, not {self.workers}")
         if self.lock_retries < 0:
-            raise InvalidConfigError("snapshot lock_retries must not be negative")
+            raise CaptureConfigurationError("snapshot lock_retries must not be negative")
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,9 +66,10 @@ class HeartbeatPolicy:
 
     def __post_init__(self) -> None:
         if self.interval <= timedelta(0):
-            raise InvalidConfigError(f"heartbeat interval must be positive, not {self.interval}")
+            raise CaptureConfigurationError(
+                f"heartbeat interval must be positive, not {self.interval}")
         if self.keep < 1:
-            raise InvalidConfigError("heartbeat keep must be at least 1")
+            raise CaptureConfigurationError("heartbeat keep must be at least 1")
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,11 +86,11 @@ class HealthThresholds:
         for name, (warn, crit) in (("lag_bytes", self.lag_bytes),
                                    ("lag_seconds", self.lag_seconds)):
             if warn < 0 or crit < warn:
-                raise InvalidConfigError(
+                raise CaptureConfigurationError(
                     f"{name} thresholds must be (warning, critical) with 0 <= warning <= "
                     f"critical, got ({warn}, {crit})")
         warn, crit = self.safe_wal_bytes
         if crit < 0 or warn < crit:
-            raise InvalidConfigError(
+            raise CaptureConfigurationError(
                 "safe_wal_bytes thresholds must be (warning, critical) with warning >= "
                 f"critical >= 0 (less headroom is worse), got ({warn}, {crit})")

@@ -10,7 +10,11 @@ above it); this module lists every capture error.
 from __future__ import annotations
 
 from lakefold.capture.store.exceptions import (
+    CaptureConfigurationError,
     CaptureError,
+    CaptureLookupError,
+    CaptureTerminalError,
+    CaptureValueError,
     ConnectionLostError,
     OwnershipError,
     OwnershipLostError,
@@ -19,13 +23,17 @@ from lakefold.capture.store.exceptions import (
     StoreUnavailableError,
     UnknownStreamError,
 )
+from lakefold.core.exceptions import ConfigurationError
 
 __all__ = [
+    "CaptureConfigurationError",
     "CaptureError",
+    "CaptureLookupError",
     "CaptureRunningError",
+    "CaptureTerminalError",
+    "CaptureValueError",
     "ConnectionLostError",
     "DecodingError",
-    "InvalidConfigError",
     "OwnershipError",
     "OwnershipLostError",
     "ReaderBehindCompactionError",
@@ -37,7 +45,7 @@ __all__ = [
 ]
 
 
-class SourceConfigurationError(CaptureError):
+class SourceConfigurationError(CaptureTerminalError, ConfigurationError):
     """The source server or database is not set up for logical replication as required
     (``wal_level``, privileges, replica identity)."""
 
@@ -47,13 +55,9 @@ class CaptureRunningError(OwnershipError):
     to hand the slot over)."""
 
 
-class SlotError(CaptureError):
+class SlotError(CaptureTerminalError):
     """The replication slot is missing, in use by another process, or unusable."""
 
 
-class DecodingError(CaptureError):
+class DecodingError(CaptureTerminalError):
     """The replication stream contained something the decoder cannot interpret."""
-
-
-class InvalidConfigError(CaptureError):
-    """A capture or store option has a wrong value."""

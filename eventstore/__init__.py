@@ -29,13 +29,6 @@ Public interface (see each docstring for guarantees):
 - Ports: ``EventRecorder`` with ``PostgresRecorder`` and ``InMemoryRecorder``.
 """
 
-from lakefold.eventstore._arrow import (
-    EVENTS_ARROW_SCHEMA,
-    events_range_select,
-    events_schema,
-    head_position,
-    read_events_range,
-)
 from lakefold.eventstore._inventory import list_categories, list_event_types
 from lakefold.eventstore._memory import InMemoryRecorder
 from lakefold.eventstore._model import (
@@ -47,33 +40,26 @@ from lakefold.eventstore._model import (
     EventStoreStatus,
     Expected,
     ExpectedVersion,
-    LogQuery,
-    Sealed,
-    StreamQuery,
     StreamState,
-    WatermarkHolder,
 )
 from lakefold.eventstore._postgres import PostgresRecorder, save_checkpoint
-from lakefold.eventstore._recorder import EventRecorder, Waiter
-from lakefold.eventstore._segments import PAYLOAD_FIELDS
+from lakefold.eventstore._recorder import EventRecorder
 from lakefold.eventstore._store import EventStore, StoreOptions, StreamEvents, UnitOfWork
 from lakefold.eventstore._subscriptions import EventBatch, Subscription, SubscriptionOptions
 from lakefold.eventstore.exceptions import (
     EventStoreError,
-    EventStoreNotInstalled,
-    EventStoreUnavailable,
-    IdempotencyConflict,
-    InvalidRequest,
-    StreamDeleted,
-    WatermarkHeld,
-    WrongExpectedVersion,
+    EventStoreNotInstalledError,
+    EventStoreUnavailableError,
+    IdempotencyConflictError,
+    InvalidRequestError,
+    StreamDeletedError,
+    WatermarkHeldError,
+    WrongExpectedVersionError,
 )
 
 __all__: list[str] = [
     "ANY",
-    "EVENTS_ARROW_SCHEMA",
     "NO_STREAM",
-    "PAYLOAD_FIELDS",
     "STREAM_EXISTS",
     "AppendResult",
     "AppendedEvent",
@@ -81,34 +67,25 @@ __all__: list[str] = [
     "EventRecorder",
     "EventStore",
     "EventStoreError",
-    "EventStoreNotInstalled",
+    "EventStoreNotInstalledError",
     "EventStoreStatus",
-    "EventStoreUnavailable",
+    "EventStoreUnavailableError",
     "Expected",
     "ExpectedVersion",
-    "IdempotencyConflict",
+    "IdempotencyConflictError",
     "InMemoryRecorder",
-    "InvalidRequest",
-    "LogQuery",
+    "InvalidRequestError",
     "PostgresRecorder",
-    "Sealed",
     "StoreOptions",
-    "StreamDeleted",
+    "StreamDeletedError",
     "StreamEvents",
-    "StreamQuery",
     "StreamState",
     "Subscription",
     "SubscriptionOptions",
     "UnitOfWork",
-    "Waiter",
-    "WatermarkHeld",
-    "WatermarkHolder",
-    "WrongExpectedVersion",
-    "events_range_select",
-    "events_schema",
-    "head_position",
+    "WatermarkHeldError",
+    "WrongExpectedVersionError",
     "list_categories",
     "list_event_types",
-    "read_events_range",
     "save_checkpoint",
 ]

@@ -38,10 +38,10 @@ from lakefold.eventstore._reads import log_statement, with_deletion_records
 from lakefold.eventstore._sequencer import sequence_once
 from lakefold.eventstore._translate import translate_errors
 from lakefold.eventstore.exceptions import (
-    EventStoreError,
-    EventStoreNotInstalled,
-    EventStoreUnavailable,
-    InvalidRequest,
+    EventStoreNotInstalledError,
+    EventStoreTerminalError,
+    EventStoreUnavailableError,
+    InvalidRequestError,
 )
 
 #: The columns of every batch ``read_events_range`` yields.
@@ -70,12 +70,12 @@ _COLUMNS: Final = sql.SQL(
 
 def events_schema(columns: Sequence[str] | None = None) -> pa.Schema:
     """``EVENTS_ARROW_SCHEMA``, or the part of it with ``columns`` (in the schema's order);
-    InvalidRequest names unknown columns."""
+    InvalidRequestError names unknown columns."""
     if columns is None:
         return EVENTS_ARROW_SCHEMA
     unknown = sorted(set(columns) - set(EVENTS_ARROW_SCHEMA.names))
     if unknown:
-        raise InvalidRequest(
+        raise InvalidRequestError(
             f"unknown event column(s) {', '.join(unknown)}; the columns are "
             f"{', '.join(EVENTS_ARROW_SCHEMA.names)}"
         )
@@ -133,13 +133,13 @@ def _fetch(reader: adbc.Connection, statement: str, masked_dsn: str
         yield from reader.batches(statement)
     except adbc.ProgrammingError as e:
         if getattr(e, "sqlstate", None) == "42P01":  # undefined_table
-            raise EventStoreNotInstalled(
+            raise EventStoreNotInstalledError(
                 f"the event store at {masked_dsn} is not installed, or was installed by an "
                 "older lakefold; run `lakefold events install` or EventStore(dsn).install()"
             ) from e
-        raise EventStoreError(f"reading events from {masked_dsn} failed: {e}") from e
+        raise EventStoreTerminalError(f"reading events from {masked_dsn} failed: {e}") from e
     except adbc.Error as e:
-        raise EventStoreUnavailable(f"reading events from {masked_dsn} failed: {e}") from e
+        raise EventStoreUnavailableError(f"reading events from {masked_dsn} failed: {e}") from e
 
 
 def read_rows(reader: adbc.Connection, conn: psycopg.Connection[Any], start: int, end: int,
@@ -227,8 +227,8 @@ def read_events_range(dsn: str, start: int, end: int, *, category: str | None = 
     """Yield the events at global positions ``[start, end)`` as Arrow record batches of at most
     ``batch_size`` rows, in position order, optionally only one category and/or some types
     (deletion records always pass a type filter), only ``columns`` (fewer columns read
-    faster). Empty ranges yield nothing. Raises EventStoreUnavailable (retry) or
-    EventStoreNotInstalled.
+    faster). Empty ranges yield nothing. Raises EventStoreUnavailableError (retry) or
+    EventStoreNotInstalledError.
 
     Positions are 1-based and dense; erased (hard-deleted) and hidden (soft-deleted) events
     leave holes, so a batch may hold fewer rows than its position span.

@@ -62,7 +62,7 @@ import psycopg
 from psycopg import sql
 
 from lakefold.core.dsn import mask_dsn
-from lakefold.eventstore.exceptions import EventStoreUnavailable
+from lakefold.eventstore.exceptions import EventStoreUnavailableError
 
 SCHEMA: Final = "lakefold"
 NOTIFY_CHANNEL: Final = "lakefold_events"
@@ -465,7 +465,7 @@ STATEMENTS: Final = (
 
 def install(dsn: str) -> None:
     """Create schema ``lakefold`` with the event store's tables and functions; idempotent and
-    safe to run from several processes at once. Raises EventStoreUnavailable when the server
+    safe to run from several processes at once. Raises EventStoreUnavailableError when the server
     cannot be reached."""
     try:
         with psycopg.connect(dsn, autocommit=False) as conn:
@@ -474,7 +474,7 @@ def install(dsn: str) -> None:
                 conn.execute(statement)
     except psycopg.OperationalError as e:
         reason = " ".join(str(e).split())
-        raise EventStoreUnavailable(
+        raise EventStoreUnavailableError(
             f"cannot install the event store at {mask_dsn(dsn)}: {reason}; check that the "
             "server is running and the DSN is right"
         ) from e

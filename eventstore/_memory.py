@@ -27,9 +27,9 @@ from lakefold.eventstore._model import (
 )
 from lakefold.eventstore._recorder import EventRecorder, Waiter
 from lakefold.eventstore.exceptions import (
-    IdempotencyConflict,
-    StreamDeleted,
-    WrongExpectedVersion,
+    IdempotencyConflictError,
+    StreamDeletedError,
+    WrongExpectedVersionError,
 )
 from lakefold.schemas.events import (
     EMPTY_METADATA,
@@ -80,7 +80,7 @@ def _stored_metadata(encoded: EncodedEvent) -> EventMetadata:
 def _check_expected(stream_id: str, stream: _Stream | None,
                     expected: ExpectedVersion) -> None:
     if stream is not None and stream.deleted is not None:
-        raise StreamDeleted(stream_id, mode=stream.deleted)
+        raise StreamDeletedError(stream_id, mode=stream.deleted)
     version = stream.version if stream is not None else 0
     ok = (
         expected is Expected.ANY
@@ -89,7 +89,7 @@ def _check_expected(stream_id: str, stream: _Stream | None,
         or (isinstance(expected, int) and version == expected)
     )
     if not ok:
-        raise WrongExpectedVersion(stream_id, expected=describe_expected(expected),
+        raise WrongExpectedVersionError(stream_id, expected=describe_expected(expected),
                                    actual_version=version or None)
 
 
@@ -117,7 +117,7 @@ class InMemoryRecorder(EventRecorder):
         if all(p is None for p in stored):
             return None
         if any(p is None for p in stored):
-            raise IdempotencyConflict(
+            raise IdempotencyConflictError(
                 f"{sum(p is not None for p in stored)} of the {len(stored)} event ids of this "
                 "append are already stored; a retry must resend exactly the original events "
                 "(nothing was written)"
@@ -126,7 +126,7 @@ class InMemoryRecorder(EventRecorder):
         for (append, encoded), position in zip(items, stored, strict=True):
             entry = self._log[position - 1] if position is not None else None
             if entry is None:  # erased by a hard delete since
-                raise StreamDeleted(append.stream_id, mode="hard")
+                raise StreamDeletedError(append.stream_id, mode="hard")
             env = entry.envelope
             event = encoded.event
             retried = (append.stream_id, event.type, event.schema_version)
@@ -134,7 +134,7 @@ class InMemoryRecorder(EventRecorder):
             same_metadata = env.metadata == _stored_metadata(encoded)
             if (env.stream_id, env.type, env.schema_version) != retried \
                     or not (same_data and same_metadata):
-                raise IdempotencyConflict.differing(
+                raise IdempotencyConflictError.differing(
                     env.event_id,
                     stored=(env.stream_id, env.stream_version, env.type, env.schema_version),
                     retried=retried, data=not same_data, metadata=not same_metadata)
@@ -240,12 +240,12 @@ class InMemoryRecorder(EventRecorder):
             if stream is not None and stream.deleted is not None and (
                 stream.deleted == "hard" or not hard
             ):
-                raise StreamDeleted(stream_id, mode=stream.deleted)
+                raise StreamDeletedError(stream_id, mode=stream.deleted)
             version = stream.version if stream is not None else 0
             if stream is None or expected_version is Expected.NO_STREAM or (
                 isinstance(expected_version, int) and expected_version != version
             ):
-                raise WrongExpectedVersion(stream_id, expected=describe_expected(
+                raise WrongExpectedVersionError(stream_id, expected=describe_expected(
                     expected_version), actual_version=version or None)
             for position in self._by_stream.get(stream_id, []):
                 entry = self._log[position - 1]

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Final, overload
 
-from lakefold.eventstore.exceptions import InvalidRequest
+from lakefold.eventstore.exceptions import InvalidRequestError
 from lakefold.schemas.events import (
     EMPTY_METADATA,
     SYSTEM_PREFIX,
@@ -54,12 +54,12 @@ def normalise_expected(expected: object) -> ExpectedVersion:
     if isinstance(expected, Expected):
         return expected
     if isinstance(expected, bool) or not isinstance(expected, int):
-        raise InvalidRequest(
+        raise InvalidRequestError(
             f"expected_version {expected!r} is invalid: pass an int >= 0 or one of "
             "ANY, NO_STREAM, STREAM_EXISTS"
         )
     if expected < 0:
-        raise InvalidRequest(
+        raise InvalidRequestError(
             f"expected_version {expected} is negative: stream versions start at 1 (0 or "
             "NO_STREAM for a new stream)"
         )
@@ -70,25 +70,26 @@ def check_stream_id(stream_id: object, *, allow_system: bool = False) -> str:
     """Validate a stream id: a non-empty string of at most 512 characters, no NUL, no
     surrounding spaces, not starting with ``$`` (reserved)."""
     if not isinstance(stream_id, str):
-        raise InvalidRequest(f"stream id {stream_id!r} is a {type(stream_id).__name__}, not a str")
+        raise InvalidRequestError(
+            f"stream id {stream_id!r} is a {type(stream_id).__name__}, not a str")
     if not stream_id or stream_id != stream_id.strip():
-        raise InvalidRequest(
+        raise InvalidRequestError(
             f"stream id {stream_id!r} is empty or has surrounding spaces; use e.g. 'order-42'"
         )
     if len(stream_id) > MAX_STREAM_ID_LENGTH:
-        raise InvalidRequest(
+        raise InvalidRequestError(
             f"stream id {stream_id[:40]!r}... is {len(stream_id)} characters long; the limit "
             f"is {MAX_STREAM_ID_LENGTH}"
         )
     if "\x00" in stream_id:
-        raise InvalidRequest(f"stream id {stream_id!r} contains a NUL character")
+        raise InvalidRequestError(f"stream id {stream_id!r} contains a NUL character")
     if stream_id.startswith(SYSTEM_PREFIX) and not allow_system:
-        raise InvalidRequest(
+        raise InvalidRequestError(
             f"stream id {stream_id!r} starts with {SYSTEM_PREFIX!r}, which is reserved for "
             "lakefold; pick another id"
         )
     if not category_of(stream_id):
-        raise InvalidRequest(
+        raise InvalidRequestError(
             f"stream id {stream_id!r} has an empty category (it starts with '-'); use "
             "'<category>-<id>', e.g. 'order-42'"
         )
@@ -98,10 +99,10 @@ def check_stream_id(stream_id: object, *, allow_system: bool = False) -> str:
 def check_category(category: object) -> str:
     """Validate a category name; a trailing ``-`` is accepted (``order-`` is ``order``)."""
     if not isinstance(category, str):
-        raise InvalidRequest(f"category {category!r} is not a str")
+        raise InvalidRequestError(f"category {category!r} is not a str")
     name = category[:-1] if category.endswith("-") else category
     if not name or "-" in name or name != name.strip() or "\x00" in name:
-        raise InvalidRequest(
+        raise InvalidRequestError(
             f"category {category!r} is invalid: a category is the part of a stream id before "
             "its first '-', e.g. 'order' for 'order-42'"
         )
@@ -113,24 +114,24 @@ def check_types(types: object) -> tuple[str, ...] | None:
     if types is None:
         return None
     if isinstance(types, str) or not isinstance(types, Sequence | frozenset | set):
-        raise InvalidRequest(f"types {types!r} must be a list of event type names, or None")
+        raise InvalidRequestError(f"types {types!r} must be a list of event type names, or None")
     names = tuple(types)
     if not names or not all(isinstance(t, str) and t for t in names):
-        raise InvalidRequest(f"types {types!r} must be a non-empty list of non-empty names")
+        raise InvalidRequestError(f"types {types!r} must be a non-empty list of non-empty names")
     return names
 
 
 def check_position(value: object, what: str) -> int:
     """Validate a global position argument (an int >= 0)."""
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise InvalidRequest(f"{what} {value!r} is invalid: positions are ints >= 0")
+        raise InvalidRequestError(f"{what} {value!r} is invalid: positions are ints >= 0")
     return value
 
 
 def check_limit(value: object) -> int:
     """Validate a read limit (an int >= 1)."""
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise InvalidRequest(f"limit {value!r} is invalid: pass an int >= 1")
+        raise InvalidRequestError(f"limit {value!r} is invalid: pass an int >= 1")
     return value
 
 
@@ -150,16 +151,17 @@ def _json_text(value: object, what: str) -> str:
     try:
         text = "".join(_ENCODE(value, 0))
     except (TypeError, ValueError) as e:
-        raise InvalidRequest(
+        raise InvalidRequestError(
             f"{what} is not JSON-serialisable ({e}); use str/int/float/bool/None, lists and "
             "dicts with str keys, or a registered pydantic model"
         ) from e
     except RecursionError as e:
-        raise InvalidRequest(
+        raise InvalidRequestError(
             f"{what} contains itself (a reference cycle) or is nested too deeply for JSON"
         ) from e
     if "\\u0000" in text:
-        raise InvalidRequest(f"{what} contains a NUL character, which PostgreSQL jsonb rejects")
+        raise InvalidRequestError(
+            f"{what} contains a NUL character, which PostgreSQL jsonb rejects")
     return text
 
 
@@ -174,9 +176,9 @@ class EncodedEvent:
 
 def _check_type(name: object, index: int) -> None:
     if not isinstance(name, str) or not name or name != name.strip():
-        raise InvalidRequest(f"event #{index} has an invalid type {name!r}")
+        raise InvalidRequestError(f"event #{index} has an invalid type {name!r}")
     if name.startswith(SYSTEM_PREFIX):
-        raise InvalidRequest(
+        raise InvalidRequestError(
             f"event #{index} has type {name!r}; types starting with {SYSTEM_PREFIX!r} are "
             "written by lakefold only"
         )
@@ -186,13 +188,13 @@ def _check_type(name: object, index: int) -> None:
 
 def _check_metadata(metadata: object, index: int) -> str:
     if not isinstance(metadata, EventMetadata):
-        raise InvalidRequest(f"event #{index} has metadata {metadata!r}, not an EventMetadata")
+        raise InvalidRequestError(f"event #{index} has metadata {metadata!r}, not an EventMetadata")
     for name in ("correlation_id", "causation_id"):
         value = getattr(metadata, name)
         if value is not None and not isinstance(value, uuid.UUID):
-            raise InvalidRequest(f"event #{index} has metadata.{name} {value!r}, not a UUID")
+            raise InvalidRequestError(f"event #{index} has metadata.{name} {value!r}, not a UUID")
     if not isinstance(metadata.extra, Mapping):
-        raise InvalidRequest(f"event #{index} has metadata.extra that is not a dict")
+        raise InvalidRequestError(f"event #{index} has metadata.extra that is not a dict")
     if not metadata.extra:
         return "{}"
     return _json_text(metadata.extra, f"event #{index} metadata.extra")
@@ -201,7 +203,7 @@ def _check_metadata(metadata: object, index: int) -> str:
 def encode_event(event: object, index: int) -> EncodedEvent:
     """Validate one ``NewEvent`` and serialise its data and free-form metadata."""
     if not isinstance(event, NewEvent):
-        raise InvalidRequest(
+        raise InvalidRequestError(
             f"event #{index} is a {type(event).__name__}, not a NewEvent (or a registered "
             "pydantic model when the store has a registry)"
         )
@@ -209,12 +211,12 @@ def encode_event(event: object, index: int) -> EncodedEvent:
         _check_type(event.type, index)
     version = event.schema_version
     if type(version) is not int or version < 1:
-        raise InvalidRequest(f"event #{index} has schema_version {version!r}; use an int >= 1")
+        raise InvalidRequestError(f"event #{index} has schema_version {version!r}; use an int >= 1")
     if not isinstance(event.event_id, uuid.UUID):
-        raise InvalidRequest(f"event #{index} has event_id {event.event_id!r}, not a UUID")
+        raise InvalidRequestError(f"event #{index} has event_id {event.event_id!r}, not a UUID")
     data = event.data
     if type(data) is not dict and not isinstance(data, Mapping):
-        raise InvalidRequest(
+        raise InvalidRequestError(
             f"event #{index} ({event.type}) has data of type {type(data).__name__}; "
             "data must be a JSON object (a dict)"
         )
@@ -279,7 +281,7 @@ def _check_unique_id(encoded: EncodedEvent, index: int, seen: dict[int, int]) ->
     call is an error (``seen`` maps ids to the index that claimed them, so encoding an event
     again is not a duplicate)."""
     if seen.setdefault(encoded.event.event_id.int, index) != index:
-        raise InvalidRequest(
+        raise InvalidRequestError(
             f"event id {encoded.event.event_id} appears twice in one append; every event "
             "needs its own id"
         )
@@ -311,27 +313,27 @@ def build_appends(items: Sequence[tuple[object, object, object]], *,
     recorder must consume them all before committing). Otherwise every event is validated
     here, before anything touches the store."""
     if not items:
-        raise InvalidRequest("nothing to append: pass at least one stream with events")
+        raise InvalidRequestError("nothing to append: pass at least one stream with events")
     checked: list[tuple[str, Sequence[object], ExpectedVersion]] = []
     seen_streams: set[str] = set()
     total = 0
     for stream_id, events, expected in items:
         sid = check_stream_id(stream_id)
         if sid in seen_streams:
-            raise InvalidRequest(
+            raise InvalidRequestError(
                 f"stream {sid!r} appears twice in one append; put all its events in one entry"
             )
         seen_streams.add(sid)
         if isinstance(events, NewEvent | str | bytes | Mapping) or not isinstance(
             events, Sequence
         ):
-            raise InvalidRequest(f"events for stream {sid!r} must be a list of events")
+            raise InvalidRequestError(f"events for stream {sid!r} must be a list of events")
         if not events:
-            raise InvalidRequest(f"no events to append to stream {sid!r}")
+            raise InvalidRequestError(f"no events to append to stream {sid!r}")
         checked.append((sid, events, normalise_expected(expected)))
         total += len(events)
     if total > MAX_EVENTS_PER_APPEND:
-        raise InvalidRequest(
+        raise InvalidRequestError(
             f"{total} events in one append; the limit is {MAX_EVENTS_PER_APPEND}: split it"
         )
     seen_ids: dict[int, int] = {}
@@ -420,7 +422,8 @@ class StreamQuery:
             isinstance(self.from_version, bool) or not isinstance(self.from_version, int)
             or self.from_version < 0
         ):
-            raise InvalidRequest(f"from_version {self.from_version!r} is invalid: use an int >= 0")
+            raise InvalidRequestError(
+                f"from_version {self.from_version!r} is invalid: use an int >= 0")
         if self.limit is not None:
             check_limit(self.limit)
 
@@ -532,7 +535,7 @@ class EventStoreStatus:
 def positive_int(value: object, what: str) -> int:
     """Validate a count (an int >= 1)."""
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise InvalidRequest(f"{what} {value!r} is invalid: use an int >= 1")
+        raise InvalidRequestError(f"{what} {value!r} is invalid: use an int >= 1")
     return value
 
 
@@ -541,5 +544,5 @@ def finite_seconds(value: object, what: str) -> float:
     if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(
         value
     ) or value < 0:
-        raise InvalidRequest(f"{what} {value!r} is invalid: pass seconds as a number >= 0")
+        raise InvalidRequestError(f"{what} {value!r} is invalid: pass seconds as a number >= 0")
     return float(value)

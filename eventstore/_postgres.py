@@ -7,7 +7,7 @@ autocommit connections shared by threads; a background sequencer.
 Idempotency: an append whose version check fails, or whose event id collides, looks the event
 ids up. If they are all stored with the same stream, type, schema version, data and metadata,
 the original result is returned (``duplicate=True``) and nothing is written; a partial or
-different match is an ``IdempotencyConflict`` naming what differs. The fast path pays nothing
+different match is an ``IdempotencyConflictError`` naming what differs. The fast path pays nothing
 for this.
 """
 
@@ -53,11 +53,11 @@ from lakefold.eventstore._sequencer import (
 )
 from lakefold.eventstore._translate import one_line, raise_translated
 from lakefold.eventstore.exceptions import (
-    EventStoreError,
-    EventStoreUnavailable,
-    IdempotencyConflict,
-    StreamDeleted,
-    WrongExpectedVersion,
+    EventStoreTerminalError,
+    EventStoreUnavailableError,
+    IdempotencyConflictError,
+    StreamDeletedError,
+    WrongExpectedVersionError,
 )
 from lakefold.schemas.events import (
     EventEnvelope,
@@ -143,7 +143,8 @@ class _ListenWaiter(Waiter):
             for _ in self._conn.notifies(timeout=timeout, stop_after=1):
                 return True
         except psycopg.OperationalError as e:
-            raise EventStoreUnavailable(f"lost the LISTEN connection: {one_line(e)}; retry") from e
+            raise EventStoreUnavailableError(
+                f"lost the LISTEN connection: {one_line(e)}; retry") from e
         return False
 
     def close(self) -> None:
@@ -190,7 +191,7 @@ class PostgresRecorder(EventRecorder):
         try:
             params = psycopg.conninfo.conninfo_to_dict(dsn)
         except psycopg.ProgrammingError as e:
-            raise EventStoreError(f"the event store DSN is invalid: {e}; check it") from e
+            raise EventStoreTerminalError(f"the event store DSN is invalid: {e}; check it") from e
         # UTF-8 whatever the DSN asks: the one-event fast path sends its arguments as UTF-8.
         self._connect_kwargs: dict[str, Any] = {"autocommit": True, "client_encoding": "UTF8"}
         if "application_name" not in params:
@@ -209,7 +210,7 @@ class PostgresRecorder(EventRecorder):
             self._pool.open(wait=True, timeout=connect_timeout_s)
         except psycopg_pool.PoolTimeout as e:
             self._pool.close()
-            raise EventStoreUnavailable(
+            raise EventStoreUnavailableError(
                 f"cannot connect to the event store at {self._masked} within "
                 f"{connect_timeout_s:.0f} s; check that the server is up and the DSN is right"
             ) from e
@@ -227,7 +228,7 @@ class PostgresRecorder(EventRecorder):
         try:
             conn = psycopg.connect(self.dsn, **self._connect_kwargs)
         except psycopg.OperationalError as e:
-            raise EventStoreUnavailable(
+            raise EventStoreUnavailableError(
                 f"cannot connect to the event store at {self._masked}: {one_line(e)}; check "
                 "that the server is up and the DSN is right"
             ) from e
@@ -336,7 +337,8 @@ class PostgresRecorder(EventRecorder):
             return _ListenWaiter(conn)
         except psycopg.Error as e:
             conn.close()
-            raise EventStoreUnavailable(f"cannot LISTEN at {self._masked}: {one_line(e)}") from e
+            raise EventStoreUnavailableError(
+                f"cannot LISTEN at {self._masked}: {one_line(e)}") from e
 
     def status(self, threshold_s: float) -> EventStoreStatus:
         with self.connection() as conn:
@@ -375,9 +377,11 @@ def save_checkpoint(conn: psycopg.Connection[Any], name: str, position: int) -> 
     """Save subscription ``name``'s checkpoint on ``conn``: inside the caller's transaction when
     one is open, so the checkpoint commits (or rolls back) with the caller's own writes."""
     if not isinstance(name, str) or not name:
-        raise EventStoreError(f"checkpoint name {name!r} is invalid: use a non-empty string")
+        raise EventStoreTerminalError(
+            f"checkpoint name {name!r} is invalid: use a non-empty string")
     if isinstance(position, bool) or not isinstance(position, int) or position < 0:
-        raise EventStoreError(f"checkpoint position {position!r} is invalid: use an int >= 0")
+        raise EventStoreTerminalError(
+            f"checkpoint position {position!r} is invalid: use an int >= 0")
     conn.execute(
         "INSERT INTO lakefold.subscription_checkpoints (name, position) VALUES (%s, %s) "
         "ON CONFLICT (name) DO UPDATE SET position = excluded.position, updated_at = now()",
@@ -393,8 +397,8 @@ def _append_error(error: psycopg.Error, expected: dict[str, ExpectedVersion]) ->
         detail = json.loads(error.diag.message_detail or "{}")
         stream_id = detail["stream_id"]
         if state == _ddl.SQLSTATE_STREAM_DELETED:
-            return StreamDeleted(stream_id, mode=detail["deleted"])
-        return WrongExpectedVersion(stream_id, expected=describe_expected(expected[stream_id]),
+            return StreamDeletedError(stream_id, mode=detail["deleted"])
+        return WrongExpectedVersionError(stream_id, expected=describe_expected(expected[stream_id]),
                                     actual_version=detail["actual"])
     return error
 
@@ -449,7 +453,7 @@ def append_on(conn: Conn, appends: Sequence[StreamAppend]) -> AppendResult:
             if conflict is not e:
                 raise conflict from e
             if attempt == 2:  # an id collided with an event that is gone again: rare, transient
-                raise EventStoreUnavailable(
+                raise EventStoreUnavailableError(
                     "an event id of this append collided with a concurrent append three times; "
                     "retry the append"
                 ) from e
@@ -481,7 +485,7 @@ def _find_duplicate(conn: Conn, appends: Sequence[StreamAppend], params: tuple[A
         return None
     total = sum(len(a.events) for a in appends)
     if len(rows) < total:
-        raise IdempotencyConflict(
+        raise IdempotencyConflictError(
             f"{len(rows)} of the {total} event ids of this append are already stored; a retry "
             "must resend exactly the original events (nothing was written)"
         )
@@ -490,7 +494,7 @@ def _find_duplicate(conn: Conn, appends: Sequence[StreamAppend], params: tuple[A
          new_stream, new_type, new_version, same_data, same_metadata) = row
         if (stream_id, type_, schema_version) != (new_stream, new_type, new_version) \
                 or not (same_data and same_metadata):
-            raise IdempotencyConflict.differing(
+            raise IdempotencyConflictError.differing(
                 event_id, stored=(stream_id, int(version), type_, schema_version),
                 retried=(new_stream, new_type, new_version), data=not same_data,
                 metadata=not same_metadata)

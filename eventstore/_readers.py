@@ -20,7 +20,7 @@ import psycopg
 
 from lakefold.core import adbc
 from lakefold.core.dsn import error_text, mask_dsn
-from lakefold.eventstore.exceptions import EventStoreUnavailable
+from lakefold.eventstore.exceptions import EventStoreUnavailableError
 
 # The log read orders by its primary key under a LIMIT; with a fresh table's statistics the
 # planner picked a bitmap scan plus an on-disk sort (2x slower than the ordered index scan),
@@ -37,11 +37,11 @@ _lock = threading.Lock()
 
 
 def open_reader(dsn: str) -> adbc.Connection:
-    """A new ADBC connection for bulk reads of the log; EventStoreUnavailable when it fails."""
+    """A new ADBC connection for bulk reads of the log; EventStoreUnavailableError when it fails."""
     try:
         reader = adbc.Connection(dsn)
     except adbc.Error as e:
-        raise EventStoreUnavailable(
+        raise EventStoreUnavailableError(
             f"cannot connect to the event store at {mask_dsn(dsn)}: {error_text(e)}; "
             "check the DSN and that the server runs"
         ) from e

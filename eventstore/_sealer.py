@@ -25,7 +25,7 @@ from lakefold.eventstore._readers import open_reader
 from lakefold.eventstore._segments import BOUNDS, SEGMENT_POSITIONS, encode, unsealed_ranges
 from lakefold.eventstore._sequencer import sequence_once
 from lakefold.eventstore._translate import translate_errors
-from lakefold.eventstore.exceptions import EventStoreError
+from lakefold.eventstore.exceptions import EventStoreTerminalError
 
 logger = logging.getLogger(__name__)
 
@@ -60,8 +60,8 @@ def seal(dsn: str, *, size: int = SEGMENT_POSITIONS, stop: threading.Event | Non
     """Seal every complete range of the log that has no segment yet, oldest first, until
     ``stop`` is set, calling ``progress(done, total)`` after each range; see
     ``_segments.py``. Safe to run from several processes at once.
-    Raises EventStoreUnavailable, or EventStoreNotInstalled (also for a store installed by a
-    lakefold without segments: ``install()`` upgrades it)."""
+    Raises EventStoreUnavailableError, or EventStoreNotInstalledError (also for a store
+    installed by a lakefold without segments: ``install()`` upgrades it)."""
     masked = mask_dsn(dsn)
     segments = events = 0
     with translate_errors(masked), psycopg.connect(dsn, autocommit=True) as conn:
@@ -109,7 +109,7 @@ class BackgroundSealer(WakeableThread):
                 return
             try:
                 result = seal(self._dsn, size=self._size, stop=self._stop)
-            except EventStoreError as e:
+            except EventStoreTerminalError as e:
                 logger.warning("event segments are not sealed: %s", e)
                 return
             except Exception as e:  # the server went away, say: a later wake-up retries

@@ -72,7 +72,7 @@ from psycopg.rows import TupleRow
 
 from lakefold.eventstore._background import WakeableThread
 from lakefold.eventstore._model import EventStoreStatus, Sequenced, WatermarkHolder
-from lakefold.eventstore.exceptions import EventStoreError
+from lakefold.eventstore.exceptions import EventStoreTerminalError
 
 logger = logging.getLogger(__name__)
 
@@ -106,7 +106,7 @@ LIMIT 1
 def one_row(row: TupleRow | None) -> TupleRow:
     """The row a statement that always returns one row returned."""
     if row is None:
-        raise EventStoreError("the event store returned no row where one was expected; "
+        raise EventStoreTerminalError("the event store returned no row where one was expected; "
                               "check that `lakefold events install` ran on this database")
     return row
 

@@ -39,9 +39,9 @@ from lakefold.eventstore._recorder import EventRecorder
 from lakefold.eventstore._segments import SEGMENT_POSITIONS
 from lakefold.eventstore._subscriptions import Subscription, SubscriptionOptions
 from lakefold.eventstore.exceptions import (
-    EventStoreError,
-    InvalidRequest,
-    WatermarkHeld,
+    EventStoreTerminalError,
+    InvalidRequestError,
+    WatermarkHeldError,
 )
 from lakefold.schemas.events import (
     EMPTY_METADATA,
@@ -50,7 +50,7 @@ from lakefold.schemas.events import (
     NewEvent,
     new_event_id,
 )
-from lakefold.schemas.exceptions import UnknownEventType
+from lakefold.schemas.exceptions import UnknownEventTypeError
 from lakefold.schemas.registry import EventRegistry
 
 
@@ -138,7 +138,7 @@ class EventStore:
                  options: StoreOptions | None = None) -> None:
         self.options = options or StoreOptions()
         if not isinstance(dsn, str) or not dsn.strip():
-            raise InvalidRequest("the event store needs a PostgreSQL DSN, e.g. "
+            raise InvalidRequestError("the event store needs a PostgreSQL DSN, e.g. "
                                  "'host=127.0.0.1 dbname=app user=app'")
         recorder = PostgresRecorder(
             dsn, pool_size=self.options.pool_size,
@@ -167,7 +167,7 @@ class EventStore:
 
     def _init(self, recorder: EventRecorder, registry: EventRegistry | None) -> None:
         if registry is not None and not isinstance(registry, EventRegistry):
-            raise InvalidRequest(f"registry must be an EventRegistry, not {type(registry)}")
+            raise InvalidRequestError(f"registry must be an EventRegistry, not {type(registry)}")
         self.recorder = recorder
         self.registry = registry
 
@@ -190,7 +190,7 @@ class EventStore:
     def _to_new_event(self, event: object, metadata: EventMetadata) -> object:
         if isinstance(event, BaseModel):
             if self.registry is None:
-                raise UnknownEventType(
+                raise UnknownEventTypeError(
                     f"{type(event).__name__} is a pydantic model, but this store has no "
                     "registry; pass EventStore(..., registry=...) or append NewEvent values"
                 )
@@ -202,13 +202,13 @@ class EventStore:
     def _prepare(self, streams: Sequence[StreamEvents], metadata: EventMetadata
                  ) -> tuple[StreamAppend, ...]:
         if isinstance(streams, StreamEvents) or not isinstance(streams, Sequence):
-            raise InvalidRequest("append_streams takes a list of StreamEvents")
+            raise InvalidRequestError("append_streams takes a list of StreamEvents")
         if not isinstance(metadata, EventMetadata):
-            raise InvalidRequest(f"metadata must be an EventMetadata, not {type(metadata)}")
+            raise InvalidRequestError(f"metadata must be an EventMetadata, not {type(metadata)}")
         items: list[tuple[object, object, object]] = []
         for entry in streams:
             if not isinstance(entry, StreamEvents):
-                raise InvalidRequest(f"{entry!r} is not a StreamEvents")
+                raise InvalidRequestError(f"{entry!r} is not a StreamEvents")
             items.append((entry.stream_id, entry.events, entry.expected_version))
         registry = self.registry
 
@@ -228,9 +228,9 @@ class EventStore:
         model events (``NewEvent``s carry their own).
 
         Atomic: all events are stored, or none and a typed error says why
-        (``WrongExpectedVersion`` with the actual version, ``StreamDeleted``,
-        ``IdempotencyConflict``, ``InvalidRequest``, ``UnknownEventType``,
-        ``InvalidEventData``). Idempotent: resending events whose ids are stored returns the
+        (``WrongExpectedVersionError`` with the actual version, ``StreamDeletedError``,
+        ``IdempotencyConflictError``, ``InvalidRequestError``, ``UnknownEventTypeError``,
+        ``InvalidEventDataError``). Idempotent: resending events whose ids are stored returns the
         original result (``duplicate=True``). Global positions in the result are ``None``
         until the events are visible to global readers; see ``wait_for_positions``."""
         return self.append_streams([StreamEvents(stream_id, events, expected_version)],
@@ -248,7 +248,7 @@ class EventStore:
         (``UnitOfWork.connection``); committed when the block ends, rolled back on error."""
         recorder = self.recorder
         if not isinstance(recorder, PostgresRecorder):
-            raise EventStoreError("transactions need the PostgreSQL event store")
+            raise EventStoreTerminalError("transactions need the PostgreSQL event store")
         with recorder.connection() as conn:
             with conn.transaction():
                 unit = UnitOfWork(self, conn)
@@ -259,7 +259,7 @@ class EventStore:
     def wait_for_positions(self, result: AppendResult, *, timeout_s: float = 10.0
                            ) -> AppendResult:
         """``result`` with every global position filled in, once the events are visible to
-        global readers. Raises ``WatermarkHeld`` (transient), naming the transaction that
+        global readers. Raises ``WatermarkHeldError`` (transient), naming the transaction that
         holds the watermark, when that takes longer than ``timeout_s``."""
         finite_seconds(timeout_s, "timeout_s")
         deadline = time.monotonic() + timeout_s
@@ -279,7 +279,7 @@ class EventStore:
             if time.monotonic() >= deadline:
                 status = self.status()
                 holder = status.holder.describe() if status.holder else "an unknown transaction"
-                raise WatermarkHeld(
+                raise WatermarkHeldError(
                     f"{len(missing)} appended events are not yet visible to global readers "
                     f"after {timeout_s:.1f} s: the watermark is held by {holder}; they become "
                     "visible when it ends"
@@ -366,7 +366,7 @@ class EventStore:
         one can still be hard-deleted."""
         check_stream_id(stream_id)
         if not isinstance(hard, bool):
-            raise InvalidRequest(f"hard must be True or False, not {hard!r}")
+            raise InvalidRequestError(f"hard must be True or False, not {hard!r}")
         expected = normalise_expected(expected_version)
         event_id = new_event_id()
         self.recorder.delete_stream(stream_id, expected_version=expected, hard=hard,
@@ -381,7 +381,7 @@ class EventStore:
         """A durable subscription: starts after the checkpoint saved under ``name`` (or at the
         beginning), delivers at least once, in position order."""
         if not isinstance(name, str) or not name.strip():
-            raise InvalidRequest(f"subscription name {name!r} is invalid: use a non-empty str")
+            raise InvalidRequestError(f"subscription name {name!r} is invalid: use a non-empty str")
         start = self.recorder.load_checkpoint(name) or 0
         return Subscription(self.recorder, name=name, options=options or SubscriptionOptions(),
                             start_after=start, decode=self._decode_or_none())
@@ -405,7 +405,7 @@ class EventStore:
         """Save subscription ``name``'s checkpoint (its own transaction; see ``transaction()``
         to commit it with your writes)."""
         if not isinstance(name, str) or not name:
-            raise InvalidRequest(f"checkpoint name {name!r} is invalid: use a non-empty str")
+            raise InvalidRequestError(f"checkpoint name {name!r} is invalid: use a non-empty str")
         self.recorder.save_checkpoint(name, check_position(position, "position"))
 
     def _decode_or_none(self) -> Any:

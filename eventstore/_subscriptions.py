@@ -32,7 +32,7 @@ from lakefold.eventstore._model import (
     finite_seconds,
 )
 from lakefold.eventstore._recorder import EventRecorder, Waiter
-from lakefold.eventstore.exceptions import EventStoreError, EventStoreUnavailable
+from lakefold.eventstore.exceptions import EventStoreTerminalError, EventStoreUnavailableError
 from lakefold.schemas.events import EventEnvelope
 
 logger = logging.getLogger(__name__)
@@ -63,7 +63,7 @@ class SubscriptionOptions:
         finite_seconds(self.poll_interval_s, "poll_interval_s")
         finite_seconds(self.retry_interval_s, "retry_interval_s")
         if self.poll_interval_s <= 0:
-            raise EventStoreError("poll_interval_s must be > 0")
+            raise EventStoreTerminalError("poll_interval_s must be > 0")
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,7 +122,7 @@ class Subscription:
         checkpoint, on the store's own connection. To commit it with your own writes, use
         ``EventStore.transaction()`` and ``UnitOfWork.save_checkpoint`` instead."""
         if self.name is None:
-            raise EventStoreError(
+            raise EventStoreTerminalError(
                 "an ephemeral subscription has no checkpoint; use EventStore.subscribe(name) "
                 "for a durable one"
             )
@@ -141,7 +141,7 @@ class Subscription:
         while not self._stopped.is_set():
             try:
                 events = self._read()
-            except EventStoreUnavailable as e:
+            except EventStoreUnavailableError as e:
                 self._retry_later(e)
                 continue
             if events:
@@ -155,7 +155,7 @@ class Subscription:
                 return
             try:
                 self._wait(idle_since, idle_timeout_s)
-            except EventStoreUnavailable as e:
+            except EventStoreUnavailableError as e:
                 self._retry_later(e)
 
     def _read(self) -> list[EventEnvelope]:

@@ -8,7 +8,7 @@ from contextlib import contextmanager
 import psycopg
 import psycopg_pool
 
-from lakefold.eventstore.exceptions import EventStoreNotInstalled, EventStoreUnavailable
+from lakefold.eventstore.exceptions import EventStoreNotInstalledError, EventStoreUnavailableError
 
 
 def one_line(error: BaseException) -> str:
@@ -20,18 +20,18 @@ def raise_translated(error: BaseException, masked_dsn: str) -> None:
     """Raise the lakefold error for a connection, pool or missing-schema ``error`` (from it);
     return for any other error."""
     if isinstance(error, psycopg_pool.PoolTimeout):
-        raise EventStoreUnavailable(
+        raise EventStoreUnavailableError(
             f"no connection to the event store at {masked_dsn} became free or could be opened "
             "in time; check the server, or raise StoreOptions.pool_size"
         ) from error
     if isinstance(error, psycopg.errors.UndefinedTable | psycopg.errors.UndefinedFunction
                   | psycopg.errors.InvalidSchemaName):
-        raise EventStoreNotInstalled(
+        raise EventStoreNotInstalledError(
             f"the event store is not installed in {masked_dsn} ({error.diag.message_primary}); "
             "run EventStore(dsn).install() or `lakefold events install`"
         ) from error
     if isinstance(error, psycopg.OperationalError):
-        raise EventStoreUnavailable(
+        raise EventStoreUnavailableError(
             f"the event store at {masked_dsn} failed: {type(error).__name__}: "
             f"{one_line(error)}; retry"
         ) from error

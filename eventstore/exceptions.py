@@ -3,18 +3,23 @@ or terminal (fix something first)."""
 
 from __future__ import annotations
 
-from lakefold.core.exceptions import TerminalError, TransientError
+from lakefold.core.exceptions import LakefoldError, TerminalError, TransientError
 
 
-class EventStoreError(TerminalError):
-    """Base of the event store's terminal errors."""
+class EventStoreError(LakefoldError):
+    """Base of every event store error, transient and terminal: ``except EventStoreError``
+    catches them all; ``error.transient`` tells which to retry."""
 
 
-class InvalidRequest(EventStoreError, ValueError):
+class EventStoreTerminalError(EventStoreError, TerminalError):
+    """The event store refused an operation in a way that retrying will not fix."""
+
+
+class InvalidRequestError(EventStoreTerminalError, ValueError):
     """An append, read or delete was given bad input; nothing was written."""
 
 
-class WrongExpectedVersion(EventStoreError):
+class WrongExpectedVersionError(EventStoreTerminalError):
     """The stream's version was not the one the append expected; nothing was written.
 
     ``actual_version`` is the stream's version when the append was checked (``None``: the stream
@@ -32,7 +37,7 @@ class WrongExpectedVersion(EventStoreError):
         )
 
 
-class StreamDeleted(EventStoreError):
+class StreamDeletedError(EventStoreTerminalError):
     """The stream was deleted (``mode`` 'soft' or 'hard'); it cannot be appended to or deleted
     again in that mode."""
 
@@ -46,7 +51,7 @@ class StreamDeleted(EventStoreError):
         )
 
 
-class IdempotencyConflict(EventStoreError):
+class IdempotencyConflictError(EventStoreTerminalError):
     """An event id is already stored as a different event (another stream, type, schema
     version, data or metadata), or only some events of a retried append are stored; nothing
     was written."""
@@ -54,7 +59,7 @@ class IdempotencyConflict(EventStoreError):
     @classmethod
     def differing(cls, event_id: object, *, stored: tuple[str, int, str, int],
                   retried: tuple[str, str, int], data: bool,
-                  metadata: bool) -> IdempotencyConflict:
+                  metadata: bool) -> IdempotencyConflictError:
         """The conflict of a retried event that differs from the stored one. ``stored`` is the
         stored event's (stream, stream version, type, schema version), ``retried`` the retry's
         (stream, type, schema version); ``data`` and ``metadata`` say whether those differ.
@@ -76,14 +81,14 @@ class IdempotencyConflict(EventStoreError):
         )
 
 
-class EventStoreNotInstalled(EventStoreError):
+class EventStoreNotInstalledError(EventStoreTerminalError):
     """Schema ``lakefold`` has no event store tables in this database."""
 
 
-class EventStoreUnavailable(TransientError):
+class EventStoreUnavailableError(EventStoreError, TransientError):
     """The PostgreSQL server could not be reached or dropped the connection; retry later."""
 
 
-class WatermarkHeld(TransientError):
+class WatermarkHeldError(EventStoreError, TransientError):
     """Committed events are not yet visible to global readers because an older transaction is
     still running (it holds the visibility watermark); they will be once it ends."""

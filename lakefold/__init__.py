@@ -20,7 +20,17 @@ if TYPE_CHECKING:
     )
     from lakefold.eventstore import EventStore, StoreOptions
     from lakefold.local import LocalPostgres, LocalRedis
-    from lakefold.projections import Runner, RunnerConfig, projection
+    from lakefold.projections import (
+        Fold,
+        Runner,
+        RunnerConfig,
+        changelog,
+        delta_table,
+        events,
+        projection,
+        redis_cache,
+        search_index,
+    )
     from lakefold.schemas import EventRegistry, EventType, NewEvent
     from lakefold.settings import Settings, load_settings
     from lakefold.spark import spark_session
@@ -38,6 +48,12 @@ _EXPORTS: dict[str, str] = {
     "Runner": "lakefold.projections",
     "RunnerConfig": "lakefold.projections",
     "projection": "lakefold.projections",
+    "Fold": "lakefold.projections",
+    "changelog": "lakefold.projections",
+    "events": "lakefold.projections",
+    "delta_table": "lakefold.projections",
+    "redis_cache": "lakefold.projections",
+    "search_index": "lakefold.projections",
     "ConfigurationError": "lakefold.core.exceptions",
     "LakefoldError": "lakefold.core.exceptions",
     "TerminalError": "lakefold.core.exceptions",
@@ -57,6 +73,7 @@ __all__ = [
     "EventRegistry",
     "EventStore",
     "EventType",
+    "Fold",
     "LakefoldError",
     "LocalPostgres",
     "LocalRedis",
@@ -67,8 +84,13 @@ __all__ = [
     "StoreOptions",
     "TerminalError",
     "TransientError",
+    "changelog",
+    "delta_table",
+    "events",
     "load_settings",
     "projection",
+    "redis_cache",
+    "search_index",
     "spark_session",
 ]
 

@@ -23,7 +23,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from lakefold._cli_common import app as _app
-from lakefold.core.exceptions import ConfigurationError
+from lakefold.core.exceptions import ConfigurationError, EncodingError
 
 events_app = typer.Typer(
     no_args_is_help=True,
@@ -55,7 +55,7 @@ def _json_default(value: Any) -> Any:
         return value.isoformat()
     if isinstance(value, UUID):
         return str(value)
-    raise TypeError(f"cannot serialise {type(value).__name__}")
+    raise EncodingError(f"cannot serialise {type(value).__name__}")
 
 
 @events_app.command("install")

@@ -20,11 +20,11 @@ from rich.table import Table
 
 from lakefold._cli_common import app
 from lakefold.core.exceptions import ConfigurationError
-from lakefold.projections.exceptions import ProjectionError
+from lakefold.projections.exceptions import ProjectionTerminalError
 
 if TYPE_CHECKING:
-    from lakefold.projections import Catalog, Registry
-    from lakefold.projections._run_report import ProjectionReport
+    from lakefold.projections import ProjectionReport, Registry
+    from lakefold.projections.operations import Catalog
     from lakefold.settings import Settings
 
 dlq_app = typer.Typer(no_args_is_help=True,
@@ -57,7 +57,7 @@ def _store_dsn(settings: Settings) -> str:
 
 
 def _catalog(settings: Settings) -> Catalog:
-    from lakefold.projections import Catalog, SinkRoots
+    from lakefold.projections.operations import Catalog, SinkRoots
 
     catalog = Catalog(_store_dsn(settings), SinkRoots.under(settings.home, settings.lake_dir))
     catalog.install()
@@ -78,8 +78,8 @@ def _registry(settings: Settings, location: str | None) -> Registry:
 def _runner(settings: Settings, location: str | None, *, only: tuple[str, ...] = (),
             trigger: float | None = None) -> Any:
     from lakefold._from_settings import session_from_settings
-    from lakefold.projections import Runner, RunnerConfig, SinkRoots
-    from lakefold.projections._runner import RUNNER_SPARK_CONF
+    from lakefold.projections import Runner, RunnerConfig
+    from lakefold.projections.operations import RUNNER_SPARK_CONF, SinkRoots
 
     registry = _registry(settings, location)
     redis_url = settings.redis_url.get_secret_value() if settings.redis_url else None
@@ -124,7 +124,7 @@ def run(
         runner.close()
     failed = [r for r in reports if r.state == "failed"]
     if failed:
-        raise ProjectionError(
+        raise ProjectionTerminalError(
             f"projection {failed[0].name} failed: {failed[0].error}; fix the cause, then run "
             f"`lakefold resume {failed[0].name}` and `lakefold run` again")
 
@@ -170,7 +170,7 @@ def rebuild(
             if building is None:
                 raise ConfigurationError(f"projection {name} is not being rebuilt")
             catalog.abandon(name, building.generation)
-            from lakefold.projections._readers import release_gone
+            from lakefold.projections.operations import release_gone
 
             release_gone(_store_dsn(settings), catalog)  # it no longer holds compaction
         _out.print(f"abandoned generation {building.generation} of {escape(name)}")
@@ -183,7 +183,7 @@ def rebuild(
             _out.print(f"rebuilt {report.rows:,} row(s) of {escape(name)} generation "
                        f"{report.generation} up to its position {report.position}")
             return
-        from lakefold.projections._status import projection_status
+        from lakefold.projections.operations import projection_status
 
         generation = runner.request_rebuild(name)
         _out.print(f"building generation {generation.generation} of {escape(name)}")
@@ -222,7 +222,7 @@ def resume(name: Annotated[str, typer.Argument(help="The projection to resume.")
 def status(as_json: JsonOption = False) -> None:
     """Per projection: generation, position, lag, throughput, state, last error; per capture
     slot: its health."""
-    from lakefold.projections._status import projection_status, slot_status
+    from lakefold.projections.operations import projection_status, slot_status
 
     settings = _settings()
     with _catalog(settings) as catalog:

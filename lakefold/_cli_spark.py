@@ -22,6 +22,7 @@ from rich.console import Console
 from rich.table import Table
 
 from lakefold._cli_common import app as _app
+from lakefold.core.exceptions import EncodingError
 
 if TYPE_CHECKING:  # pyarrow is imported by the commands that use it, not at CLI start
     import pyarrow as pa
@@ -47,7 +48,7 @@ def _json_default(value: Any) -> Any:
         return value.hex()
     if isinstance(value, dt.timedelta):
         return value.total_seconds()
-    raise TypeError(f"cannot encode {type(value).__name__} as JSON")
+    raise EncodingError(f"cannot encode {type(value).__name__} as JSON")
 
 
 def render(result: pa.Table, fmt: OutputFormat) -> str:
@@ -97,7 +98,7 @@ def query(
     """Run SQL over every materialized table, each registered under its name."""
     from lakefold._from_settings import table_catalog
     from lakefold.settings import load_settings
-    from lakefold.spark._query import Engine, run_query
+    from lakefold.spark import Engine, run_query
 
     settings = load_settings()
     catalog = table_catalog(settings)
@@ -122,8 +123,8 @@ def optimize(
     """Compact a table's small files into larger ones (no row changes)."""
     from lakefold._from_settings import table_catalog
     from lakefold.settings import load_settings
-    from lakefold.spark._catalog import resolve_table
-    from lakefold.spark._delta_maintenance import optimize_table
+    from lakefold.spark import optimize_table
+    from lakefold.spark.operations import resolve_table
 
     path = resolve_table(table_catalog(load_settings()), table)
     result = optimize_table(path, target_size=target_size)
@@ -148,8 +149,8 @@ def vacuum(
     """Delete files no table version inside the retention window needs."""
     from lakefold._from_settings import table_catalog
     from lakefold.settings import load_settings
-    from lakefold.spark._catalog import resolve_table
-    from lakefold.spark._delta_maintenance import vacuum_table
+    from lakefold.spark import vacuum_table
+    from lakefold.spark.operations import resolve_table
 
     path = resolve_table(table_catalog(load_settings()), table)
     result = vacuum_table(path, retention_hours=retention_hours, dry_run=dry_run,

@@ -27,7 +27,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from lakefold import _shop
 from lakefold._demo_views import REVENUE, show_views
 from lakefold.core.dsn import error_text, mask_dsn
-from lakefold.core.exceptions import ConfigurationError, LakefoldError
+from lakefold.core.exceptions import ConfigurationError, TerminalError
 from lakefold.local import LocalPostgres, LocalRedis
 from lakefold.settings import Settings
 
@@ -85,7 +85,7 @@ def run_demo(settings: Settings, *, orders: int = 2_000, console: Console | None
     """Run the whole demo and print its views; see the module docstring."""
     from lakefold._from_settings import session_from_settings
     from lakefold.capture import Capture, CaptureConfig
-    from lakefold.projections._runner import RUNNER_SPARK_CONF
+    from lakefold.projections.operations import RUNNER_SPARK_CONF
 
     console = console or Console()
     started = time.monotonic()
@@ -157,7 +157,7 @@ def _redis_url(settings: Settings, stack: ExitStack, console: Console) -> str:
     return server.url
 
 
-class DemoMismatchError(LakefoldError):
+class DemoMismatchError(TerminalError):
     """The projected table does not equal the source aggregate."""
 
 

@@ -27,7 +27,8 @@ from lakefold import _shop
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
-    from lakefold.projections import Catalog, RedisCacheReader, SearchIndexReader
+    from lakefold.projections import RedisCacheReader, SearchIndexReader
+    from lakefold.projections.operations import Catalog
 
 REVENUE = "revenue_per_customer"
 REBUILT = "customer_cache"
@@ -59,15 +60,13 @@ def show_views(spark: SparkSession, dsn: str, *, home: Path, lake: Path, redis_u
     """Run, show, rebuild and check the four demo views; see the module docstring. ``home``
     and ``lake`` are emptied first, and the Redis namespace dropped, so a rerun starts clean."""
     from lakefold.projections import (
-        Catalog,
         RedisCacheReader,
         Runner,
         RunnerConfig,
         SearchIndexReader,
-        SinkRoots,
         load_projections,
     )
-    from lakefold.projections._redis import drop_prefix
+    from lakefold.projections.operations import Catalog, SinkRoots, drop_prefix
 
     for directory in (home, lake):
         shutil.rmtree(directory, ignore_errors=True)
@@ -119,7 +118,7 @@ def show_views(spark: SparkSession, dsn: str, *, home: Path, lake: Path, redis_u
 
 def _revenue(readers: _Readers) -> list[tuple[int, str, int, Decimal]]:
     """The revenue view as ``lakefold query`` reads it (the catalog's live generation)."""
-    from lakefold.projections._tables import ProjectionTableCatalog
+    from lakefold.projections.operations import ProjectionTableCatalog
     from lakefold.spark import Engine, run_query
 
     tables = ProjectionTableCatalog(store_dsn=readers.dsn, lake_path=readers.lake)

@@ -49,7 +49,7 @@ from lakefold.projections.exceptions import (
     IncompatibleTargetError,
     MissingKeyError,
     ProjectionDefinitionError,
-    ProjectionNotFound,
+    ProjectionNotFoundError,
 )
 from lakefold.spark._source_inputs import ChangelogSource, EventSource, Source
 
@@ -92,7 +92,7 @@ class Projection:
         for source in self.sources:
             if source.alias == alias:
                 return source
-        raise ProjectionNotFound(f"projection {self.name} has no source named {alias!r}")
+        raise ProjectionNotFoundError(f"projection {self.name} has no source named {alias!r}")
 
     def describe(self) -> dict[str, Any]:
         """A JSON-able description (what the catalog fingerprints to notice a changed
@@ -132,7 +132,7 @@ class Registry:
             return self._projections[name]
         except KeyError:
             known = ", ".join(sorted(self._projections)) or "none"
-            raise ProjectionNotFound(
+            raise ProjectionNotFoundError(
                 f"no projection named {name!r}; registered projections: {known}"
             ) from None
 
@@ -360,14 +360,14 @@ def load_projections(location: str | Path) -> Registry:
         if text.endswith(".py") or Path(text).exists():
             path = Path(text)
             if not path.is_file():
-                raise ProjectionNotFound(
+                raise ProjectionNotFoundError(
                     f"projections file {path} does not exist; pass --projections PATH or set "
                     "LAKEFOLD_PROJECTIONS"
                 )
             module_name = f"lakefold_user_projections_{uuid.uuid4().hex[:8]}"
             spec = importlib.util.spec_from_file_location(module_name, path)
             if spec is None or spec.loader is None:
-                raise ProjectionNotFound(f"cannot import {path} as a Python module")
+                raise ProjectionNotFoundError(f"cannot import {path} as a Python module")
             module = importlib.util.module_from_spec(spec)
             sys.modules[module_name] = module
             spec.loader.exec_module(module)
@@ -381,10 +381,10 @@ def load_projections(location: str | Path) -> Registry:
                 else:
                     importlib.import_module(text)
             except ModuleNotFoundError as e:
-                raise ProjectionNotFound(
+                raise ProjectionNotFoundError(
                     f"projections module {text!r} cannot be imported ({e}); pass a .py path "
                     "or an importable module name"
                 ) from e
     if not len(registry):
-        raise ProjectionNotFound(f"{text} defines no projections")
+        raise ProjectionNotFoundError(f"{text} defines no projections")
     return registry

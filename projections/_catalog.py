@@ -34,8 +34,8 @@ from psycopg.types.json import Jsonb
 
 from lakefold.core.dsn import error_text, mask_dsn
 from lakefold.projections.exceptions import (
-    CatalogUnavailable,
-    ProjectionNotFound,
+    CatalogUnavailableError,
+    ProjectionNotFoundError,
     ProjectionStateError,
 )
 
@@ -187,7 +187,7 @@ class Catalog:
     @contextmanager
     def _tx(self) -> Iterator[psycopg.Connection[dict[str, Any]]]:
         """A transaction on the catalog connection; connection loss becomes
-        CatalogUnavailable (transient) and the connection is reopened next time."""
+        CatalogUnavailableError (transient) and the connection is reopened next time."""
         with self._lock:
             try:
                 if self._connection is None or self._connection.closed:
@@ -197,7 +197,7 @@ class Catalog:
                 with self._connection.transaction():
                     yield self._connection
             except psycopg.errors.UndefinedTable as e:
-                raise ProjectionNotFound(
+                raise ProjectionNotFoundError(
                     f"the projection catalog is not installed in {mask_dsn(self.dsn)}; "
                     "run the projections once with `lakefold run`"
                 ) from e
@@ -205,7 +205,7 @@ class Catalog:
                 if self._connection is not None:
                     self._connection.close()
                 self._connection = None
-                raise CatalogUnavailable(
+                raise CatalogUnavailableError(
                     f"the projection catalog at {mask_dsn(self.dsn)} is unreachable "
                     f"({error_text(e)}); "
                     "check that PostgreSQL is running, then retry"
@@ -281,7 +281,7 @@ class Catalog:
                            "last_error, fingerprint, keep_generations, updated_at "
                            "FROM lakefold.projections WHERE name = %s", (name,)).fetchone()
         if row is None:
-            raise ProjectionNotFound(
+            raise ProjectionNotFoundError(
                 f"projection {name!r} is not in the catalog; run it once with `lakefold run`"
             )
         return ProjectionRow(**row)
@@ -338,7 +338,7 @@ class Catalog:
                 "SELECT * FROM lakefold.projection_generations WHERE name = %s "
                 "AND generation = %s", (name, generation)).fetchone()
         if row is None:
-            raise ProjectionNotFound(f"projection {name!r} has no generation {generation}")
+            raise ProjectionNotFoundError(f"projection {name!r} has no generation {generation}")
         return self._generation(row)
 
     def current(self, name: str) -> Generation:
@@ -349,7 +349,7 @@ class Catalog:
                 "ON g.name = p.name AND g.generation = p.current_generation WHERE p.name = %s",
                 (name,)).fetchone()
         if row is None:
-            raise ProjectionNotFound(
+            raise ProjectionNotFoundError(
                 f"projection {name!r} is not in the catalog; run it once with `lakefold run`"
             )
         return self._generation(row)
@@ -414,7 +414,7 @@ class Catalog:
             entry = conn.execute("SELECT * FROM lakefold.projections WHERE name = %s FOR UPDATE",
                                  (name,)).fetchone()
             if entry is None:
-                raise ProjectionNotFound(f"projection {name!r} is not in the catalog")
+                raise ProjectionNotFoundError(f"projection {name!r} is not in the catalog")
             target = conn.execute("SELECT status FROM lakefold.projection_generations "
                                   "WHERE name = %s AND generation = %s",
                                   (name, generation)).fetchone()

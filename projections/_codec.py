@@ -14,6 +14,8 @@ import uuid
 from decimal import Decimal
 from typing import Any
 
+from lakefold.projections.exceptions import ProjectionTypeError
+
 _TAGS = ("$decimal", "$datetime", "$date", "$time", "$bytes", "$uuid")
 
 
@@ -39,7 +41,8 @@ def _default(value: object) -> object:
     model_dump = getattr(value, "model_dump", None)  # pydantic models
     if callable(model_dump):
         return model_dump()
-    raise TypeError(f"cannot store a {type(value).__name__} in projection state or dead letters")
+    raise ProjectionTypeError(f"cannot store a {type(value).__name__} in projection state or "
+                              "dead letters; use JSON-like values, dataclasses or pydantic models")
 
 
 def _hook(obj: dict[str, Any]) -> object:

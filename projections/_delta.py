@@ -42,7 +42,7 @@ from lakefold.projections.exceptions import (
     IncompatibleTargetError,
     MissingKeyError,
     TargetError,
-    TargetUnavailable,
+    TargetUnavailableError,
 )
 from lakefold.spark import DeltaTarget, WriteMode, write_batch
 from lakefold.spark._source_truncates import Truncate
@@ -203,7 +203,7 @@ class DeltaViewWriter:
             merger.execute()
             return DeltaWriteResult(False, rows.num_rows, table.version())
         except CommitFailedError as e:
-            raise TargetUnavailable(
+            raise TargetUnavailableError(
                 f"commit of batch {batch_id} to {self.path} conflicted with another writer; "
                 "retrying the batch"
             ) from e
@@ -270,7 +270,7 @@ class DeltaViewWriter:
              .execute())
             return DeltaWriteResult(False, len(inserts) + len(closes), table.version())
         except CommitFailedError as e:
-            raise TargetUnavailable(
+            raise TargetUnavailableError(
                 f"SCD2 commit of batch {batch_id} to {self.path} conflicted with another "
                 "writer; retrying the batch"
             ) from e

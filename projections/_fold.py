@@ -46,7 +46,7 @@ from lakefold.projections._model import (
     Record,
 )
 from lakefold.projections._truncate import FOLD_KEY_COLUMN, reads_changelog
-from lakefold.projections.exceptions import RecordFailed
+from lakefold.projections.exceptions import ProjectionTypeError, RecordFailedError
 from lakefold.spark._source_truncates import FAN_KEY_COLUMN, TRUNCATE, TRUNCATED_AT_COLUMN
 
 if TYPE_CHECKING:
@@ -102,7 +102,7 @@ def output_schema(fold: FoldLogic, *, track_keys: bool = False) -> StructType:
 
     declared = StructType.fromDDL(fold.schema)
     if not isinstance(declared, StructType):
-        raise TypeError("a fold schema must be a list of columns")
+        raise ProjectionTypeError("a fold schema must be a list of columns")
     return StructType([
         *declared.fields,
         StructField(POSITION_COLUMN, LongType()),
@@ -254,7 +254,7 @@ def make_fold_function(runtime: FoldRuntime) -> Callable[..., Iterator[Any]]:
             result, error, attempts = _attempt(runtime, handler, base, record)
             if error is not None:
                 if runtime.options.on_error == "stop":
-                    raise RecordFailed(
+                    raise RecordFailedError(
                         f"projection {runtime.name}: handler for {record.type} failed on "
                         f"{record.source} position {record.position} after {attempts} "
                         f"attempts: {error}"

@@ -12,10 +12,10 @@ import difflib
 import logging
 from collections.abc import Sequence
 
-from lakefold.projections.exceptions import CatalogUnavailable, UnknownSourceError
+from lakefold.projections.exceptions import CatalogUnavailableError, UnknownSourceError
 from lakefold.spark import _source_reads
 from lakefold.spark._source_inputs import ChangelogSource, Source
-from lakefold.spark.exceptions import SourceUnavailable
+from lakefold.spark.exceptions import SourceUnavailableError
 
 log = logging.getLogger(__name__)
 
@@ -24,16 +24,16 @@ def event_categories(dsn: str) -> list[str]:
     """Categories that have at least one stream in the event store."""
     try:
         return _source_reads.event_categories(dsn)
-    except SourceUnavailable as e:
-        raise CatalogUnavailable(str(e)) from e
+    except SourceUnavailableError as e:
+        raise CatalogUnavailableError(str(e)) from e
 
 
 def event_types(dsn: str, category: str | None) -> list[str]:
     """Event types present in the store (in one category, or anywhere)."""
     try:
         return _source_reads.event_types(dsn, category)
-    except SourceUnavailable as e:
-        raise CatalogUnavailable(str(e)) from e
+    except SourceUnavailableError as e:
+        raise CatalogUnavailableError(str(e)) from e
 
 
 def _warn_empty_category(projection: str, category: str, categories: Sequence[str]) -> None:

@@ -39,10 +39,11 @@ from lakefold.projections._catalog import redis_pointer_key
 from lakefold.projections._model import DELETED_COLUMN, POSITION_COLUMN
 from lakefold.projections._targets import GenerationTarget, Rejected, TargetBatch, TargetContext
 from lakefold.projections.exceptions import (
-    ProjectionNotFound,
+    ProjectionNotFoundError,
     ProjectionStateError,
+    ProjectionTypeError,
     TargetError,
-    TargetUnavailable,
+    TargetUnavailableError,
 )
 
 if TYPE_CHECKING:
@@ -118,7 +119,7 @@ def _json_default(value: object) -> object:
         return value.isoformat()
     if isinstance(value, bytes):
         return value.decode("utf-8", errors="backslashreplace")
-    raise TypeError(f"cannot encode {type(value).__name__} as JSON")
+    raise ProjectionTypeError(f"cannot encode {type(value).__name__} as JSON")
 
 
 def key_text(value: object) -> str:
@@ -162,7 +163,7 @@ class RedisCacheWriter:
         try:
             raw = self._client.hmget(self._checkpoint, ["batch", "chunk"])
         except redis.RedisError as e:
-            raise TargetUnavailable(f"Redis at {mask_dsn(self._url)}: {e}") from e
+            raise TargetUnavailableError(f"Redis at {mask_dsn(self._url)}: {e}") from e
         if raw[0] is None or raw[1] is None:
             return None
         return int(raw[0]), int(raw[1])
@@ -195,7 +196,7 @@ class RedisCacheWriter:
                 deleted += int(self._wipe(keys=[poskey],
                                           args=[self.prefix, position, *keys[i:i + CHUNK_KEYS]]))
         except redis.ConnectionError as e:
-            raise TargetUnavailable(
+            raise TargetUnavailableError(
                 f"Redis at {mask_dsn(self._url)} is unreachable ({e}); retrying"
             ) from e
         except redis.RedisError as e:
@@ -239,7 +240,7 @@ class RedisCacheWriter:
                 result = self._script(keys=[self._checkpoint, self.prefix + "_pos"],
                                       args=argv)
             except redis.ConnectionError as e:
-                raise TargetUnavailable(
+                raise TargetUnavailableError(
                     f"Redis at {mask_dsn(self._url)} is unreachable ({e}); retrying"
                 ) from e
             except redis.RedisError as e:
@@ -321,7 +322,7 @@ class RedisCacheReader:
             return cached[1]
         raw = self._client.get(redis_pointer_key(self._namespace, view))
         if raw is None:
-            raise ProjectionNotFound(
+            raise ProjectionNotFoundError(
                 f"no Redis cache view named {view!r}; is a projection with a redis_cache target "
                 "of that name running (`lakefold status`)?"
             )

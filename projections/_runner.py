@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any
 
 import psycopg
 
-from lakefold.core.exceptions import LakefoldError
+from lakefold.core.exceptions import LakefoldError, marker_in
 from lakefold.projections._api import Projection, Registry
 from lakefold.projections._batch import GenerationSink
 from lakefold.projections._catalog import (
@@ -59,8 +59,9 @@ from lakefold.projections._targeted import PartReport, rebuild_part
 from lakefold.projections._targets import TargetContext, drop_generation_storage
 from lakefold.projections.exceptions import (
     BehindCompactionError,
-    ProjectionNotFound,
+    ProjectionNotFoundError,
     ProjectionStateError,
+    ProjectionTimeoutError,
 )
 from lakefold.spark import _source_reads
 from lakefold.spark._source_truncates import FoldKeys
@@ -255,7 +256,7 @@ class Runner:
                     if not self.config.only or p.name in self.config.only]
         unknown = set(self.config.only) - {p.name for p in selected}
         if unknown:
-            self.registry.get(sorted(unknown)[0])  # raises ProjectionNotFound, listing names
+            self.registry.get(sorted(unknown)[0])  # raises ProjectionNotFoundError, listing names
         return selected
 
     def plan(self, projection: Projection, generation: int, *, max_records: int,
@@ -289,7 +290,7 @@ class Runner:
             selected._projections[projection.name] = projection
             try:
                 live[projection.name] = self.catalog.current(projection.name).generation
-            except ProjectionNotFound:
+            except ProjectionNotFoundError:
                 live[projection.name] = 1
 
         def factory(projection: Projection) -> Plan:
@@ -370,7 +371,7 @@ class Runner:
                     if all(done):
                         break
                 if deadline is not None and time.monotonic() > deadline:
-                    raise TimeoutError(f"projections not caught up within {timeout} s")
+                    raise ProjectionTimeoutError(f"projections not caught up within {timeout} s")
                 stop.wait(self.config.poll_seconds)
         finally:
             self.stop_all()
@@ -506,7 +507,7 @@ class Runner:
         health.failures += 1
         text = _describe(error)
         health.last_error = text
-        if _terminal(error, text):
+        if _terminal(error):
             health.given_up = True
             self.catalog.set_state(projection.name, "failed", error=text)
             log.error("projection %s failed: %s", projection.name, text)
@@ -572,17 +573,16 @@ class Runner:
 
 
 QUERY_BACKOFF_MAX = 60.0
-_TERMINAL_NAMES = ("RecordFailed", "TargetError", "ProjectionDefinitionError",
-                   "MissingKeyError", "IncompatibleTargetError", "UnknownSourceError",
-                   "SchemaMergeError", "NotADeltaTableError")
 
 
-def _terminal(error: BaseException, text: str) -> bool:
-    """True for errors that retrying cannot fix (a lakefold terminal error, also when it
-    reaches us wrapped in a Spark error)."""
+def _terminal(error: BaseException) -> bool:
+    """True for errors that retrying cannot fix: a lakefold terminal error, also when it
+    reaches us wrapped in a Spark error (read from the marker every lakefold error carries
+    into its traceback text)."""
     if isinstance(error, LakefoldError):
         return not error.transient
-    return text.startswith(_TERMINAL_NAMES)
+    marker = marker_in(str(error))
+    return marker is not None and not marker.transient
 
 
 _PY_ERROR = re.compile(r"^(?:[A-Za-z_][\w.]*\.)?([A-Z]\w*(?:Error|Exception|Failed|Unavailable))"

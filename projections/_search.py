@@ -35,7 +35,7 @@ from lakefold.projections._search_matches import MatchedText, MatchFinder
 from lakefold.projections._targets import GenerationTarget, Rejected, TargetBatch, TargetContext
 from lakefold.projections.exceptions import (
     IncompatibleTargetError,
-    ProjectionNotFound,
+    ProjectionNotFoundError,
     TargetError,
 )
 
@@ -148,7 +148,7 @@ def _open_or_create(path: Path, layout: IndexLayout | None) -> tantivy.Index:
     if (path / "meta.json").exists():
         return tantivy.Index.open(str(path))
     if layout is None:
-        raise ProjectionNotFound(f"no search index at {path}")
+        raise ProjectionNotFoundError(f"no search index at {path}")
     path.mkdir(parents=True, exist_ok=True)
     return tantivy.Index(layout.schema(), path=str(path))
 
@@ -290,7 +290,7 @@ class SearchIndexReader:
                 self._open[view] = (now, path, cached[2], cached[3])
                 return cached[2], cached[3]
             if not (Path(path) / "meta.json").exists():
-                raise ProjectionNotFound(
+                raise ProjectionNotFoundError(
                     f"search view {view!r} has no index yet at {path}; start the projection "
                     "with `lakefold run` and wait for its first batch"
                 )

@@ -25,6 +25,7 @@ from lakefold.projections._catalog import (
 )
 from lakefold.projections._deadletters import DeadLetters
 from lakefold.projections._readers import compaction_holders
+from lakefold.projections.exceptions import ProjectionTerminalError
 from lakefold.spark import _source_reads
 from lakefold.spark._source_inputs import ChangelogSource, EventSource, Source
 
@@ -177,7 +178,7 @@ def slot_status(source_dsn: str) -> list[SlotStatus]:
                 "safe_wal_size FROM pg_replication_slots WHERE plugin = 'pgoutput' "
                 "AND database = current_database() ORDER BY slot_name").fetchall()
     except psycopg.OperationalError as e:
-        raise LakefoldError(
+        raise ProjectionTerminalError(
             f"cannot read replication slots at {mask_dsn(source_dsn)} ({e}); check LAKEFOLD_DSN"
         ) from e
     return [SlotStatus(slot=str(r[0]), active=bool(r[1]), wal_status=r[2],

@@ -14,7 +14,7 @@ from pathlib import Path
 import psycopg
 
 from lakefold.core.dsn import error_text, mask_dsn
-from lakefold.projections.exceptions import CatalogUnavailable
+from lakefold.projections.exceptions import CatalogUnavailableError
 
 
 @dataclass(frozen=True)
@@ -40,7 +40,7 @@ class ProjectionTableCatalog:
                     "AND g.generation = p.current_generation "
                     "WHERE p.target_kind = 'delta' ORDER BY p.name").fetchall()
         except psycopg.OperationalError as e:
-            raise CatalogUnavailable(
+            raise CatalogUnavailableError(
                 f"cannot read the projection catalog at {mask_dsn(self.store_dsn)} "
                 f"({error_text(e)}); "
                 "check LAKEFOLD_STORE_DSN"

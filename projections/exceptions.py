@@ -6,14 +6,33 @@ retried with backoff by the runner, terminal ones stop the projection and are sh
 
 from __future__ import annotations
 
-from lakefold.core.exceptions import TerminalError, TransientError
+from lakefold.core.exceptions import LakefoldError, TerminalError, TransientError
 
 
-class ProjectionError(TerminalError):
+class ProjectionError(LakefoldError):
+    """Base of every projections error, transient and terminal: ``except ProjectionError``
+    catches them all; ``error.transient`` tells which to retry."""
+
+
+class ProjectionTerminalError(ProjectionError, TerminalError):
     """A projection cannot run as defined or as asked; the message says what to change."""
 
 
-class ProjectionDefinitionError(ProjectionError):
+class ProjectionValueError(ProjectionTerminalError, ValueError):
+    """A projection option or value is malformed; also a ``ValueError`` for callers that catch
+    that."""
+
+
+class ProjectionTypeError(ProjectionTerminalError, TypeError):
+    """A value of a type a projection cannot store or encode; also a ``TypeError`` (what
+    ``json.dumps``' ``default`` hook raises) for callers that catch that."""
+
+
+class ProjectionTimeoutError(ProjectionError, TransientError, TimeoutError):
+    """The projections did not catch up within the time asked; also a ``TimeoutError``."""
+
+
+class ProjectionDefinitionError(ProjectionTerminalError):
     """A projection definition is malformed (bad name, no sources, a handler without a type...)."""
 
 
@@ -34,11 +53,11 @@ class StatefulChangelogError(ProjectionDefinitionError):
     changelog: Spark streaming has no retractions, so the view would silently drift."""
 
 
-class ProjectionNotFound(ProjectionError):
+class ProjectionNotFoundError(ProjectionTerminalError):
     """A command names a projection that is not registered or not in the catalog."""
 
 
-class ProjectionStateError(ProjectionError):
+class ProjectionStateError(ProjectionTerminalError):
     """The catalog refuses a change of state (e.g. a rebuild while one is already running)."""
 
 
@@ -49,18 +68,18 @@ class BehindCompactionError(ProjectionStateError):
     (``lakefold rebuild NAME``, or why a rebuild cannot help)."""
 
 
-class TargetError(ProjectionError):
+class TargetError(ProjectionTerminalError):
     """A target (Delta, Redis, search) refused a write in a way that retrying will not fix."""
 
 
-class TargetUnavailable(TransientError):
+class TargetUnavailableError(ProjectionError, TransientError):
     """A target could not be reached or a commit conflicted; retry the batch with backoff."""
 
 
-class CatalogUnavailable(TransientError):
+class CatalogUnavailableError(ProjectionError, TransientError):
     """The catalog database could not be reached; retry with backoff."""
 
 
-class RecordFailed(ProjectionError):
+class RecordFailedError(ProjectionTerminalError):
     """User code failed on one record after every retry; the record goes to the dead letters
     or, by the projection's policy, stops it."""

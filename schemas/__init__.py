@@ -10,9 +10,9 @@ from lakefold.schemas.events import (
     new_event_id,
 )
 from lakefold.schemas.exceptions import (
-    InvalidEventData,
+    InvalidEventDataError,
     SchemaError,
-    UnknownEventType,
+    UnknownEventTypeError,
     UpcastError,
 )
 from lakefold.schemas.registry import EventRegistry, EventType, StreamDeletedRecord
@@ -26,21 +26,15 @@ __all__ += [
     "EventMetadata",
     "EventRegistry",
     "EventType",
-    "InvalidEventData",
+    "InvalidEventDataError",
     "NewEvent",
     "SchemaError",
     "StreamDeletedRecord",
-    "UnknownEventType",
+    "UnknownEventTypeError",
     "UpcastError",
     "category_of",
     "new_event_id",
 ]
 
-# Arrow and Spark schemas of event models and captured columns (lakefold.spark's side).
-from lakefold.schemas.arrow import (  # noqa: E402
-    arrow_schema_for_model,
-    payload_schema,
-    spark_compatible,
-)
-
-__all__ += ["arrow_schema_for_model", "payload_schema", "spark_compatible"]
+# Arrow and Spark schemas of event models and captured columns (lakefold.spark's side) are in
+# the public module ``lakefold.schemas.arrow``.

@@ -29,7 +29,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from pydantic import BaseModel
 
-from lakefold.schemas.exceptions import SchemaError
+from lakefold.schemas.exceptions import SchemaTerminalError
 
 JSON_TEXT = pa.string()
 _DECIMAL_DEFAULT = pa.decimal128(38, 9)
@@ -113,7 +113,7 @@ def payload_schema(models: Mapping[str, type[BaseModel]]) -> pa.Schema:
                 merged[field.name] = field
                 owner[field.name] = type_name
             elif known.type != field.type:
-                raise SchemaError(
+                raise SchemaTerminalError(
                     f"field {field.name!r} is {known.type} in {owner[field.name]!r} but "
                     f"{field.type} in {type_name!r}; read these event types with separate "
                     "sources"

@@ -19,6 +19,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from lakefold.schemas.exceptions import SchemaValueError
+
 
 class Operation(StrEnum):
     """What happened to the row. ``read`` is a row copied by a snapshot, not a change."""
@@ -40,7 +42,7 @@ class Operation(StrEnum):
         try:
             return _BY_CODE[code]
         except KeyError:
-            raise ValueError(f"unknown operation code {code!r}; expected one of "
+            raise SchemaValueError(f"unknown operation code {code!r}; expected one of "
                              f"{', '.join(sorted(_BY_CODE))}") from None
 
 

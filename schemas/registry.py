@@ -39,7 +39,13 @@ from lakefold.schemas.events import (
     NewEvent,
     new_event_id,
 )
-from lakefold.schemas.exceptions import InvalidEventData, UnknownEventType, UpcastError
+from lakefold.schemas.exceptions import (
+    InvalidEventDataError,
+    SchemaTypeError,
+    SchemaValueError,
+    UnknownEventTypeError,
+    UpcastError,
+)
 
 ModelT = TypeVar("ModelT", bound=BaseModel)
 Upcaster = Callable[[dict[str, Any]], dict[str, Any]]
@@ -71,12 +77,12 @@ class EventType:
 
 def _check_name(name: object) -> str:
     if not isinstance(name, str) or not name.strip() or name != name.strip():
-        raise ValueError(
+        raise SchemaValueError(
             f"event type name {name!r} is invalid: use a non-empty string without surrounding "
             "spaces, e.g. 'order.placed'"
         )
     if name.startswith(SYSTEM_PREFIX):
-        raise ValueError(
+        raise SchemaValueError(
             f"event type name {name!r} starts with {SYSTEM_PREFIX!r}, which is reserved for "
             "lakefold's own records; pick another name"
         )
@@ -85,7 +91,7 @@ def _check_name(name: object) -> str:
 
 def _check_version(version: object, what: str) -> int:
     if isinstance(version, bool) or not isinstance(version, int) or version < 1:
-        raise ValueError(f"{what} {version!r} is invalid: versions are integers >= 1")
+        raise SchemaValueError(f"{what} {version!r} is invalid: versions are integers >= 1")
     return version
 
 
@@ -112,20 +118,21 @@ class EventRegistry:
         _check_name(name)
         _check_version(version, "event version")
         if not (isinstance(model, type) and issubclass(model, BaseModel)):
-            raise TypeError(f"{model!r} is not a pydantic model class; events must be BaseModels")
+            raise SchemaTypeError(
+                f"{model!r} is not a pydantic model class; events must be BaseModels")
         if name in self._by_name:
-            raise ValueError(
+            raise SchemaValueError(
                 f"event type {name!r} is already registered (version "
                 f"{self._by_name[name].version}, {self._by_name[name].model.__name__}); a name "
                 "has one current model: bump its version and add an upcaster instead"
             )
         if model in self._by_model:
-            raise ValueError(
+            raise SchemaValueError(
                 f"{model.__name__} is already registered as {self._by_model[model].name!r}"
             )
         for (upcast_name, from_version) in self._upcasters:
             if upcast_name == name and from_version >= version:
-                raise ValueError(
+                raise SchemaValueError(
                     f"an upcaster from version {from_version} of {name!r} exists, so its current "
                     f"version must be greater than {from_version}, not {version}"
                 )
@@ -149,15 +156,15 @@ class EventRegistry:
         _check_name(name)
         _check_version(from_version, "upcaster from_version")
         if not callable(upcaster):
-            raise TypeError(f"upcaster for {name!r} v{from_version} is not callable")
+            raise SchemaTypeError(f"upcaster for {name!r} v{from_version} is not callable")
         current = self._by_name.get(name)
         if current is not None and from_version >= current.version:
-            raise ValueError(
+            raise SchemaValueError(
                 f"{name!r} is at version {current.version}; an upcaster from version "
                 f"{from_version} would go beyond it"
             )
         if (name, from_version) in self._upcasters:
-            raise ValueError(f"an upcaster from version {from_version} of {name!r} exists")
+            raise SchemaValueError(f"an upcaster from version {from_version} of {name!r} exists")
         self._upcasters[(name, from_version)] = upcaster
 
     def upcaster(self, name: str, *, from_version: int) -> Callable[[UpcasterT], UpcasterT]:
@@ -180,12 +187,12 @@ class EventRegistry:
         return sorted(self._by_name)
 
     def get(self, name: str) -> EventType:
-        """The registered type ``name``; UnknownEventType when there is none."""
+        """The registered type ``name``; UnknownEventTypeError when there is none."""
         try:
             return self._by_name[name]
         except KeyError:
             known = ", ".join(self.names) or "none"
-            raise UnknownEventType(
+            raise UnknownEventTypeError(
                 f"event type {name!r} is not registered (registered: {known}); register its "
                 "model with @registry.event(name, version=...)"
             ) from None
@@ -195,7 +202,7 @@ class EventRegistry:
         try:
             return self._by_model[type(event)]
         except KeyError:
-            raise UnknownEventType(
+            raise UnknownEventTypeError(
                 f"{type(event).__name__} is not a registered event model; register it with "
                 "@registry.event(name, version=...)"
             ) from None
@@ -208,7 +215,7 @@ class EventRegistry:
         validates (a model built with ``model_construct`` or mutated after validation may
         not)."""
         if not isinstance(event, BaseModel):
-            raise UnknownEventType(
+            raise UnknownEventTypeError(
                 f"{event!r} is a {type(event).__name__}, not a pydantic event model; append "
                 "registered models or NewEvent values"
             )
@@ -216,7 +223,7 @@ class EventRegistry:
         try:
             data = event.model_dump(mode="json", warnings="error")
         except (ValueError, TypeError, PydanticSerializationError) as e:
-            raise InvalidEventData(
+            raise InvalidEventDataError(
                 f"{event_type.name} v{event_type.version} cannot be serialised to JSON: {e}"
             ) from e
         new = NewEvent(type=event_type.name, data=data, schema_version=event_type.version,
@@ -226,17 +233,17 @@ class EventRegistry:
 
     def validate(self, new: NewEvent) -> NewEvent:
         """Check a ``NewEvent`` against the registry: known type, current version, valid
-        payload. Returns it unchanged; raises UnknownEventType or InvalidEventData."""
+        payload. Returns it unchanged; raises UnknownEventTypeError or InvalidEventDataError."""
         event_type = self.get(new.type)
         if new.schema_version != event_type.version:
-            raise InvalidEventData(
+            raise InvalidEventDataError(
                 f"{new.type} is registered at version {event_type.version}, but event "
                 f"{new.event_id} says version {new.schema_version}; append the current version"
             )
         try:
             event_type.model.model_validate(new.data)
         except ValidationError as e:
-            raise InvalidEventData(
+            raise InvalidEventDataError(
                 f"event {new.event_id} ({new.type} v{new.schema_version}) is invalid: "
                 f"{_validation_summary(e)}; nothing was written"
             ) from e
@@ -248,7 +255,7 @@ class EventRegistry:
         """The payload of ``name`` stored at ``version``, brought to the current version."""
         event_type = self.get(name)
         if version > event_type.version:
-            raise UnknownEventType(
+            raise UnknownEventTypeError(
                 f"a stored {name} event is at version {version}, newer than the registered "
                 f"version {event_type.version}; deploy the code that defines version {version}"
             )

@@ -30,7 +30,7 @@ if TYPE_CHECKING:
     from lakefold.spark._session import spark_session
     from lakefold.spark._source_registry import CHANGELOG_SOURCE, EVENTS_SOURCE, register_sources
     from lakefold.spark.exceptions import (
-        DeltaCommitConflict,
+        DeltaCommitConflictError,
         NotADeltaTableError,
         QueryError,
         SchemaMergeError,
@@ -42,7 +42,7 @@ if TYPE_CHECKING:
 _EXPORTS: dict[str, str] = {
     "CHANGELOG_SOURCE": "lakefold.spark._source_registry",
     "CommitPolicy": "lakefold.spark._delta_commit",
-    "DeltaCommitConflict": "lakefold.spark.exceptions",
+    "DeltaCommitConflictError": "lakefold.spark.exceptions",
     "DeltaSnapshot": "lakefold.spark._delta_read",
     "DeltaTarget": "lakefold.spark._delta_target",
     "EVENTS_SOURCE": "lakefold.spark._source_registry",
@@ -72,7 +72,7 @@ __all__ = [
     "CHANGELOG_SOURCE",
     "EVENTS_SOURCE",
     "CommitPolicy",
-    "DeltaCommitConflict",
+    "DeltaCommitConflictError",
     "DeltaSnapshot",
     "DeltaTarget",
     "Engine",

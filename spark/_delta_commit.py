@@ -4,7 +4,7 @@ Every commit carries ``Transaction(app_id, batch_id)``. delta-rs does not refuse
 has seen, so each attempt first refreshes the snapshot and reads
 ``transaction_version(app_id)``: a batch at or below it is already in the table and is skipped.
 A commit that loses a race with another writer (``CommitFailedError``) is retried from a fresh
-snapshot, up to ``CommitPolicy.attempts`` times, then surfaces as ``DeltaCommitConflict``
+snapshot, up to ``CommitPolicy.attempts`` times, then surfaces as ``DeltaCommitConflictError``
 (transient). Two writers of the same app id conflict in delta-rs's own check, and the loser
 then finds the winner's version and skips: the batch lands once.
 
@@ -31,10 +31,10 @@ from lakefold.spark._delta_files import WrittenFile
 from lakefold.spark._delta_schema import WritePlan
 from lakefold.spark._delta_target import DeltaTarget, WriteMode
 from lakefold.spark.exceptions import (
-    DeltaCommitConflict,
+    DeltaCommitConflictError,
     NotADeltaTableError,
     SchemaMergeError,
-    SparkLayerError,
+    SparkTerminalError,
 )
 
 T = TypeVar("T")
@@ -68,7 +68,7 @@ def open_table(uri: str, *, version: int | None = None) -> DeltaTable | None:
             ) from None
         return None
     except DeltaError as e:
-        raise SparkLayerError(f"cannot open the Delta table at {uri}: {e}") from e
+        raise SparkTerminalError(f"cannot open the Delta table at {uri}: {e}") from e
 
 
 def require_table(uri: str, *, version: int | None = None) -> DeltaTable:
@@ -104,7 +104,7 @@ def create_table(target: DeltaTarget, schema: pa.Schema) -> DeltaTable:
             configuration=dict(target.configuration) or None,
         )
     except DeltaError as e:
-        raise SparkLayerError(f"cannot create the Delta table at {target.path}: {e}") from e
+        raise SparkTerminalError(f"cannot create the Delta table at {target.path}: {e}") from e
 
 
 def _with_retry(target: DeltaTarget, table: DeltaTable, batch_id: int, policy: CommitPolicy,
@@ -119,7 +119,7 @@ def _with_retry(target: DeltaTarget, table: DeltaTable, batch_id: int, policy: C
             attempt_once(table)
         except CommitFailedError as e:
             if attempt == policy.attempts:
-                raise DeltaCommitConflict(
+                raise DeltaCommitConflictError(
                     f"batch {batch_id} of {target.app_id!r} lost {attempt} commit races on "
                     f"{target.path}; another writer keeps committing: retry the batch later"
                 ) from e
@@ -127,7 +127,7 @@ def _with_retry(target: DeltaTarget, table: DeltaTable, batch_id: int, policy: C
             backoff = min(backoff * 2, policy.max_backoff_s)
             continue
         except DeltaError as e:
-            raise SparkLayerError(
+            raise SparkTerminalError(
                 f"committing batch {batch_id} of {target.app_id!r} to {target.path} failed: {e}"
             ) from e
         return False, attempt

@@ -19,7 +19,7 @@ from lakefold.spark._delta_commit import require_table
 from lakefold.spark._delta_read import PartitionFilter
 from lakefold.spark._delta_sink import STAGING_DIR
 from lakefold.spark._delta_target import normalize_table_uri
-from lakefold.spark.exceptions import SparkLayerError
+from lakefold.spark.exceptions import SparkTerminalError
 
 DEFAULT_RETENTION_HOURS = 168  # Delta's default: a week of time travel stays readable
 
@@ -50,7 +50,7 @@ def optimize_table(path: str, *, target_size: int | None = None,
     uri = normalize_table_uri(path)
     table = require_table(uri)
     if target_size is not None and target_size <= 0:
-        raise SparkLayerError(f"target size must be positive, got {target_size}")
+        raise SparkTerminalError(f"target size must be positive, got {target_size}")
     try:
         if partition_filters:
             metrics = table.optimize.compact(
@@ -59,7 +59,7 @@ def optimize_table(path: str, *, target_size: int | None = None,
         else:
             metrics = table.optimize.compact(target_size=target_size)
     except DeltaError as e:
-        raise SparkLayerError(f"optimizing {uri} failed: {e}") from e
+        raise SparkTerminalError(f"optimizing {uri} failed: {e}") from e
     table.update_incremental()
     return OptimizeResult(
         path=uri,
@@ -92,7 +92,7 @@ def vacuum_table(path: str, *, retention_hours: float = DEFAULT_RETENTION_HOURS,
     uri = normalize_table_uri(path)
     table = require_table(uri)
     if retention_hours < 0:
-        raise SparkLayerError(f"retention must be 0 hours or more, got {retention_hours}")
+        raise SparkTerminalError(f"retention must be 0 hours or more, got {retention_hours}")
     try:
         removed = table.vacuum(
             retention_hours=int(retention_hours),
@@ -101,7 +101,7 @@ def vacuum_table(path: str, *, retention_hours: float = DEFAULT_RETENTION_HOURS,
             full=True,  # also orphans of batches that crashed before their commit
         )
     except DeltaError as e:
-        raise SparkLayerError(
+        raise SparkTerminalError(
             f"vacuum of {uri} refused: {e}; pass a longer retention, or disable the "
             "retention check if no writer is running"
         ) from e

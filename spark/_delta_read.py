@@ -23,7 +23,7 @@ from deltalake.exceptions import DeltaError
 
 from lakefold.spark._delta_commit import require_table
 from lakefold.spark._delta_target import normalize_table_uri
-from lakefold.spark.exceptions import SparkLayerError
+from lakefold.spark.exceptions import SparkTerminalError
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -64,14 +64,14 @@ def load_snapshot(path: str, *, version: int | None = None, as_of: dt.datetime |
         elif as_of is not None:
             table.load_as_version(as_of)
     except (DeltaError, ValueError, OSError) as e:
-        raise SparkLayerError(
+        raise SparkTerminalError(
             f"cannot load {uri} at {version if version is not None else as_of}: {e}; "
             f"the table's versions are listed by `DeltaTable(path).history()`"
         ) from e
     features = set(table.protocol().reader_features or [])
     unsupported = features - _READABLE_FEATURES
     if unsupported:
-        raise SparkLayerError(
+        raise SparkTerminalError(
             f"{uri} uses Delta reader feature(s) {sorted(unsupported)} that lakefold's reader "
             "does not support; read it with delta-spark, or rewrite it without them"
         )
@@ -83,7 +83,8 @@ def load_snapshot(path: str, *, version: int | None = None, as_of: dt.datetime |
         else:
             files = table.file_uris(file_pruning_predicate=list(partition_filters))
     except (DeltaError, ValueError) as e:
-        raise SparkLayerError(f"bad partition filter {partition_filters!r} for {uri}: {e}") from e
+        raise SparkTerminalError(
+            f"bad partition filter {partition_filters!r} for {uri}: {e}") from e
     return DeltaSnapshot(
         uri=uri,
         version=table.version(),

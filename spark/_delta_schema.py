@@ -19,7 +19,7 @@ from deltalake.schema import PrimitiveType
 
 from lakefold.spark._delta_files import SUPPORTED_PARTITION_TYPES, is_partitionable
 from lakefold.spark._delta_target import DeltaTarget, WriteMode
-from lakefold.spark.exceptions import SchemaMergeError, SparkLayerError
+from lakefold.spark.exceptions import SchemaMergeError, SparkTerminalError
 
 if TYPE_CHECKING:
     from pyspark.sql.types import StructType
@@ -55,7 +55,7 @@ def arrow_schema_of(spark_schema: StructType) -> pa.Schema:
     try:
         return to_arrow_schema(spark_schema, timezone="UTC")
     except TypeError as e:  # pyspark raises TypeError-derived errors for unsupported types
-        raise SparkLayerError(
+        raise SparkTerminalError(
             f"the batch has a column type Delta cannot store: {e}; cast it first"
         ) from e
 
@@ -70,14 +70,14 @@ def _delta_fields(schema: pa.Schema) -> list[DeltaField]:
     try:
         delta = DeltaSchema.from_arrow(schema)
     except Exception as e:  # delta-rs raises plain exceptions for unconvertible types
-        raise SparkLayerError(f"the batch schema cannot be stored in Delta: {e}") from e
+        raise SparkTerminalError(f"the batch schema cannot be stored in Delta: {e}") from e
     return [DeltaField(f.name, f.type, nullable=True) for f in delta.fields]
 
 
 def _check_columns(target: DeltaTarget, batch: pa.Schema) -> None:
     names = set(batch.names)
     if len(names) != len(batch.names):
-        raise SparkLayerError(f"the batch has duplicate column names: {batch.names}")
+        raise SparkTerminalError(f"the batch has duplicate column names: {batch.names}")
     needed = [*target.keys, *target.partition_by]
     if target.order_by:
         needed.append(target.order_by)
@@ -85,18 +85,18 @@ def _check_columns(target: DeltaTarget, batch: pa.Schema) -> None:
         needed.append(target.deleted_column)
     missing = [name for name in needed if name not in names]
     if missing:
-        raise SparkLayerError(
+        raise SparkTerminalError(
             f"the batch lacks column(s) {', '.join(missing)} named by the target for "
             f"{target.path}; its columns are {', '.join(batch.names)}"
         )
     if target.deleted_column and not pa.types.is_boolean(batch.field(target.deleted_column).type):
-        raise SparkLayerError(
+        raise SparkTerminalError(
             f"deleted_column {target.deleted_column!r} must be boolean, "
             f"not {batch.field(target.deleted_column).type}"
         )
     for name in target.partition_by:
         if not is_partitionable(batch.field(name).type):
-            raise SparkLayerError(
+            raise SparkTerminalError(
                 f"cannot partition by {name!r} of type {batch.field(name).type}; "
                 f"partition columns must be {SUPPORTED_PARTITION_TYPES}"
             )

@@ -49,7 +49,7 @@ from lakefold.spark._delta_files import (
 )
 from lakefold.spark._delta_schema import WritePlan, arrow_schema_of, plan_write
 from lakefold.spark._delta_target import DeltaTarget, WriteMode, WriteResult
-from lakefold.spark.exceptions import SparkLayerError
+from lakefold.spark.exceptions import SparkTerminalError
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
@@ -113,7 +113,7 @@ def _read_staged(target: DeltaTarget, prefix: str, files: list[WrittenFile],
     for key in target.keys:
         nulls = table.column(key).null_count
         if nulls:
-            raise SparkLayerError(
+            raise SparkTerminalError(
                 f"{nulls} row(s) of the batch have a null key {key!r}; a merge by key needs "
                 "every key set: filter or fill them before writing"
             )
@@ -121,7 +121,7 @@ def _read_staged(target: DeltaTarget, prefix: str, files: list[WrittenFile],
     dupes = counts.filter(pc.greater(counts.column("count_all"), 1))
     if dupes.num_rows:
         sample = dupes.slice(0, 3).drop_columns(["count_all"]).to_pylist()
-        raise SparkLayerError(
+        raise SparkTerminalError(
             f"the batch has {dupes.num_rows} key(s) with more than one row (e.g. {sample}); "
             "set DeltaTarget(order_by=...) to keep the latest row per key, or deduplicate first"
         )

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
 
-from lakefold.spark.exceptions import SparkLayerError
+from lakefold.spark.exceptions import SparkTerminalError
 
 _URI_SCHEME = re.compile(r"^[a-zA-Z][a-zA-Z0-9+.-]*://")
 # Spark's micro-batch ids are longs; Delta's txn.version is a long too.
@@ -50,7 +50,7 @@ def normalize_table_uri(path: str | Path) -> str:
     elif _URI_SCHEME.match(text):
         return text.rstrip("/")
     if not text:
-        raise SparkLayerError("the Delta table path is empty; pass a directory path or a URI")
+        raise SparkTerminalError("the Delta table path is empty; pass a directory path or a URI")
     return str(Path(text).expanduser().resolve())
 
 
@@ -87,31 +87,32 @@ class DeltaTarget:
             object.__setattr__(self, "mode", WriteMode(self.mode))
         except ValueError:
             known = ", ".join(m.value for m in WriteMode)
-            raise SparkLayerError(
+            raise SparkTerminalError(
                 f"unknown Delta write mode {self.mode!r}; use one of {known}"
             ) from None
         object.__setattr__(self, "keys", tuple(self.keys))
         object.__setattr__(self, "partition_by", tuple(self.partition_by))
         if not self.app_id or not self.app_id.strip():
-            raise SparkLayerError("DeltaTarget.app_id is empty; use projection plus generation")
+            raise SparkTerminalError("DeltaTarget.app_id is empty; use projection plus generation")
         keyed = self.mode in (WriteMode.UPSERT, WriteMode.DELETE)
         if keyed and not self.keys:
-            raise SparkLayerError(
+            raise SparkTerminalError(
                 f"mode {self.mode.value!r} needs keys: pass DeltaTarget(keys=('id',), ...)"
             )
         if not keyed and (self.keys and self.mode is not WriteMode.APPEND):
-            raise SparkLayerError(f"keys are only used by upsert and delete, not {self.mode.value}")
+            raise SparkTerminalError(
+                f"keys are only used by upsert and delete, not {self.mode.value}")
         if self.order_by is not None and self.mode is not WriteMode.UPSERT:
-            raise SparkLayerError("order_by is only used by mode 'upsert'")
+            raise SparkTerminalError("order_by is only used by mode 'upsert'")
         if self.deleted_column is not None and self.mode is not WriteMode.UPSERT:
-            raise SparkLayerError("deleted_column is only used by mode 'upsert'")
+            raise SparkTerminalError("deleted_column is only used by mode 'upsert'")
         if self.delete_unmatched and self.mode is not WriteMode.UPSERT:
-            raise SparkLayerError("delete_unmatched is only used by mode 'upsert'")
+            raise SparkTerminalError("delete_unmatched is only used by mode 'upsert'")
         for group, names in (("keys", self.keys), ("partition_by", self.partition_by)):
             if len(set(names)) != len(names):
-                raise SparkLayerError(f"DeltaTarget.{group} names a column twice: {names}")
+                raise SparkTerminalError(f"DeltaTarget.{group} names a column twice: {names}")
         if self.deleted_column is not None and self.deleted_column in self.keys:
-            raise SparkLayerError("deleted_column cannot also be a key column")
+            raise SparkTerminalError("deleted_column cannot also be a key column")
 
     @property
     def is_local(self) -> bool:
@@ -121,9 +122,9 @@ class DeltaTarget:
     def check_batch_id(self, batch_id: int) -> int:
         """The batch id as a Delta transaction version, or a clear error."""
         if isinstance(batch_id, bool) or not isinstance(batch_id, int):
-            raise SparkLayerError(f"batch id must be an int, got {type(batch_id).__name__}")
+            raise SparkTerminalError(f"batch id must be an int, got {type(batch_id).__name__}")
         if not 0 <= batch_id <= _MAX_VERSION:
-            raise SparkLayerError(f"batch id must be between 0 and 2**63-1, got {batch_id}")
+            raise SparkTerminalError(f"batch id must be between 0 and 2**63-1, got {batch_id}")
         return batch_id
 
 

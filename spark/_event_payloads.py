@@ -26,20 +26,20 @@ from lakefold.schemas import EventRegistry
 from lakefold.schemas.arrow import JSON_TEXT, arrow_type_for, payload_schema, spark_compatible
 from lakefold.schemas.exceptions import SchemaError
 from lakefold.schemas.json_payloads import parse_payloads
-from lakefold.spark.exceptions import SparkLayerError
+from lakefold.spark.exceptions import SparkTerminalError
 
 
 def load_registry(path: str) -> EventRegistry:
     """The EventRegistry at ``"module:attribute"`` (an instance, or a function returning one)."""
     module_name, _, attribute = path.partition(":")
     if not module_name or not attribute:
-        raise SparkLayerError(
+        raise SparkTerminalError(
             f"registry {path!r} is not an import path; use 'package.module:registry'"
         )
     try:
         module = importlib.import_module(module_name)
     except ImportError as e:
-        raise SparkLayerError(
+        raise SparkTerminalError(
             f"cannot import {module_name!r} for the event registry: {e}; it must be installed "
             "(or on PYTHONPATH) where Spark's Python workers run"
         ) from e
@@ -47,7 +47,7 @@ def load_registry(path: str) -> EventRegistry:
     if callable(value) and not isinstance(value, EventRegistry):
         value = value()
     if not isinstance(value, EventRegistry):
-        raise SparkLayerError(f"{path} is not an EventRegistry (got {type(value).__name__})")
+        raise SparkTerminalError(f"{path} is not an EventRegistry (got {type(value).__name__})")
     return value
 
 
@@ -72,17 +72,17 @@ class PayloadDecoder:
                  fields: Sequence[str] | None = None) -> None:
         names = list(types) if types else registry.names
         if not names:
-            raise SparkLayerError("the event registry has no event types registered")
+            raise SparkTerminalError("the event registry has no event types registered")
         try:
             self.models = {name: registry.get(name).model for name in names}
             self.versions = {name: registry.get(name).version for name in names}
             schema = spark_compatible(payload_schema(self.models))
         except (SchemaError, LookupError) as e:
-            raise SparkLayerError(f"cannot type the event payloads: {e}") from e
+            raise SparkTerminalError(f"cannot type the event payloads: {e}") from e
         if fields:
             unknown = sorted(set(fields) - set(schema.names))
             if unknown:
-                raise SparkLayerError(
+                raise SparkTerminalError(
                     f"no selected event type has payload field(s) {', '.join(unknown)}; the "
                     f"fields are {', '.join(schema.names)}")
             schema = pa.schema([f for f in schema if f.name in set(fields)])
@@ -146,7 +146,7 @@ class PayloadDecoder:
         try:
             table = parse_payloads(data, self.schema)
         except pa.ArrowInvalid as e:
-            raise SparkLayerError(
+            raise SparkTerminalError(
                 f"event payloads do not fit the registered models' fields: {e}") from e
         columns = [table.column(f.name).combine_chunks() for f in self.schema]
         return pa.StructArray.from_arrays(columns, fields=list(self.schema))

@@ -21,7 +21,7 @@ import pyarrow as pa
 
 from lakefold.spark._catalog import TableCatalog
 from lakefold.spark._delta_read import load_snapshot, snapshot_dataframe
-from lakefold.spark.exceptions import QueryError, SparkLayerError, UnknownTableError
+from lakefold.spark.exceptions import QueryError, SparkTerminalError, UnknownTableError
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -124,5 +124,5 @@ def run_query(sql_text: str, catalog: TableCatalog, *, engine: Engine = Engine.S
     if engine is Engine.LOCAL:
         return query_local(sql_text, catalog)
     if spark is None:
-        raise SparkLayerError("the spark engine needs a SparkSession; pass spark=...")
+        raise SparkTerminalError("the spark engine needs a SparkSession; pass spark=...")
     return query_spark(spark, sql_text, catalog)

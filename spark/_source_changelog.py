@@ -41,7 +41,7 @@ from lakefold.spark._source_columns import changelog_records
 from lakefold.spark._source_formats import PositionSource
 from lakefold.spark._source_positions import PositionRange
 from lakefold.spark._store_dsn import store_dsn_option
-from lakefold.spark.exceptions import SparkLayerError
+from lakefold.spark.exceptions import SparkTerminalError
 
 SOURCE_NAME = "lakefold_changelog"
 
@@ -58,7 +58,7 @@ class ChangelogQuery:
         lowered = {k.lower(): v for k, v in options.items()}
         stream = lowered.get("stream")
         if not stream:
-            raise SparkLayerError(
+            raise SparkTerminalError(
                 "the lakefold_changelog source needs .option('stream', 'schema.table'); "
                 "`ChangelogStore(dsn).streams()` lists them"
             )

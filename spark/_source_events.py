@@ -33,9 +33,9 @@ from dataclasses import dataclass
 
 import pyarrow as pa
 
-from lakefold.eventstore import (
+from lakefold.eventstore import InvalidRequestError
+from lakefold.eventstore.arrow import (
     PAYLOAD_FIELDS,
-    InvalidRequest,
     events_schema,
     head_position,
     read_events_range,
@@ -50,7 +50,7 @@ from lakefold.spark._source_columns import (
 from lakefold.spark._source_formats import PositionSource
 from lakefold.spark._source_positions import PositionRange
 from lakefold.spark._store_dsn import store_dsn_option
-from lakefold.spark.exceptions import SparkLayerError
+from lakefold.spark.exceptions import SparkTerminalError
 
 SOURCE_NAME = "lakefold_events"
 
@@ -81,15 +81,15 @@ class EventsQuery:
         meta = tuple(n for n in meta_names if n in named) if named else tuple(meta_names)
         fields = tuple(n.removeprefix("data.") for n in names if n.startswith("data."))
         if fields and registry is None:
-            raise SparkLayerError(
+            raise SparkTerminalError(
                 f"columns {', '.join('data.' + f for f in fields)} name payload fields, which "
                 "need typed payloads: set the registry option too")
         column_list = tuple(dict.fromkeys("data" if n.startswith("data.") else n
                                           for n in names))
         try:
             events_schema(column_list or None)
-        except InvalidRequest as e:
-            raise SparkLayerError(str(e)) from e
+        except InvalidRequestError as e:
+            raise SparkTerminalError(str(e)) from e
         query = cls(
             dsn=store_dsn_option(lowered),
             category=lowered.get("category") or None,

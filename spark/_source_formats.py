@@ -38,7 +38,7 @@ from lakefold.spark._source_positions import (
     position_of,
     split_range,
 )
-from lakefold.spark.exceptions import SparkLayerError
+from lakefold.spark.exceptions import SparkTerminalError
 
 
 class PositionQuery(Protocol):
@@ -64,7 +64,7 @@ def partition_range(partition: InputPartition) -> PositionRange:
     if value is None:  # Spark's stand-in when a batch read planned no partition
         return PositionRange(1, 1)
     if not isinstance(value, PositionRange):
-        raise SparkLayerError(f"not a lakefold position range partition: {value!r}")
+        raise SparkTerminalError(f"not a lakefold position range partition: {value!r}")
     return value
 
 
@@ -161,5 +161,5 @@ class PositionSource(DataSource):
     def streamReader(self, schema: Any) -> DataSourceStreamReader:
         query, options = self._parsed()
         if options.ending_position is not None:
-            raise SparkLayerError("endingPosition is for batch reads; a stream has no end")
+            raise SparkTerminalError("endingPosition is for batch reads; a stream has no end")
         return PositionStreamReader(query, options, _arrow_schema_of(schema))

@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from lakefold.spark.exceptions import SparkLayerError
+from lakefold.spark.exceptions import SparkTerminalError
 
 OFFSET_KEY = "position"
 
@@ -61,9 +61,9 @@ class ReadOptions:
             try:
                 value = int(raw)
             except (TypeError, ValueError):
-                raise SparkLayerError(f"option {name}={raw!r} is not an integer") from None
+                raise SparkTerminalError(f"option {name}={raw!r} is not an integer") from None
             if value < minimum:
-                raise SparkLayerError(f"option {name} must be at least {minimum}, got {value}")
+                raise SparkTerminalError(f"option {name} must be at least {minimum}, got {value}")
             return value
 
         return cls(
@@ -85,7 +85,7 @@ def position_of(value: Mapping[str, Any]) -> int:
     try:
         return int(value[OFFSET_KEY])
     except (KeyError, TypeError, ValueError):
-        raise SparkLayerError(
+        raise SparkTerminalError(
             f"offset {dict(value)!r} is not a lakefold store offset; was the checkpoint "
             "written by another source? Use a new checkpoint location"
         ) from None

@@ -19,7 +19,7 @@ import pyarrow as pa
 from lakefold.spark._source_columns import META_FIELDS, changelog_records, event_records
 from lakefold.spark._source_inputs import ChangelogSource, EventSource, Source
 from lakefold.spark._source_truncates import Truncate
-from lakefold.spark.exceptions import SourceUnavailable
+from lakefold.spark.exceptions import SourceUnavailableError
 
 # --------------------------------------------------------------------------------- events
 
@@ -39,12 +39,12 @@ def event_types(dsn: str, category: str | None) -> list[str]:
 
 
 def _ask_events(question: Callable[..., list[str]], dsn: str, *args: Any) -> list[str]:
-    from lakefold.eventstore import EventStoreUnavailable
+    from lakefold.eventstore import EventStoreUnavailableError
 
     try:
         return question(dsn, *args)
-    except EventStoreUnavailable as e:
-        raise SourceUnavailable(f"{e}; check the store DSN") from e
+    except EventStoreUnavailableError as e:
+        raise SourceUnavailableError(f"{e}; check the store DSN") from e
 
 
 _handles: dict[tuple[str, str], Any] = {}
@@ -91,7 +91,7 @@ def read_events(dsn: str, source: EventSource, start: int, end: int, *,
     made from: ``EVENT_META_SOURCE_COLUMNS``).
 
     A rebuild replays the whole log through here: sealed ranges come from their segments."""
-    from lakefold.eventstore import read_events_range
+    from lakefold.eventstore.arrow import read_events_range
 
     for batch in read_events_range(dsn, max(start, 1), end, category=source.category,
                                    types=list(source.types) or None, columns=columns):
@@ -100,13 +100,13 @@ def read_events(dsn: str, source: EventSource, start: int, end: int, *,
 
 def event_columns() -> tuple[str, ...]:
     """The event store's columns, as ``read_events`` returns them after the metadata."""
-    from lakefold.eventstore import EVENTS_ARROW_SCHEMA
+    from lakefold.eventstore.arrow import EVENTS_ARROW_SCHEMA
 
     return tuple(EVENTS_ARROW_SCHEMA.names)
 
 
 def events_arrow_schema() -> pa.Schema:
-    from lakefold.eventstore import EVENTS_ARROW_SCHEMA
+    from lakefold.eventstore.arrow import EVENTS_ARROW_SCHEMA
 
     return pa.schema([*META_FIELDS, *EVENTS_ARROW_SCHEMA])
 

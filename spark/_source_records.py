@@ -62,7 +62,7 @@ from lakefold.spark._source_truncates import (
     Mode,
     apply_mode,
 )
-from lakefold.spark.exceptions import SparkLayerError
+from lakefold.spark.exceptions import SparkTerminalError
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -192,8 +192,8 @@ class RecordRangeReader(DataSourceReader):
         self.start = int(options.get("start", "0"))
         self.end = int(options["end"])
         if self._stream.truncates == "fanout":
-            raise SparkLayerError(
-                "a fixed range is never read for a fold (truncates='fanout')")
+            raise SparkTerminalError(
+                "a fixed range is never read for a fold (truncates='fanout'); rebuild the fold")
 
     def partitions(self) -> Sequence[InputPartition]:
         return self._stream.partitions(self._stream._offset(self.start),

@@ -32,7 +32,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from lakefold.core.dsn import mask_dsn
-from lakefold.spark.exceptions import SourceUnavailable
+from lakefold.spark.exceptions import SourceUnavailableError
 
 TRUNCATE = "truncate"
 #: How a source hands truncate records to a reader (see the module docstring).
@@ -132,7 +132,7 @@ class FoldKeys:
         try:
             return psycopg.connect(self.dsn, autocommit=True, connect_timeout=10)
         except psycopg.OperationalError as e:
-            raise SourceUnavailable(
+            raise SourceUnavailableError(
                 f"the store at {mask_dsn(self.dsn)} is unreachable ({e}); retrying") from e
 
     def close(self) -> None:
@@ -162,7 +162,7 @@ class FoldKeys:
                 (name, generation, unique))
         except psycopg.OperationalError as e:
             self.close()
-            raise SourceUnavailable(
+            raise SourceUnavailableError(
                 f"recording the keys of {name} generation {generation} failed ({e}); "
                 "retrying the batch") from e
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 
-from lakefold.spark.exceptions import SparkLayerError
+from lakefold.spark.exceptions import SparkTerminalError
 
 # In order of precedence, as Settings.resolved_store_dsn: the store's DSN, else the source's.
 _DSN_VARIABLES = ("LAKEFOLD_STORE_DSN", "LAKEFOLD_DSN")
@@ -30,7 +30,7 @@ def store_dsn_option(lowered_options: Mapping[str, str],
                                                      else environ).items()}
     environment_dsn = next((named[name] for name in _DSN_VARIABLES if name in named), None)
     if not environment_dsn:
-        raise SparkLayerError(
+        raise SparkTerminalError(
             "no store DSN for the source: pass .option('dsn', ...) or set LAKEFOLD_STORE_DSN "
             "(or LAKEFOLD_DSN) where Spark's driver and workers run"
         )

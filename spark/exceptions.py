@@ -2,33 +2,38 @@
 
 from __future__ import annotations
 
-from lakefold.core.exceptions import TerminalError, TransientError
+from lakefold.core.exceptions import LakefoldError, TerminalError, TransientError
 
 
-class SparkLayerError(TerminalError):
+class SparkLayerError(LakefoldError):
+    """Base of every Spark-layer error, transient and terminal: ``except SparkLayerError``
+    catches them all; ``error.transient`` tells which to retry."""
+
+
+class SparkTerminalError(SparkLayerError, TerminalError):
     """A Spark source, sink or query failed in a way that needs a person."""
 
 
-class DeltaCommitConflict(TransientError):
+class DeltaCommitConflictError(SparkLayerError, TransientError):
     """Another writer committed to the Delta table first; retry the batch."""
 
 
-class SchemaMergeError(SparkLayerError):
+class SchemaMergeError(SparkTerminalError):
     """A batch's schema cannot be merged into the Delta table's; nothing was committed."""
 
 
-class NotADeltaTableError(SparkLayerError):
+class NotADeltaTableError(SparkTerminalError):
     """A path that should hold a Delta table does not."""
 
 
-class UnknownTableError(SparkLayerError):
+class UnknownTableError(SparkTerminalError):
     """A query names a table the catalog does not know."""
 
 
-class QueryError(SparkLayerError):
+class QueryError(SparkTerminalError):
     """A query could not be parsed or analysed; the message is the engine's, without a JVM
     stack trace."""
 
 
-class SourceUnavailable(TransientError):
+class SourceUnavailableError(SparkLayerError, TransientError):
     """A store a source reads from cannot be reached right now; Spark retries the task."""

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Final
 
-from lakefold.capture.exceptions import DecodingError
+from lakefold.capture.exceptions import CaptureValueError, DecodingError
 
 PG_EPOCH: Final = datetime(2000, 1, 1, tzinfo=UTC)
 _PG_EPOCH_UNIX_US: Final = 946_684_800_000_000
@@ -74,7 +74,7 @@ def parse_lsn(text: str) -> int:
     """``'0/16B3748'`` -> ``0x16B3748``. Raises ValueError for anything else."""
     high, sep, low = text.strip().partition("/")
     if not sep or not high or not low:
-        raise ValueError(f"not an LSN: {text!r} (expected the form 'X/Y', e.g. '0/16B3748')")
+        raise CaptureValueError(f"not an LSN: {text!r} (expected the form 'X/Y', e.g. '0/16B3748')")
     return (int(high, 16) << 32) | int(low, 16)
 
 

@@ -21,7 +21,8 @@ from psycopg import pq, sql
 
 from lakefold.capture.decoding._pgoutput import format_lsn, parse_lsn, pg_now
 from lakefold.capture.exceptions import (
-    CaptureError,
+    CaptureTerminalError,
+    CaptureValueError,
     ConnectionLostError,
     SlotError,
     SourceConfigurationError,
@@ -92,7 +93,7 @@ def raise_for_result(result: pq.abc.PGresult | None, action: str) -> None:
             f"cannot {action}: {message}; the role needs the REPLICATION attribute")
     if state.startswith(("08", "57P", "53")) or not state:
         raise ConnectionLostError(f"cannot {action}: {message}")
-    raise CaptureError(f"cannot {action}: {message} (SQLSTATE {state})")
+    raise CaptureTerminalError(f"cannot {action}: {message} (SQLSTATE {state})")
 
 
 class ReplicationConnection:
@@ -145,7 +146,7 @@ class ReplicationConnection:
         ``nothing``, ``export`` (the snapshot stays usable while this connection is idle) or
         ``use``."""
         if snapshot not in ("nothing", "export", "use"):
-            raise ValueError(f"snapshot must be nothing, export or use, not {snapshot!r}")
+            raise CaptureValueError(f"snapshot must be nothing, export or use, not {snapshot!r}")
         command = sql.SQL("CREATE_REPLICATION_SLOT {} LOGICAL pgoutput (SNAPSHOT {})").format(
             sql.Identifier(name), sql.Literal(snapshot)).as_bytes(None)
         result = self._command(command, f"create replication slot {name!r}")
@@ -167,7 +168,8 @@ class ReplicationConnection:
         result = conn.get_result()
         if result is None or result.status != pq.ExecStatus.COPY_BOTH:
             raise_for_result(result, f"start replication from slot {slot!r}")
-            raise CaptureError(f"START_REPLICATION on slot {slot!r} did not enter COPY BOTH mode")
+            raise CaptureTerminalError(
+                f"START_REPLICATION on slot {slot!r} did not enter COPY BOTH mode")
         conn.nonblocking = 1
 
     def send_status(self, *, written: int, flushed: int, reply: bool = False) -> None:

@@ -42,6 +42,7 @@ from lakefold.capture.decoding._replication_connection import (
 from lakefold.capture.decoding._source_catalog import SourceCatalog
 from lakefold.capture.exceptions import (
     CaptureError,
+    CaptureTerminalError,
     ConnectionLostError,
     OwnershipError,
     OwnershipLostError,
@@ -184,7 +185,8 @@ class Capture:
 
     def _owner(self) -> _slot_ownership.SlotOwnership:
         if self._ownership is None:
-            raise CaptureError("the capture does not own its slot here; call setup() or run()")
+            raise CaptureTerminalError(
+                "the capture does not own its slot here; call setup() or run()")
         return self._ownership
 
     # -- set-up ----------------------------------------------------------------------------

@@ -45,7 +45,7 @@ from lakefold.capture.decoding._inband_messages import (
 )
 from lakefold.capture.decoding._pgoutput import pg_time
 from lakefold.capture.exceptions import (
-    CaptureError,
+    CaptureTerminalError,
     SlotError,
     SourceConfigurationError,
     StoreError,
@@ -90,7 +90,7 @@ def resnapshot(config: CaptureConfig, tables: Sequence[str], *,
     store has no record of the slot.
     """
     if not tables:
-        raise CaptureError("name at least one table to re-snapshot (schema.table)")
+        raise CaptureTerminalError("name at least one table to re-snapshot (schema.table)")
     with psycopg.connect(config.resolved_store_dsn, autocommit=True,
                          connect_timeout=10) as store, \
             source_connection(config.source_dsn, autocommit=True) as src:
@@ -245,10 +245,10 @@ def _check_published(src: psycopg.Connection[Any], publication: str, relid: int,
         "JOIN pg_class c ON c.oid = r JOIN pg_namespace n ON n.oid = c.relnamespace "
         "WHERE r <> %s::regclass", (relid, relid)).fetchone()
     if root is not None:
-        raise CaptureError(
+        raise CaptureTerminalError(
             f"table {schema}.{table} is a partition of {root[0]}, whose stream holds its rows "
             f"(partitions are captured via their root); re-snapshot {root[0]}")
-    raise CaptureError(
+    raise CaptureTerminalError(
         f"table {schema}.{table} is not captured (not in publication {publication!r}); "
         "re-snapshot only tables the capture covers")
 
@@ -399,7 +399,7 @@ def _retry(src: psycopg.Connection[Any], config: CaptureConfig, table: state.Sna
                 shape = lock_table(src, table.relid, policy.lock_timeout.total_seconds())
                 sent += send_row(src, shape, config, table.snapshot_id, key)
         except errors.LockNotAvailable as e:
-            raise CaptureError(
+            raise CaptureTerminalError(
                 f"row {key} of {table.qualified} stayed locked by another transaction for "
                 f"longer than {policy.lock_timeout}; finish or end that transaction, then run "
                 "the re-snapshot again (it resumes where it stopped)") from e

@@ -35,6 +35,7 @@ import pyarrow.compute as pc
 
 from lakefold.capture.store._stream_schema import ColumnSchema
 from lakefold.capture.store._text_values import BOOL_TEXT, Interval, converter_for
+from lakefold.capture.store.exceptions import CaptureValueError
 
 _SIMPLE: Final[dict[str, pa.DataType]] = {
     "int2": pa.int16(),
@@ -136,7 +137,7 @@ def _bool_array(texts: pa.Array) -> pa.Array:
     known = pc.is_in(texts, value_set=pa.array(list(BOOL_TEXT)))
     if not pc.all(pc.or_kleene(known, pc.is_null(texts))).as_py():
         bad = pc.filter(texts, pc.invert(pc.fill_null(known, True)))[0].as_py()
-        raise ValueError(f"{bad!r} is not a boolean's text (t or f)")
+        raise CaptureValueError(f"{bad!r} is not a boolean's text (t or f)")
     true = pc.is_in(texts, value_set=pa.array(["t", "true"]))
     return pc.if_else(pc.is_null(texts), pa.scalar(None, pa.bool_()), true)
 

@@ -46,7 +46,12 @@ from lakefold.capture.store._changelog_writer import NOTIFY_CHANNEL, split_key
 from lakefold.capture.store._reader_registry import CompactionState, ReaderPosition
 from lakefold.capture.store._stream_schema import StreamSchema
 from lakefold.capture.store._text_values import convert_row
-from lakefold.capture.store.exceptions import StoreError, StoreUnavailableError, UnknownStreamError
+from lakefold.capture.store.exceptions import (
+    CaptureValueError,
+    StoreError,
+    StoreUnavailableError,
+    UnknownStreamError,
+)
 from lakefold.core.dsn import error_text, mask_dsn
 from lakefold.schemas.change import ChangeEvent, ChangeSource, Operation
 
@@ -401,7 +406,7 @@ class ChangelogStore:
     def read(self, stream: str, from_position: int = 1, limit: int = 10_000) -> pa.Table:
         """Up to ``limit`` records with ``position >= from_position`` (and <= head), typed."""
         if limit < 1:
-            raise ValueError(f"limit must be at least 1, not {limit}")
+            raise CaptureValueError(f"limit must be at least 1, not {limit}")
         conn = self._connection()
         meta = _stream_meta(conn, stream)
         start = max(from_position, 1)

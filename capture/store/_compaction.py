@@ -48,6 +48,7 @@ from typing import Any, Final
 import psycopg
 
 from lakefold.capture.store import _reader_registry, _snapshot_segments
+from lakefold.capture.store.exceptions import CaptureValueError
 
 log = logging.getLogger(__name__)
 
@@ -114,9 +115,9 @@ def compact_stream(conn: psycopg.Connection[Any], stream_id: int, *, retention: 
     """Compact one stream (see the module docstring); returns how many records were removed,
     or 0 when another compaction of the stream holds the lock. ``conn`` is autocommit."""
     if retention < timedelta(0):
-        raise ValueError(f"tombstone retention must not be negative, got {retention}")
+        raise CaptureValueError(f"tombstone retention must not be negative, got {retention}")
     if chunk_positions < 1:
-        raise ValueError(f"chunk_positions must be at least 1, got {chunk_positions}")
+        raise CaptureValueError(f"chunk_positions must be at least 1, got {chunk_positions}")
     locked = conn.execute("SELECT pg_try_advisory_lock(%s, %s)",
                           (_LOCK_SPACE, stream_id)).fetchone()
     if not locked or not locked[0]:

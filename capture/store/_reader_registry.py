@@ -47,7 +47,7 @@ from typing import Any
 
 import psycopg
 
-from lakefold.capture.store.exceptions import ReaderBehindCompactionError
+from lakefold.capture.store.exceptions import CaptureValueError, ReaderBehindCompactionError
 
 
 @dataclass(frozen=True, slots=True)
@@ -152,9 +152,9 @@ def commit(conn: psycopg.Connection[Any], reader: str, stream_id: int, stream: s
     from its own registration is not checked again (it held compaction all along). ``conn``
     is autocommit; the check and the registration are one transaction."""
     if not reader:
-        raise ValueError("a durable reader needs a non-empty name")
+        raise CaptureValueError("a durable reader needs a non-empty name")
     if position < 0:
-        raise ValueError(f"a reader's position is 0 or more, not {position}")
+        raise CaptureValueError(f"a reader's position is 0 or more, not {position}")
     with conn.transaction():
         # The reader's own row is only written by the reader: the snapshot it is read in
         # does not matter; the compaction row is read as locked (its latest version).

@@ -47,7 +47,7 @@ from lakefold.capture.store._changelog_writer import (
     TEXT_OID,
     encode_key,
 )
-from lakefold.capture.store.exceptions import StoreError
+from lakefold.capture.store.exceptions import CaptureLookupError, CaptureValueError, StoreError
 
 # Binary COPY stores a timestamptz as microseconds since 2000-01-01 UTC (PostgreSQL's epoch).
 _PG_EPOCH: Final = datetime(2000, 1, 1, tzinfo=UTC)
@@ -99,8 +99,8 @@ def write(cur: psycopg.Cursor[Any], segment: Segment, rows: pa.Table,
           key_indexes: Sequence[int]) -> None:
     """Store ``rows`` (text columns, ``segment.size`` of them) as ``segment``."""
     if rows.num_rows != segment.size:
-        raise ValueError(f"a segment of {segment.size} positions cannot hold {rows.num_rows} "
-                         "rows")
+        raise CaptureValueError(f"a segment of {segment.size} positions cannot hold "
+                                f"{rows.num_rows} rows; seal one row per position")
     cur.execute(INSERT, (
         segment.stream_id, segment.first_position, segment.last_position,
         segment.first_ordinal, segment.commit_lsn, segment.commit_ts, segment.schema_version,
@@ -125,7 +125,7 @@ def _rows(cur: psycopg.Cursor[Any] | psycopg.Connection[Any], segment: Segment) 
         "SELECT rows FROM lakefold.changelog_segments WHERE stream_id = %s "
         "AND first_position = %s", (segment.stream_id, segment.first_position)).fetchone()
     if row is None:
-        raise LookupError(f"segment {segment.first_position} of stream {segment.stream_id} "
+        raise CaptureLookupError(f"segment {segment.first_position} of stream {segment.stream_id} "
                           "is gone (compacted meanwhile)")
     return decode(row[0])
 

@@ -41,6 +41,7 @@ from typing import Any, Final
 from uuid import UUID
 
 from lakefold.capture.store._stream_schema import ColumnSchema
+from lakefold.capture.store.exceptions import CaptureValueError
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,7 +56,7 @@ class Interval:
     def to_timedelta(self) -> timedelta:
         """As a timedelta; raises ValueError when the interval has a month part."""
         if self.months:
-            raise ValueError(f"{self} has {self.months} months, which have no fixed length")
+            raise CaptureValueError(f"{self} has {self.months} months, which have no fixed length")
         return timedelta(days=self.days, microseconds=self.microseconds)
 
 
@@ -87,13 +88,13 @@ def parse_array(text: str, delimiter: str = ",") -> list[Any]:
         pos = text.index("=") + 1
     value, end = _parse_array_at(text, pos, delimiter)
     if end != len(text):
-        raise ValueError(f"trailing characters after array literal: {text!r}")
+        raise CaptureValueError(f"trailing characters after array literal: {text!r}")
     return value
 
 
 def _parse_array_at(text: str, pos: int, delimiter: str) -> tuple[list[Any], int]:
     if text[pos] != "{":
-        raise ValueError(f"array literal must start with '{{': {text!r}")
+        raise CaptureValueError(f"array literal must start with '{{': {text!r}")
     pos += 1
     items: list[Any] = []
     if text[pos] == "}":
@@ -124,7 +125,7 @@ def _parse_array_at(text: str, pos: int, delimiter: str) -> tuple[list[Any], int
             continue
         if text[pos] == "}":
             return items, pos + 1
-        raise ValueError(f"unexpected {text[pos]!r} in array literal {text!r}")
+        raise CaptureValueError(f"unexpected {text[pos]!r} in array literal {text!r}")
 
 
 def _date(text: str) -> date | str:
@@ -190,7 +191,7 @@ def _bool(text: str) -> bool:
     try:
         return BOOL_TEXT[text]
     except KeyError:
-        raise ValueError(f"{text!r} is not a boolean's text (t or f)") from None
+        raise CaptureValueError(f"{text!r} is not a boolean's text (t or f)") from None
 
 
 def _jsonb(text: str) -> Any:

@@ -11,23 +11,47 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from lakefold.core.exceptions import TerminalError, TransientError
+from lakefold.core.exceptions import (
+    ConfigurationError,
+    LakefoldError,
+    TerminalError,
+    TransientError,
+)
 
 
-class CaptureError(TerminalError):
+class CaptureError(LakefoldError):
+    """Base of every capture error, transient and terminal: ``except CaptureError`` catches
+    them all; ``error.transient`` (or ``except TransientError``) tells which to retry."""
+
+
+class CaptureTerminalError(CaptureError, TerminalError):
     """Capture cannot continue without a person changing something."""
 
 
-class OwnershipError(CaptureError):
+class CaptureValueError(CaptureTerminalError, ValueError):
+    """A value given to or read by capture is malformed (an LSN, an option, a literal); it is
+    also a ``ValueError`` for callers that catch that."""
+
+
+class CaptureLookupError(CaptureTerminalError, LookupError):
+    """Something capture looked up is gone (e.g. a segment compacted meanwhile); it is also a
+    ``LookupError`` for callers that catch that."""
+
+
+class CaptureConfigurationError(CaptureTerminalError, ConfigurationError):
+    """A capture or store option has a wrong value."""
+
+
+class OwnershipError(CaptureTerminalError):
     """A publication, slot or stream exists but belongs to something other than this capture."""
 
 
-class OwnershipLostError(CaptureError):
+class OwnershipLostError(CaptureTerminalError):
     """This capture no longer owns its slot: another capture took it over. It stops and does
     not take the slot back by itself."""
 
 
-class StoreError(CaptureError):
+class StoreError(CaptureTerminalError):
     """The changelog store rejected an operation or is not installed."""
 
 
@@ -51,7 +75,7 @@ class ReaderBehindCompactionError(StoreError):
         self.history = history
 
 
-class ConnectionLostError(TransientError):
+class ConnectionLostError(CaptureError, TransientError):
     """A connection to the source or the store dropped; the capture reconnects and resumes."""
 
 

@@ -42,8 +42,7 @@ import typer
 from psycopg import sql
 
 from lakefold._bench import bench_app
-from lakefold._bench.report import Report
-from lakefold.core.exceptions import LakefoldError
+from lakefold._bench.report import BenchmarkError, Report
 
 BATCH = 1000
 READ_PAGE = 10_000
@@ -107,7 +106,7 @@ class Lakefold:
                 break
             position = (page[-1].position or position) + 1
         if read != head:
-            raise LakefoldError(f"read {read} events, but the head is {head}")
+            raise BenchmarkError(f"read {read} events, but the head is {head}")
         return read
 
     def close(self) -> None:
@@ -136,7 +135,7 @@ class EventsourcingPeer:
         self.factory = InfrastructureFactory.construct(env)
         self.recorder = self.factory.application_recorder()
         if not isinstance(self.recorder, PostgresApplicationRecorder):
-            raise LakefoldError(f"the eventsourcing peer is {type(self.recorder).__name__}, "
+            raise BenchmarkError(f"the eventsourcing peer is {type(self.recorder).__name__}, "
                                 "not its PostgreSQL recorder")
         self.streams: dict[str, uuid.UUID] = {}
         self.versions: dict[str, int] = {}
@@ -171,7 +170,7 @@ class EventsourcingPeer:
                 break
             start = page[-1].id + 1
         if read != total:
-            raise LakefoldError(f"the peer read {read} events, but stored {total}")
+            raise BenchmarkError(f"the peer read {read} events, but stored {total}")
         return read
 
     def close(self) -> None:
@@ -357,7 +356,7 @@ def run(events: int, single: int) -> Report:
     from lakefold.local import LocalPostgres
 
     if events < BATCH or single < WRITERS * SLICES:
-        raise LakefoldError(f"use --events >= {BATCH} and --single-events >= "
+        raise BenchmarkError(f"use --events >= {BATCH} and --single-events >= "
                             f"{WRITERS * SLICES}")
     report = Report(benchmark="append", params={
         "events": events, "single_events": single, "batch": BATCH, "writers": WRITERS,

@@ -19,8 +19,7 @@ from typing import Annotated
 import typer
 from pydantic import BaseModel
 
-from lakefold._bench.report import Report
-from lakefold.core.exceptions import LakefoldError
+from lakefold._bench.report import BenchmarkError, Report
 from lakefold.schemas import EventRegistry
 
 registry = EventRegistry()
@@ -94,7 +93,7 @@ def _prepare(report: Report, dsn: str, events: int, per_stream: int, customers: 
         with psycopg.connect(dsn, autocommit=True) as conn:
             conn.execute("VACUUM ANALYZE")  # what autovacuum does soon after a bulk load
     if head != events:
-        raise LakefoldError(f"the store holds {head} events, the benchmark wants {events}; "
+        raise BenchmarkError(f"the store holds {head} events, the benchmark wants {events}; "
                             "use an empty store (or one loaded by this benchmark at this size)")
     # The store's background sealer follows the load, and stops with it: what it had not
     # sealed yet is sealed now, as a running store would soon after (a no-op on a reused one).

@@ -38,8 +38,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from lakefold._bench import bench_app
-from lakefold._bench.report import Report
-from lakefold.core.exceptions import LakefoldError
+from lakefold._bench.report import BenchmarkError, Report
 
 if TYPE_CHECKING:
     from lakefold.capture import CaptureConfig
@@ -135,9 +134,9 @@ def _projections(trigger: float) -> Any:
         delta_table,
         projection,
         redis_cache,
-        registering_into,
         search_index,
     )
+    from lakefold.projections.operations import registering_into
 
     registry = Registry()
     options = ProjectionOptions(trigger_seconds=trigger, max_records_per_batch=50_000)
@@ -185,7 +184,8 @@ def _readers(work: _Workload, stack: ExitStack) -> dict[str, Callable[[], object
     from deltalake import DeltaTable
 
     from lakefold.capture import ChangelogStore
-    from lakefold.projections import Catalog, RedisCacheReader, SearchIndexReader
+    from lakefold.projections import RedisCacheReader, SearchIndexReader
+    from lakefold.projections.operations import Catalog
 
     catalog = stack.enter_context(closing(Catalog(work.dsn)))
     cache = stack.enter_context(closing(RedisCacheReader(work.redis_url, pointer_ttl=60)))
@@ -246,7 +246,7 @@ def _application_main(work: _Workload) -> dict[str, Any]:
         deadline = time.monotonic() + 300
         while not all(ready(readers[name]) for name in ("delta", "redis", "search")):
             if time.monotonic() > deadline:
-                raise LakefoldError("the projections did not catch up within 300 s")
+                raise BenchmarkError("the projections did not catch up within 300 s")
             time.sleep(0.2)
         began = time.perf_counter()
         probes = _Probes(warmup_until=began + work.warmup)
@@ -302,8 +302,8 @@ def run(seconds: float, rate: int, rows: int, probes_per_s: float, warmup: float
 
     from lakefold.capture import Capture, CaptureConfig, ChangelogStore
     from lakefold.local import LocalPostgres, LocalRedis
-    from lakefold.projections import Runner, RunnerConfig, SinkRoots
-    from lakefold.projections._runner import RUNNER_SPARK_CONF
+    from lakefold.projections import Runner, RunnerConfig
+    from lakefold.projections.operations import RUNNER_SPARK_CONF, SinkRoots
     from lakefold.spark import spark_session
 
     report = Report("latency", {"seconds": seconds, "rate": rate, "rows": rows,
@@ -341,7 +341,7 @@ def run(seconds: float, rate: int, rows: int, probes_per_s: float, warmup: float
                     if any(s.name == _TABLE and s.head >= rows for s in store.streams()):
                         break
                 if time.monotonic() > deadline or not capture.is_alive():
-                    raise LakefoldError("capture did not deliver the initial rows in 120 s")
+                    raise BenchmarkError("capture did not deliver the initial rows in 120 s")
                 time.sleep(0.1)
             runner = Runner(spark, _projections(trigger), RunnerConfig(
                 store_dsn=dsn, roots=SinkRoots.under(scratch), redis_url=redis_server.url,
@@ -395,6 +395,6 @@ def latency(
 ) -> None:
     """Commit-to-visible latency in Delta, Redis and the search index (p50, p99)."""
     if seconds <= 0 or rate <= 0 or rows < 2 or probes <= 0 or warmup < 0 or trigger < 0:
-        raise LakefoldError("need --seconds > 0, --rate > 0, --rows >= 2, --probes > 0, "
+        raise BenchmarkError("need --seconds > 0, --rate > 0, --rows >= 2, --probes > 0, "
                             "--warmup >= 0 and --trigger >= 0")
     run(seconds, rate, rows, probes, warmup, trigger).emit(as_json=as_json)

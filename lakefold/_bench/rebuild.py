@@ -39,7 +39,7 @@ from lakefold._bench.history import (
     StoreDsnOption,
     history_store,
 )
-from lakefold._bench.report import Report
+from lakefold._bench.report import BenchmarkError, Report
 from lakefold.core.exceptions import LakefoldError
 
 
@@ -62,14 +62,8 @@ LIVE_BATCH = 200_000
 def _registry(batch: int) -> Any:
     from pyspark.sql import functions as F
 
-    from lakefold.projections import (
-        ProjectionOptions,
-        Registry,
-        delta_table,
-        events,
-        projection,
-        registering_into,
-    )
+    from lakefold.projections import ProjectionOptions, Registry, delta_table, events, projection
+    from lakefold.projections.operations import registering_into
 
     registry = Registry()
     options = ProjectionOptions(trigger_seconds=0.5, max_records_per_batch=min(batch, LIVE_BATCH),
@@ -104,7 +98,7 @@ class _Background:
     def wait(self, done: Callable[[], bool], what: str) -> None:
         while not done():
             if not self.thread.is_alive():
-                raise LakefoldError(f"the runner stopped before {what}") from self.error
+                raise BenchmarkError(f"the runner stopped before {what}") from self.error
             time.sleep(0.05)
 
     def close(self) -> None:
@@ -115,7 +109,8 @@ class _Background:
 def _build_and_rebuild(report: Report, spark: Any, dsn: str, scratch: Path, events: int,
                        batch: int) -> str:
     """Generation 1 from nothing, then a rebuild into generation 2; the new table's path."""
-    from lakefold.projections import Catalog, Runner, RunnerConfig, SinkRoots
+    from lakefold.projections import Runner, RunnerConfig
+    from lakefold.projections.operations import Catalog, SinkRoots
 
     roots = SinkRoots.under(scratch)
     catalog = Catalog(dsn, roots)  # what a `lakefold rebuild` process opens
@@ -156,7 +151,7 @@ def run(events: int, customers: int, batch: int, store_dsn: str | None = None) -
     from deltalake import DeltaTable
     from pyspark.sql import functions as F
 
-    from lakefold.projections._runner import RUNNER_SPARK_CONF
+    from lakefold.projections.operations import RUNNER_SPARK_CONF
     from lakefold.spark import register_sources, spark_session
 
     report = Report("rebuild", {"events": events, "customers": customers, "batch": batch})
@@ -171,7 +166,7 @@ def run(events: int, customers: int, batch: int, store_dsn: str | None = None) -
             rows = DeltaTable(path).to_pyarrow_table().to_pylist()
             got = {r["customer"]: (r["amount"], r["events"]) for r in rows}
             if got != expected_sums(events, customers):
-                raise LakefoldError("the rebuilt aggregate differs from the expected sums")
+                raise BenchmarkError("the rebuilt aggregate differs from the expected sums")
             register_sources(spark)
             frame = spark.read.format("lakefold_events").option("dsn", dsn).load()
             began = time.perf_counter()
@@ -195,5 +190,5 @@ def rebuild(
 ) -> None:
     """Rebuild a Delta aggregate from the whole event history (events/s)."""
     if events < 1 or customers < 1 or batch < 1:
-        raise LakefoldError("need --events >= 1, --customers >= 1 and --batch >= 1")
+        raise BenchmarkError("need --events >= 1, --customers >= 1 and --batch >= 1")
     run(events, customers, batch, store_dsn).emit(as_json=as_json)

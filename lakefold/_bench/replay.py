@@ -43,8 +43,7 @@ from lakefold._bench.history import (
     StoreDsnOption,
     history_store,
 )
-from lakefold._bench.report import Report
-from lakefold.core.exceptions import LakefoldError
+from lakefold._bench.report import BenchmarkError, Report
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -78,7 +77,7 @@ def find_jdbc_jar(explicit: Path | None) -> Path:
     """The PostgreSQL JDBC driver jar, or a LakefoldError saying how to get one."""
     if explicit is not None:
         if not explicit.is_file():
-            raise LakefoldError(f"--jdbc-jar {explicit} does not exist")
+            raise BenchmarkError(f"--jdbc-jar {explicit} does not exist")
         return explicit
     spec = importlib.util.find_spec("wbjdbc")  # located, not imported (it starts JPype)
     for location in (spec.submodule_search_locations or []) if spec else []:
@@ -87,7 +86,7 @@ def find_jdbc_jar(explicit: Path | None) -> Path:
             return bundled[-1]
     if _DEBIAN_JAR.is_file():
         return _DEBIAN_JAR
-    raise LakefoldError(
+    raise BenchmarkError(
         "no PostgreSQL JDBC driver jar for the spark.read.jdbc baseline: install the dev "
         "dependencies (`pip install 'lakefold[dev]'`, which bring wbjdbc's bundled jar), or "
         "`apt-get install libpostgresql-jdbc-java`, or pass --jdbc-jar PATH"
@@ -130,7 +129,7 @@ def _measure_reads(report: Report, spark: SparkSession, dsn: str, events: int,
                    rounds: int = 2) -> None:
     """The lakefold source and spark.read.jdbc, both warmed up, then interleaved ``rounds``
     times (load drift hits both); the best round of each is reported, every round in params."""
-    from lakefold.spark._source_positions import ReadOptions, split_range
+    from lakefold.spark.operations import ReadOptions, split_range
 
     partitions = len(split_range(1, events + 1, ReadOptions()))
     report.params["partitions"] = partitions
@@ -260,7 +259,7 @@ def run(events: int, per_stream: int, batch_events: int, jdbc_jar: Path | None,
                     got = {r["stream_id"]: (r["events"], r["amount"], r["last_position"])
                            for r in DeltaTable(path).to_pyarrow_table().to_pylist()}
                     if got != expected:
-                        raise LakefoldError("the replayed Delta aggregate differs from the "
+                        raise BenchmarkError("the replayed Delta aggregate differs from the "
                                             "expected totals; the benchmark's result is invalid")
                 report.params["replay_rounds_events_per_s"] = [round(x) for x in rates]
                 report.results["replay_events_per_s"] = max(rates)
@@ -284,5 +283,5 @@ def replay(
 ) -> None:
     """Event store → Spark read and Delta replay throughput vs spark.read.jdbc."""
     if events < 1 or per_stream < 1 or batch_events < 1:
-        raise LakefoldError("--events, --per-stream and --batch-events must be at least 1")
+        raise BenchmarkError("--events, --per-stream and --batch-events must be at least 1")
     run(events, per_stream, batch_events, jdbc_jar, store_dsn).emit(as_json=as_json)

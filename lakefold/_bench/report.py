@@ -14,6 +14,13 @@ import psutil
 from rich.console import Console
 from rich.table import Table
 
+from lakefold.core.exceptions import TerminalError
+
+
+class BenchmarkError(TerminalError):
+    """A benchmark cannot run as asked, or its result failed its own check (and is invalid)."""
+
+
 _VERSIONED = ["lakefold", "pyspark", "deltalake", "psycopg", "pyarrow", "redis", "tantivy",
               "eventsourcing"]
 

@@ -17,7 +17,7 @@ from psycopg import sql
 from lakefold.capture import (
     Capture,
     CaptureConfig,
-    InvalidConfigError,
+    CaptureConfigurationError,
     OwnershipError,
     SlotError,
     SourceConfigurationError,
@@ -168,7 +168,7 @@ def test_unreachable_store_and_masked_password(pg: TestDatabase) -> None:
     ({"tables": ("",)}, "is empty"),
 ])
 def test_invalid_configuration(kwargs: dict[str, Any], message: str) -> None:
-    with pytest.raises((InvalidConfigError, SourceConfigurationError), match=message):
+    with pytest.raises((CaptureConfigurationError, SourceConfigurationError), match=message):
         CaptureConfig(source_dsn="dbname=x", **kwargs)
 
 

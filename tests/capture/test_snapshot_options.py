@@ -8,9 +8,9 @@ from datetime import timedelta
 import pytest
 
 from lakefold.capture import (
+    CaptureConfigurationError,
     HealthThresholds,
     HeartbeatPolicy,
-    InvalidConfigError,
     SnapshotPolicy,
 )
 from lakefold.capture.decoding._inband_messages import (
@@ -37,7 +37,7 @@ from lakefold.capture.exceptions import DecodingError
 ], ids=["chunk", "incremental", "bytes", "workers", "retries", "interval", "keep", "lag",
         "safe"])
 def test_bad_options_are_refused(make, message: str) -> None:
-    with pytest.raises(InvalidConfigError, match=message):
+    with pytest.raises(CaptureConfigurationError, match=message):
         make()
 
 

@@ -19,21 +19,21 @@ from lakefold.eventstore import (
     NO_STREAM,
     STREAM_EXISTS,
     EventStore,
-    IdempotencyConflict,
-    InvalidRequest,
-    StreamDeleted,
+    IdempotencyConflictError,
+    InvalidRequestError,
+    StreamDeletedError,
     StreamEvents,
     SubscriptionOptions,
-    WrongExpectedVersion,
+    WrongExpectedVersionError,
 )
 from lakefold.schemas import (
     STREAM_DELETED_TYPE,
     EventMetadata,
     EventRegistry,
-    InvalidEventData,
+    InvalidEventDataError,
     NewEvent,
     StreamDeletedRecord,
-    UnknownEventType,
+    UnknownEventTypeError,
     UpcastError,
 )
 
@@ -116,20 +116,20 @@ class RecorderContract:
 
     def test_expected_versions(self, store: EventStore) -> None:
         store.append("acct-1", [ev()], expected_version=NO_STREAM)
-        with pytest.raises(WrongExpectedVersion) as info:
+        with pytest.raises(WrongExpectedVersionError) as info:
             store.append("acct-1", [ev()], expected_version=NO_STREAM)
         assert info.value.actual_version == 1 and info.value.stream_id == "acct-1"
-        with pytest.raises(WrongExpectedVersion) as info:
+        with pytest.raises(WrongExpectedVersionError) as info:
             store.append("acct-1", [ev()], expected_version=0)  # 0 is "no stream"
         assert info.value.actual_version == 1
-        with pytest.raises(WrongExpectedVersion) as info:
+        with pytest.raises(WrongExpectedVersionError) as info:
             store.append("acct-1", [ev()], expected_version=7)
         assert info.value.actual_version == 1
         assert "version 7" in str(info.value) and "version 1" in str(info.value)
-        with pytest.raises(WrongExpectedVersion) as info:
+        with pytest.raises(WrongExpectedVersionError) as info:
             store.append("acct-2", [ev()], expected_version=STREAM_EXISTS)
         assert info.value.actual_version is None
-        with pytest.raises(WrongExpectedVersion) as info:
+        with pytest.raises(WrongExpectedVersionError) as info:
             store.append("acct-2", [ev()], expected_version=1)
         assert info.value.actual_version is None
         assert store.append("acct-1", [ev()], expected_version=STREAM_EXISTS).stream_versions \
@@ -145,7 +145,7 @@ class RecorderContract:
     def test_multi_stream_append_is_atomic(self, store: EventStore) -> None:
         store.append("cart-1", [ev()], expected_version=NO_STREAM)
         before = snapshot(store)
-        with pytest.raises(WrongExpectedVersion) as info:
+        with pytest.raises(WrongExpectedVersionError) as info:
             store.append_streams([
                 StreamEvents("cart-0", [ev(), ev()], NO_STREAM),
                 StreamEvents("cart-1", [ev()], 5),
@@ -179,11 +179,11 @@ class RecorderContract:
         assert len(store.read_stream("pay-1")) == 3
         before = snapshot(store)
         changed = NewEvent("order.placed", {"n": 99}, event_id=events[0].event_id)
-        with pytest.raises(IdempotencyConflict, match="different data"):
+        with pytest.raises(IdempotencyConflictError, match="different data"):
             store.append("pay-1", [changed, events[1]])
-        with pytest.raises(IdempotencyConflict, match="different stream"):
+        with pytest.raises(IdempotencyConflictError, match="different stream"):
             store.append("pay-2", [events[0]])  # same event, other stream
-        with pytest.raises(IdempotencyConflict, match="1 of the 2"):
+        with pytest.raises(IdempotencyConflictError, match="1 of the 2"):
             store.append("pay-1", [events[0], ev(n=5)])
         assert snapshot(store) == before
 
@@ -204,7 +204,7 @@ class RecorderContract:
             for change in changes:
                 retry = _CHANGES[change](retry)
             target = f"{stream}-b" if "stream" in changes else stream
-            with pytest.raises(IdempotencyConflict) as info:
+            with pytest.raises(IdempotencyConflictError) as info:
                 store.append(target, [retry, *others])
             message = str(info.value)
             named = {c for c, words in _NAMES.items() if f"different {words}" in message}
@@ -257,9 +257,9 @@ class RecorderContract:
             "user.joined", STREAM_DELETED_TYPE]  # deletion records pass type filters
         assert store.stream_state("user-1").deleted == "soft"
         before = snapshot(store)
-        with pytest.raises(StreamDeleted, match="soft-deleted"):
+        with pytest.raises(StreamDeletedError, match="soft-deleted"):
             store.append("user-1", [ev()])
-        with pytest.raises(StreamDeleted):
+        with pytest.raises(StreamDeletedError):
             store.delete_stream("user-1")
         assert snapshot(store) == before
         hard = store.delete_stream("user-1", hard=True)
@@ -292,9 +292,9 @@ class RecorderContract:
         first = [ev("user.joined", email="ann@example.com")]
         store.append("user-7", first)
         store.append("user-8", [ev("user.joined")])
-        with pytest.raises(WrongExpectedVersion):
+        with pytest.raises(WrongExpectedVersionError):
             store.delete_stream("user-7", expected_version=3, hard=True)
-        with pytest.raises(WrongExpectedVersion):
+        with pytest.raises(WrongExpectedVersionError):
             store.delete_stream("user-9", hard=True)
         store.delete_stream("user-7", hard=True)
         kept = store.read_stream("user-7", include_deleted=True)
@@ -302,9 +302,9 @@ class RecorderContract:
         everything = store.read_all(include_deleted=True)
         assert [e.stream_id for e in everything] == ["user-8", "user-7"]
         assert all("ann@example.com" not in str(e.data) for e in everything)
-        with pytest.raises(StreamDeleted, match="hard-deleted"):
+        with pytest.raises(StreamDeletedError, match="hard-deleted"):
             store.append("user-7", first)  # the erased ids are gone, the stream stays dead
-        with pytest.raises(StreamDeleted):
+        with pytest.raises(StreamDeletedError):
             store.delete_stream("user-7", hard=True)
 
     # -- checkpoints and subscriptions --------------------------------------------------------
@@ -316,9 +316,9 @@ class RecorderContract:
         store.save_checkpoint("audit", 0)
         assert store.load_checkpoint("billing") == 7
         assert store.load_checkpoint("audit") == 0
-        with pytest.raises(InvalidRequest):
+        with pytest.raises(InvalidRequestError):
             store.save_checkpoint("billing", -1)
-        with pytest.raises(InvalidRequest):
+        with pytest.raises(InvalidRequestError):
             store.save_checkpoint("", 1)
 
     @pytest.mark.timeout(60)
@@ -409,19 +409,19 @@ class RecorderContract:
             assert isinstance(record.event, StreamDeletedRecord)
             assert record.event.last_version == 3
             before = snapshot(store_v3)
-            with pytest.raises(UnknownEventType):
+            with pytest.raises(UnknownEventTypeError):
                 store_v3.append("order-2", [NewEvent("order.shipped", {})])
-            with pytest.raises(UnknownEventType):
+            with pytest.raises(UnknownEventTypeError):
                 store_v3.append("order-2", [PlacedV1(order_id="x", amount=1)])
-            with pytest.raises(InvalidEventData, match="amount_cents"):
+            with pytest.raises(InvalidEventDataError, match="amount_cents"):
                 store_v3.append("order-2", [NewEvent("order.placed", {"order_id": "o"},
                                                      schema_version=3)])
-            with pytest.raises(InvalidEventData, match="version 3"):
+            with pytest.raises(InvalidEventDataError, match="version 3"):
                 store_v3.append("order-2", [NewEvent("order.placed", {"order_id": "o",
                                                                       "amount": 1})])
             bad = Placed.model_construct(order_id="o", amount_cents="lots",  # type: ignore[arg-type]
                                          currency="EUR")
-            with pytest.raises(InvalidEventData):
+            with pytest.raises(InvalidEventDataError):
                 store_v3.append("order-2", [bad])
             assert snapshot(store_v3) == before
             broken = EventRegistry()
@@ -485,7 +485,7 @@ class RecorderContract:
     ) -> None:
         store.append("order-1", [ev()])
         before = snapshot(store)
-        with pytest.raises((InvalidRequest, UnknownEventType), match=match):
+        with pytest.raises((InvalidRequestError, UnknownEventTypeError), match=match):
             call(store)
         after = snapshot(store)
         assert after == before or after[1][:-1] == before[1]  # (the wait_for_positions case)

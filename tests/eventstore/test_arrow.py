@@ -14,15 +14,17 @@ import pyarrow as pa
 import pytest
 
 from lakefold.eventstore import (
-    EVENTS_ARROW_SCHEMA,
     EventStore,
-    EventStoreNotInstalled,
-    EventStoreUnavailable,
-    InvalidRequest,
-    events_range_select,
-    head_position,
+    EventStoreNotInstalledError,
+    EventStoreUnavailableError,
+    InvalidRequestError,
     list_categories,
     list_event_types,
+)
+from lakefold.eventstore.arrow import (
+    EVENTS_ARROW_SCHEMA,
+    events_range_select,
+    head_position,
     read_events_range,
 )
 from lakefold.schemas import EventMetadata, NewEvent
@@ -80,9 +82,9 @@ def test_half_open_ranges_and_filters(filled: str) -> None:
     invoices = _table(read_events_range(filled, 1, 100, types=["invoice.sent"]))
     assert set(invoices.column("type").to_pylist()) == {"invoice.sent", "$stream.deleted"}
     for bad in ({"start": -1, "end": 3}, {"start": 1, "end": "x"}):
-        with pytest.raises(InvalidRequest):
+        with pytest.raises(InvalidRequestError):
             list(read_events_range(filled, **bad))
-    with pytest.raises(InvalidRequest):
+    with pytest.raises(InvalidRequestError):
         list(read_events_range(filled, 1, 3, category="order-1"))
 
 
@@ -129,12 +131,12 @@ def test_lists_categories_and_types(filled: str, pg: TestDatabase) -> None:
 
 
 def test_bulk_read_errors_say_what_is_wrong_without_the_password(pg: TestDatabase) -> None:
-    with pytest.raises(EventStoreNotInstalled, match=r"not installed.*events install"):
+    with pytest.raises(EventStoreNotInstalledError, match=r"not installed.*events install"):
         list(read_events_range(pg.dsn, 1, 10))  # a database without the event store
-    with pytest.raises(EventStoreUnavailable, match="event store") as caught:
+    with pytest.raises(EventStoreUnavailableError, match="event store") as caught:
         list(read_events_range("host=127.0.0.1 port=1 user=x password=s3cret dbname=y", 1, 10))
     assert "s3cret" not in str(caught.value)
-    with pytest.raises(InvalidRequest, match=r"unknown event column.*nope"):
+    with pytest.raises(InvalidRequestError, match=r"unknown event column.*nope"):
         list(read_events_range(pg.dsn, 1, 10, columns=["position", "nope"]))
 
 

@@ -16,7 +16,7 @@ import pytest
 
 from lakefold.eventstore import (
     EventStore,
-    EventStoreUnavailable,
+    EventStoreUnavailableError,
     StoreOptions,
     SubscriptionOptions,
 )
@@ -165,7 +165,7 @@ def test_subscription_and_sequencer_ride_out_a_server_restart() -> None:
                     try:
                         store.append("order-1", [NewEvent("order.placed", {"n": n})])
                         break
-                    except EventStoreUnavailable:
+                    except EventStoreUnavailableError:
                         time.sleep(0.1)
             while received != [0, 1, 2]:
                 assert time.monotonic() < deadline, received

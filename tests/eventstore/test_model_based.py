@@ -23,9 +23,9 @@ from lakefold.eventstore import (
     EventStoreError,
     StoreOptions,
     StreamEvents,
-    WrongExpectedVersion,
-    read_events_range,
+    WrongExpectedVersionError,
 )
+from lakefold.eventstore.arrow import read_events_range
 from lakefold.schemas import NewEvent
 from tests.fixtures.postgres import PostgresServer, drop_database
 
@@ -37,7 +37,7 @@ expected_versions = st.one_of(st.sampled_from([ANY, NO_STREAM, STREAM_EXISTS]),
 def _outcome(call: Any) -> Any:
     try:
         result = call()
-    except WrongExpectedVersion as e:
+    except WrongExpectedVersionError as e:
         return ("wrong expected version", e.stream_id, e.actual_version)
     except EventStoreError as e:
         return (type(e).__name__,)
@@ -126,4 +126,5 @@ def test_postgres_matches_the_in_memory_reference(postgres_server: PostgresServe
         max_examples=25, stateful_step_count=20, deadline=None, derandomize=True,
         suppress_health_check=[HealthCheck.too_slow]))
     # the runs covered successes, idempotent retries, conflicts and deleted streams
-    assert {("ok", False), ("ok", True), "wrong expected version", "StreamDeleted"} <= seen, seen
+    assert {("ok", False), ("ok", True), "wrong expected version",
+            "StreamDeletedError"} <= seen, seen

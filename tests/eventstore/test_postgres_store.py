@@ -25,15 +25,15 @@ from psycopg import sql
 from lakefold.eventstore import (
     NO_STREAM,
     EventStore,
-    EventStoreNotInstalled,
-    EventStoreUnavailable,
-    IdempotencyConflict,
-    InvalidRequest,
+    EventStoreNotInstalledError,
+    EventStoreUnavailableError,
+    IdempotencyConflictError,
+    InvalidRequestError,
     StoreOptions,
     StreamEvents,
     SubscriptionOptions,
-    WatermarkHeld,
-    WrongExpectedVersion,
+    WatermarkHeldError,
+    WrongExpectedVersionError,
     list_event_types,
 )
 from lakefold.eventstore._copy import COPY_THRESHOLD
@@ -94,7 +94,7 @@ def test_long_writer_delays_visibility_but_never_causes_a_skip(
             assert "the slow writer" in (status.holder.query or "")
             assert status.holder.held_for_s >= 0.3
             assert status.as_dict()["holder"]["pid"] == slow_pid[0]
-            with pytest.raises(WatermarkHeld, match=f"pid {slow_pid[0]}"):
+            with pytest.raises(WatermarkHeldError, match=f"pid {slow_pid[0]}"):
                 store.wait_for_positions(fast, timeout_s=0.2)
             deadline = time.monotonic() + 10
             while not any("held by pid" in r.getMessage() for r in caplog.records):
@@ -145,7 +145,7 @@ def test_transaction_commits_appends_checkpoint_and_own_writes_together(
     assert store.load_checkpoint("projector") == 1
     with store.transaction() as tx:
         store.append("order-1", [ev()])  # a concurrent append, outside the transaction
-        with pytest.raises(WrongExpectedVersion):  # leaves the transaction usable
+        with pytest.raises(WrongExpectedVersionError):  # leaves the transaction usable
             tx.append("order-1", [ev()], expected_version=NO_STREAM)
         result = tx.append("order-1", [ev(), ev()], expected_version=1)
         tx.connection.execute("INSERT INTO totals VALUES (2)")
@@ -168,7 +168,7 @@ def _race(store: EventStore, stream: str, expected: object, writers: int) -> lis
         try:
             result: object = store.append(stream, [ev(writer=i), ev(writer=i)],
                                           expected_version=expected)  # type: ignore[arg-type]
-        except WrongExpectedVersion as e:
+        except WrongExpectedVersionError as e:
             result = e
         with lock:
             outcomes.append(result)
@@ -189,7 +189,7 @@ def test_expected_version_races_have_exactly_one_winner(store: EventStore) -> No
         if round_ % 2:
             store.append(stream, [ev()], expected_version=NO_STREAM)
         outcomes = _race(store, stream, 1 if round_ % 2 else NO_STREAM, writers)
-        losers = [o for o in outcomes if isinstance(o, WrongExpectedVersion)]
+        losers = [o for o in outcomes if isinstance(o, WrongExpectedVersionError)]
         assert len(losers) == writers - 1
         final = 3 if round_ % 2 else 2
         assert {loser.actual_version for loser in losers} == {final}
@@ -260,7 +260,7 @@ def test_idempotent_retry_after_a_lost_acknowledgement(store: EventStore, pg: Te
                 sock = socket.socket(fileno=os.dup(conn.pgconn.socket))
                 proxy.armed_for = sock.getsockname()[1]
                 sock.close()
-            with pytest.raises(EventStoreUnavailable):  # the append ran; its answer was lost
+            with pytest.raises(EventStoreUnavailableError):  # the append ran; its answer was lost
                 flaky.append("pay-1", events, expected_version=NO_STREAM)
             assert proxy.dropped.is_set()
             assert store.stream_state("pay-1").version == count  # it was committed
@@ -285,7 +285,7 @@ def test_one_event_appends_prepare_their_statement_again_when_the_server_forgot_
     # the pool hands out the connection returned last: the one without statements
     second = store.append("order-9", [NewEvent("order.paid", {"n": 2}, metadata=metadata)],
                           expected_version=1)
-    with pytest.raises(WrongExpectedVersion):
+    with pytest.raises(WrongExpectedVersionError):
         store.append("order-9", [ev(n=3)], expected_version=1)
     with store.recorder.connection() as conn:  # type: ignore[attr-defined]
         assert _backend_pid(conn) == pid
@@ -559,12 +559,12 @@ def test_hard_delete_removes_the_rows(store: EventStore, pg: TestDatabase) -> No
 
 def test_missing_schema_and_unreachable_server_are_clear_errors(pg: TestDatabase) -> None:
     with EventStore(pg.dsn) as store:
-        with pytest.raises(EventStoreNotInstalled, match="lakefold events install"):
+        with pytest.raises(EventStoreNotInstalledError, match="lakefold events install"):
             store.append("order-1", [ev()])
-        with pytest.raises(EventStoreNotInstalled):
+        with pytest.raises(EventStoreNotInstalledError):
             store.read_all()
     dsn = f"host=127.0.0.1 port={free_port()} user=app password=hunter2 dbname=x"
-    with pytest.raises(EventStoreUnavailable) as info:
+    with pytest.raises(EventStoreUnavailableError) as info:
         EventStore(dsn, options=StoreOptions(connect_timeout_s=1))
     assert "hunter2" not in str(info.value) and "***" in str(info.value)
 
@@ -597,16 +597,16 @@ def test_large_appends_by_copy_keep_every_guarantee(store: EventStore) -> None:
     again = store.append_streams([StreamEvents("order-1", big[:200], NO_STREAM),
                                   StreamEvents("order-2", big[200:], NO_STREAM)])
     assert again.duplicate and again.stream_versions == first.stream_versions
-    with pytest.raises(WrongExpectedVersion) as info:
+    with pytest.raises(WrongExpectedVersionError) as info:
         store.append_streams([StreamEvents("order-3", [ev(i=i) for i in range(150)]),
                               StreamEvents("order-1", [ev(i=i) for i in range(100)], 5)])
     assert info.value.actual_version == 200
     assert not store.stream_state("order-3").exists  # nothing written
-    with pytest.raises(IdempotencyConflict):
+    with pytest.raises(IdempotencyConflictError):
         store.append("order-4", [*big[:10], *[ev(i=i) for i in range(240)]])
     assert not store.stream_state("order-4").exists
     with store.transaction() as tx:  # inside the caller's transaction, under a savepoint
-        with pytest.raises(WrongExpectedVersion):
+        with pytest.raises(WrongExpectedVersionError):
             tx.append("order-1", [ev(i=i) for i in range(300)], expected_version=NO_STREAM)
         tx.append("order-5", [ev(i=i) for i in range(300)])
     events = store.read_all(0, 10_000)
@@ -623,14 +623,14 @@ def test_an_invalid_event_in_the_middle_of_a_copy_stream_writes_nothing(
     store.append("order-0", [ev(i=0)])
     good = [ev(i=i) for i in range(1000)]
     bad_data = [*good[:700], NewEvent("order.placed", {"bad": {1, 2}}), *good[701:]]
-    with pytest.raises(InvalidRequest, match=r"event #700 \(order\.placed\) data is not JSON"):
+    with pytest.raises(InvalidRequestError, match=r"event #700 \(order\.placed\) data is not JSON"):
         store.append("order-1", bad_data)
     repeated_id = [*good[:500], NewEvent("order.placed", {}, event_id=good[3].event_id)]
-    with pytest.raises(InvalidRequest, match=f"event id {good[3].event_id} appears twice"):
+    with pytest.raises(InvalidRequestError, match=f"event id {good[3].event_id} appears twice"):
         store.append_streams([StreamEvents("order-2", good[:300]),
                               StreamEvents("order-3", repeated_id[300:])])
     with store.transaction() as tx:  # under the caller's savepoint, which stays usable
-        with pytest.raises(InvalidRequest, match="event #999 is a str"):
+        with pytest.raises(InvalidRequestError, match="event #999 is a str"):
             tx.append("order-4", [*good[:999], "not an event"])  # type: ignore[list-item]
         tx.append("order-5", [ev(i=i) for i in range(3)])
     with psycopg.connect(pg.dsn) as conn:

@@ -18,19 +18,16 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from lakefold.eventstore import (
-    EVENTS_ARROW_SCHEMA,
-    PAYLOAD_FIELDS,
-    EventStore,
-    EventStoreNotInstalled,
-    StoreOptions,
-    StreamEvents,
-    events_schema,
-    read_events_range,
-)
+from lakefold.eventstore import EventStore, EventStoreNotInstalledError, StoreOptions, StreamEvents
 from lakefold.eventstore._ddl import SEAL_LOCK_KEY
 from lakefold.eventstore._sealer import BackgroundSealer, seal
 from lakefold.eventstore._segments import decode, unsealed_ranges
+from lakefold.eventstore.arrow import (
+    EVENTS_ARROW_SCHEMA,
+    PAYLOAD_FIELDS,
+    events_schema,
+    read_events_range,
+)
 from lakefold.schemas import NewEvent
 from tests.fixtures.postgres import TestDatabase
 
@@ -252,9 +249,9 @@ def test_a_store_without_segments_table_says_to_upgrade(filled: str,
                                                         ) -> None:
     with psycopg.connect(filled, autocommit=True) as conn:
         conn.execute("DROP TABLE lakefold.event_segments")
-    with pytest.raises(EventStoreNotInstalled, match=r"older lakefold.*install"):
+    with pytest.raises(EventStoreNotInstalledError, match=r"older lakefold.*install"):
         list(read_events_range(filled, 1, 10))
-    with pytest.raises(EventStoreNotInstalled, match="install"):
+    with pytest.raises(EventStoreNotInstalledError, match="install"):
         seal(filled, size=SIZE)
     sealer = BackgroundSealer(filled, size=SIZE)
     sealer.poke()

@@ -19,7 +19,7 @@ from lakefold import _shop
 from lakefold._demo import DEMO_DATABASE, DEMO_SLOT, PROJECTION
 from lakefold._demo_views import REBUILT
 from lakefold.local import LocalPostgres
-from lakefold.projections import Catalog
+from lakefold.projections.operations import Catalog
 
 LAKEFOLD = str(Path(sys.executable).parent / "lakefold")
 VIEWS = ("revenue_per_customer", "customer_cache", "product_search", "price_history")

@@ -325,7 +325,8 @@ def test_checker_catches_sideways_imports_and_cycles(tmp_path: Path) -> None:
         "lakefold/capture/__init__.py": "from lakefold.core.lazy import lazy_getattr\n"
                                         "_EXPORTS = {'Z': '_z'}\n"
                                         "__getattr__ = lazy_getattr('lakefold.capture', {\n"
-                                        "    n: f'lakefold.projections.{m}' for n, m in _EXPORTS.items()"
+                                        "    n: f'lakefold.projections.{m}'"
+                                        " for n, m in _EXPORTS.items()"
                                         "})\n",
         "lakefold/capture/_x.py": "from lakefold.spark import Y\n",
         "lakefold/spark/__init__.py": "",

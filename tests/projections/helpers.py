@@ -88,7 +88,7 @@ def orders_expected(dsn: str) -> tuple[dict[str, dict[str, str]], dict[str, str]
     """From the event store itself: the last order per customer, and every order's note."""
     import json
 
-    from lakefold.eventstore import head_position, read_events_range
+    from lakefold.eventstore.arrow import head_position, read_events_range
 
     last: dict[str, dict[str, str]] = {}
     notes: dict[str, str] = {}

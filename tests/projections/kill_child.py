@@ -9,8 +9,9 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from lakefold.projections import Runner, RunnerConfig, SinkRoots, load_projections
+from lakefold.projections import Runner, RunnerConfig, load_projections
 from lakefold.projections._runner import RUNNER_SPARK_CONF
+from lakefold.projections.operations import SinkRoots
 from lakefold.spark import spark_session
 
 

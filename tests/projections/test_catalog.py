@@ -10,7 +10,7 @@ import pytest
 from lakefold.projections._catalog import Catalog, SinkRoots
 from lakefold.projections._deadletters import DeadLetters, NewDeadLetter
 from lakefold.projections.exceptions import (
-    ProjectionNotFound,
+    ProjectionNotFoundError,
     ProjectionStateError,
 )
 
@@ -114,11 +114,11 @@ def test_switch_is_atomic_for_concurrent_readers(catalog, pg):
 
 
 def test_unknown_projection_errors(catalog):
-    with pytest.raises(ProjectionNotFound, match="lakefold run"):
+    with pytest.raises(ProjectionNotFoundError, match="lakefold run"):
         catalog.current("nope")
-    with pytest.raises(ProjectionNotFound):
+    with pytest.raises(ProjectionNotFoundError):
         catalog.set_paused("nope", True)
-    with pytest.raises(ProjectionNotFound):
+    with pytest.raises(ProjectionNotFoundError):
         catalog.begin_rebuild("nope")
 
 
@@ -169,11 +169,11 @@ def test_dead_letters_lifecycle(catalog):
 
 def test_catalog_outage_is_transient(tmp_path):
     from lakefold.local import free_port
-    from lakefold.projections.exceptions import CatalogUnavailable
+    from lakefold.projections.exceptions import CatalogUnavailableError
 
     catalog = Catalog(f"host=127.0.0.1 port={free_port()} user=x password=secret dbname=x",
                       SinkRoots.under(tmp_path))
-    with pytest.raises(CatalogUnavailable) as info:
+    with pytest.raises(CatalogUnavailableError) as info:
         catalog.install()
     assert info.value.transient and "secret" not in str(info.value)
     assert isinstance(info.value.__cause__, psycopg.OperationalError)

@@ -21,21 +21,19 @@ from pyspark.sql import Window
 from pyspark.sql import functions as F
 
 from lakefold.projections import (
-    Catalog,
     Fold,
     Registry,
     Runner,
     RunnerConfig,
-    SinkRoots,
     StatefulChangelogError,
     changelog,
     delta_table,
     events,
     projection,
     redis_cache,
-    registering_into,
 )
 from lakefold.projections._plan import validate
+from lakefold.projections.operations import Catalog, SinkRoots, registering_into
 from lakefold.spark._source_records import source_frame
 from tests.projections import helpers
 

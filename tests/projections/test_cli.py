@@ -11,9 +11,10 @@ import pytest
 from typer.testing import CliRunner
 
 from lakefold.cli import app
-from lakefold.projections import Catalog, DeadLetters, SinkRoots
+from lakefold.projections import DeadLetters
 from lakefold.projections._deadletters import NewDeadLetter
 from lakefold.projections._search import IndexLayout, SearchIndexWriter
+from lakefold.projections.operations import Catalog, SinkRoots
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -16,7 +16,8 @@ import pytest
 from deltalake import DeltaTable
 
 from lakefold.core.exceptions import LakefoldError
-from lakefold.projections import Catalog, DeadLetters, RedisCacheReader, SearchIndexReader
+from lakefold.projections import DeadLetters, RedisCacheReader, SearchIndexReader
+from lakefold.projections.operations import Catalog
 from tests.projections import helpers
 
 pytestmark = pytest.mark.timeout(900)

@@ -10,14 +10,13 @@ from deltalake import DeltaTable
 from lakefold import _shop
 from lakefold.capture import Capture, CaptureConfig, parse_lsn
 from lakefold.projections import (
-    Catalog,
     RedisCacheReader,
     Runner,
     RunnerConfig,
     SearchIndexReader,
-    SinkRoots,
     load_projections,
 )
+from lakefold.projections.operations import Catalog, SinkRoots
 
 pytestmark = pytest.mark.timeout(300)
 

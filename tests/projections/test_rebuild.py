@@ -13,15 +13,8 @@ import pytest
 from deltalake import DeltaTable
 
 from lakefold.eventstore import EventStore
-from lakefold.projections import (
-    Catalog,
-    RedisCacheReader,
-    Runner,
-    RunnerConfig,
-    SinkRoots,
-    _delta,
-    load_projections,
-)
+from lakefold.projections import RedisCacheReader, Runner, RunnerConfig, _delta, load_projections
+from lakefold.projections.operations import Catalog, SinkRoots
 from lakefold.schemas.events import NewEvent
 from lakefold.spark._source_reads import events_head
 from tests.projections import helpers

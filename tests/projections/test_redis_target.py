@@ -13,7 +13,7 @@ from lakefold.projections._redis import (
     RedisCacheWriter,
     drop_prefix,
 )
-from lakefold.projections.exceptions import ProjectionNotFound, TargetError
+from lakefold.projections.exceptions import ProjectionNotFoundError, TargetError
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -33,7 +33,7 @@ def test_hash_values_positions_and_reader(redis_url):
         assert reader.position("c", 1) == 5
         assert reader.get("c", 2) is None
         assert reader.keys("c") == ["1"]
-        with pytest.raises(ProjectionNotFound, match="no Redis cache view named 'x'"):
+        with pytest.raises(ProjectionNotFoundError, match="no Redis cache view named 'x'"):
             reader.get("x", 1)
     writer.close()
 

@@ -15,18 +15,17 @@ import redis
 from deltalake import DeltaTable
 
 from lakefold.projections import (
-    Catalog,
     DeadLetters,
-    ProjectionNotFound,
+    ProjectionNotFoundError,
     ProjectionStateError,
     RedisCacheReader,
     Runner,
     RunnerConfig,
     SearchIndexReader,
-    SinkRoots,
     load_projections,
 )
 from lakefold.projections._search import IndexLayout, SearchIndexWriter
+from lakefold.projections.operations import Catalog, SinkRoots
 from tests.projections import helpers
 
 pytestmark = pytest.mark.timeout(240)
@@ -116,7 +115,7 @@ def test_pause_resume_and_dead_letter_retry(pg, spark, redis_url, tmp_path):
         def revenue() -> dict[str, Decimal]:
             try:
                 path = catalog.current("revenue").location("delta")
-            except ProjectionNotFound:  # the runner has not installed the catalog yet
+            except ProjectionNotFoundError:  # the runner has not installed the catalog yet
                 return {}
             if not Path(path, "_delta_log").exists():
                 return {}

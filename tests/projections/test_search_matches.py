@@ -14,8 +14,9 @@ from typer.testing import CliRunner
 
 from lakefold import _shop
 from lakefold.cli import app
-from lakefold.projections import Catalog, SearchIndexReader, SinkRoots
+from lakefold.projections import SearchIndexReader
 from lakefold.projections._search import IndexLayout, SearchIndexWriter
+from lakefold.projections.operations import Catalog, SinkRoots
 
 pytestmark = pytest.mark.timeout(60)
 PRODUCTS = [

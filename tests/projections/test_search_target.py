@@ -14,7 +14,7 @@ from lakefold.projections._search import (
     SearchIndexWriter,
     committed_batch,
 )
-from lakefold.projections.exceptions import IncompatibleTargetError, ProjectionNotFound
+from lakefold.projections.exceptions import IncompatibleTargetError, ProjectionNotFoundError
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -101,5 +101,5 @@ def test_reader_follows_the_resolved_generation(tmp_path, layout):
     paths["current"] = tmp_path / "g2"
     assert reader.search("p", "g2")[0].document["name"] == "item g2"
     paths["current"] = tmp_path / "g3"
-    with pytest.raises(ProjectionNotFound, match="no index yet"):
+    with pytest.raises(ProjectionNotFoundError, match="no index yet"):
         reader.search("p", "x")

@@ -26,15 +26,14 @@ from deltalake import DeltaTable
 from lakefold.capture import ChangelogStore, recover
 from lakefold.core.exceptions import LakefoldError
 from lakefold.projections import (
-    Catalog,
     DeadLetters,
     RedisCacheReader,
     Runner,
     RunnerConfig,
     SearchIndexReader,
-    SinkRoots,
     load_projections,
 )
+from lakefold.projections.operations import Catalog, SinkRoots
 from tests.projections import helpers
 
 pytestmark = pytest.mark.timeout(300)

@@ -289,17 +289,10 @@ def test_delta_upsert_view_equals_the_replayed_changelog(tmp_path, ops, cuts, re
 
 
 def test_a_view_that_cannot_apply_a_truncate_exactly_is_refused(pg, spark):
-    from lakefold.projections import (
-        Fold,
-        Registry,
-        changelog,
-        events,
-        projection,
-        redis_cache,
-        registering_into,
-    )
+    from lakefold.projections import Fold, Registry, changelog, events, projection, redis_cache
     from lakefold.projections._plan import validate
     from lakefold.projections.exceptions import ProjectionDefinitionError
+    from lakefold.projections.operations import registering_into
     from tests.projections import helpers
 
     with registering_into(Registry()):

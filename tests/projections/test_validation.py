@@ -11,20 +11,17 @@ import pytest
 from pyspark.sql import functions as F
 
 from lakefold.projections import (
-    Catalog,
     Fold,
     ProjectionOptions,
     Registry,
     Runner,
     RunnerConfig,
-    SinkRoots,
     changelog,
     delta_table,
     events,
     load_projections,
     projection,
     redis_cache,
-    registering_into,
     search_index,
 )
 from lakefold.projections._plan import validate
@@ -32,9 +29,10 @@ from lakefold.projections.exceptions import (
     IncompatibleTargetError,
     MissingKeyError,
     ProjectionDefinitionError,
-    ProjectionNotFound,
+    ProjectionNotFoundError,
     UnknownSourceError,
 )
+from lakefold.projections.operations import Catalog, SinkRoots, registering_into
 from tests.projections import helpers
 
 pytestmark = pytest.mark.timeout(120)
@@ -105,13 +103,13 @@ def test_fold_definition_errors():
 
 
 def test_loading_errors(tmp_path):
-    with pytest.raises(ProjectionNotFound, match="does not exist"):
+    with pytest.raises(ProjectionNotFoundError, match="does not exist"):
         load_projections(str(tmp_path / "missing.py"))
     empty = tmp_path / "empty.py"
     empty.write_text("x = 1\n")
-    with pytest.raises(ProjectionNotFound, match="defines no projections"):
+    with pytest.raises(ProjectionNotFoundError, match="defines no projections"):
         load_projections(str(empty))
-    with pytest.raises(ProjectionNotFound, match="cannot be imported"):
+    with pytest.raises(ProjectionNotFoundError, match="cannot be imported"):
         load_projections("no_such_module_anywhere")
 
 

@@ -14,10 +14,10 @@ from lakefold.schemas import (
     EventEnvelope,
     EventMetadata,
     EventRegistry,
-    InvalidEventData,
+    InvalidEventDataError,
     NewEvent,
     StreamDeletedRecord,
-    UnknownEventType,
+    UnknownEventTypeError,
     UpcastError,
     category_of,
     new_event_id,
@@ -58,9 +58,9 @@ def test_upcasts_through_every_version() -> None:
 
 def test_decode_errors_say_what_to_do() -> None:
     registry = _registry()
-    with pytest.raises(UnknownEventType, match="newer than the registered version 3"):
+    with pytest.raises(UnknownEventTypeError, match="newer than the registered version 3"):
         registry.decode("order.placed", 4, {})
-    with pytest.raises(UnknownEventType, match="not registered"):
+    with pytest.raises(UnknownEventTypeError, match="not registered"):
         registry.decode("order.cancelled", 1, {})
     with pytest.raises(UpcastError, match=r"upcaster from version 1 .* failed: KeyError"):
         registry.decode("order.placed", 1, {"amount": 1})
@@ -85,17 +85,17 @@ def test_encode_and_validate_refuse_bad_events() -> None:
     assert (encoded.type, encoded.schema_version, encoded.data) == (
         "order.placed", 3, {"order_id": "o", "amount_cents": 5})
     assert encoded.metadata is meta
-    with pytest.raises(UnknownEventType, match="Shipped is not a registered"):
+    with pytest.raises(UnknownEventTypeError, match="Shipped is not a registered"):
         registry.encode(Shipped(order_id="o"))
-    with pytest.raises(UnknownEventType, match="not a pydantic"):
+    with pytest.raises(UnknownEventTypeError, match="not a pydantic"):
         registry.encode({"order_id": "o"})  # type: ignore[arg-type]
-    with pytest.raises(InvalidEventData, match="amount_cents"):
+    with pytest.raises(InvalidEventDataError, match="amount_cents"):
         registry.encode(Placed.model_construct(order_id="o", amount_cents="x"))  # type: ignore[arg-type]
-    with pytest.raises(InvalidEventData, match="registered at version 3"):
+    with pytest.raises(InvalidEventDataError, match="registered at version 3"):
         registry.validate(NewEvent("order.placed", {"order_id": "o", "amount_cents": 1}))
-    with pytest.raises(InvalidEventData, match="amount_cents"):
+    with pytest.raises(InvalidEventDataError, match="amount_cents"):
         registry.validate(NewEvent("order.placed", {"order_id": "o"}, schema_version=3))
-    with pytest.raises(UnknownEventType):
+    with pytest.raises(UnknownEventTypeError):
         registry.validate(NewEvent("order.lost", {}))
 
 

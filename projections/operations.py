@@ -1,0 +1,50 @@
+"""What the application (CLI, benches, demo) needs to operate projections beyond defining and
+running them: the catalog of generations and where their sinks live, status reports, the
+runner's Spark settings, releasing retired generations' changelog positions, the registry
+context, and the query catalog of projection tables. Loaded lazily, like the package."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from lakefold.core.lazy import lazy_getattr
+
+if TYPE_CHECKING:
+    from lakefold.projections._api import current_registry, registering_into
+    from lakefold.projections._catalog import Catalog, Generation, SinkRoots
+    from lakefold.projections._readers import release_gone
+    from lakefold.projections._redis import drop_prefix
+    from lakefold.projections._runner import RUNNER_SPARK_CONF
+    from lakefold.projections._status import projection_status, slot_status
+    from lakefold.projections._tables import ProjectionTableCatalog
+
+_EXPORTS: dict[str, str] = {
+    "current_registry": "_api", "registering_into": "_api",
+    "Catalog": "_catalog", "Generation": "_catalog", "SinkRoots": "_catalog",
+    "release_gone": "_readers", "drop_prefix": "_redis", "RUNNER_SPARK_CONF": "_runner",
+    "projection_status": "_status", "slot_status": "_status",
+    "ProjectionTableCatalog": "_tables",
+}
+
+__all__ = [
+    "RUNNER_SPARK_CONF",
+    "Catalog",
+    "Generation",
+    "ProjectionTableCatalog",
+    "SinkRoots",
+    "current_registry",
+    "drop_prefix",
+    "projection_status",
+    "registering_into",
+    "release_gone",
+    "slot_status",
+]
+
+__getattr__ = lazy_getattr(
+    "lakefold.projections.operations",
+    {name: f"lakefold.projections.{module}" for name, module in _EXPORTS.items()},
+)
+
+
+def __dir__() -> list[str]:
+    return __all__
