@@ -28,24 +28,21 @@ if TYPE_CHECKING:  # the real names for type checkers; at run time they load laz
         projection,
     )
     from lakefold.projections._deadletters import DeadLetter, DeadLetters
-    from lakefold.projections._model import (
-        DeltaTableTarget,
-        ProjectionOptions,
-        Record,
-        RedisCacheTarget,
-        SearchIndexTarget,
-        changelog,
-        delta_table,
-        events,
-        redis_cache,
-        search_index,
-    )
+    from lakefold.projections._model import ProjectionOptions, Record, changelog, events
     from lakefold.projections._redis import RedisCacheReader
     from lakefold.projections._run_report import ProjectionReport
     from lakefold.projections._runner import Runner, RunnerConfig
     from lakefold.projections._search import SearchHit, SearchIndexReader
     from lakefold.projections._search_matches import MatchedText
     from lakefold.projections._tables import ProjectionTableCatalog
+    from lakefold.projections._target_specs import (
+        DeltaTableTarget,
+        RedisCacheTarget,
+        SearchIndexTarget,
+        delta_table,
+        redis_cache,
+        search_index,
+    )
     from lakefold.projections.exceptions import (
         BehindCompactionError,
         IncompatibleTargetError,
@@ -67,10 +64,10 @@ _EXPORTS: dict[str, str] = {
     "STREAM_KEY": "_api", "Fold": "_api", "Projection": "_api", "Registry": "_api",
     "load_projections": "_api", "projection": "_api",
     "DeadLetter": "_deadletters", "DeadLetters": "_deadletters",
-    "ChangelogSource": "_model", "DeltaTableTarget": "_model", "EventSource": "_model",
-    "ProjectionOptions": "_model", "Record": "_model", "RedisCacheTarget": "_model",
-    "SearchIndexTarget": "_model", "changelog": "_model", "delta_table": "_model",
-    "events": "_model", "redis_cache": "_model", "search_index": "_model",
+    "ChangelogSource": "_model", "DeltaTableTarget": "_target_specs", "EventSource": "_model",
+    "ProjectionOptions": "_model", "Record": "_model", "RedisCacheTarget": "_target_specs",
+    "SearchIndexTarget": "_target_specs", "changelog": "_model", "delta_table": "_target_specs",
+    "events": "_model", "redis_cache": "_target_specs", "search_index": "_target_specs",
     "RedisCacheReader": "_redis",
     "SearchHit": "_search", "SearchIndexReader": "_search", "MatchedText": "_search_matches",
     "Runner": "_runner", "RunnerConfig": "_runner", "ProjectionReport": "_run_report",

@@ -35,12 +35,11 @@ from deltalake.exceptions import CommitFailedError, TableNotFoundError
 from lakefold.projections._model import (
     DELETED_COLUMN,
     POSITION_COLUMN,
-    DeltaTableTarget,
 )
+from lakefold.projections._target_specs import CURRENT, VALID_FROM, VALID_TO
 from lakefold.projections._targets import GenerationTarget, Rejected, TargetBatch, TargetContext
 from lakefold.projections.exceptions import (
     IncompatibleTargetError,
-    MissingKeyError,
     TargetError,
     TargetUnavailableError,
 )
@@ -50,52 +49,8 @@ from lakefold.spark._source_truncates import Truncate
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
 
-VALID_FROM = "valid_from"
-VALID_TO = "valid_to"
-CURRENT = "current"
-_RESERVED = (VALID_FROM, VALID_TO, CURRENT)
+    from lakefold.projections._target_specs import DeltaTableTarget
 
-
-def check_columns(spec: DeltaTableTarget, columns: list[str], types: dict[str, str]) -> None:
-    """Refuse an output that the Delta target cannot take (before anything runs)."""
-    for key in spec.keys:
-        if key not in columns:
-            raise MissingKeyError(
-                f"the Delta {spec.mode} key column {key!r} is not in the output columns "
-                f"{columns}; add it to the projection's output"
-            )
-    for column in spec.partition_by:
-        if column not in columns:
-            raise IncompatibleTargetError(
-                f"partition column {column!r} is not in the output columns {columns}"
-            )
-    if spec.mode == "scd2":
-        clash = [c for c in _RESERVED if c in columns]
-        if clash:
-            raise IncompatibleTargetError(
-                f"an SCD2 output cannot have columns named {clash}: the target adds them"
-            )
-        if spec.valid_from not in columns:
-            raise MissingKeyError(
-                f"the SCD2 target takes each version's start time from column "
-                f"{spec.valid_from!r}, which is not in the output {columns}; keep the source's "
-                "_ts column or pass delta_table('scd2', valid_from=...)"
-            )
-        if not types.get(spec.valid_from, "").startswith("timestamp"):
-            raise IncompatibleTargetError(
-                f"SCD2 valid_from column {spec.valid_from!r} is {types.get(spec.valid_from)}, "
-                "not a timestamp"
-            )
-        if POSITION_COLUMN not in columns:
-            raise MissingKeyError(
-                "an SCD2 output needs the _position column to order changes; keep it in the "
-                "projection's output"
-            )
-    if spec.mode == "append" and DELETED_COLUMN in columns:
-        raise IncompatibleTargetError(
-            "an append-only Delta target cannot delete; drop the _deleted column or use "
-            "delta_table('upsert', keys=[...])"
-        )
 
 
 @dataclass(frozen=True)

@@ -47,7 +47,7 @@ from lakefold.projections.exceptions import (
 )
 
 if TYPE_CHECKING:
-    from lakefold.projections._model import RedisCacheTarget
+    from lakefold.projections._target_specs import RedisCacheTarget
 
 CHUNK_KEYS = 2_000
 _APPLY = """

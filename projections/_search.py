@@ -40,7 +40,7 @@ from lakefold.projections.exceptions import (
 )
 
 if TYPE_CHECKING:
-    from lakefold.projections._model import SearchIndexTarget
+    from lakefold.projections._target_specs import SearchIndexTarget
 
 KEY_FIELD = "_key"
 BATCH_FIELD = "_batch"

@@ -36,20 +36,23 @@ from __future__ import annotations
 
 import importlib
 from abc import ABC, abstractmethod
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol, cast, runtime_checkable
 
 import pyarrow as pa
 
-from lakefold.projections._model import DELETED_COLUMN, TruncateMode
+from lakefold.projections._model import DELETED_COLUMN
 from lakefold.projections.exceptions import TargetError
-from lakefold.spark._source_truncates import Truncate
+from lakefold.spark._source_truncates import Mode, Truncate
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
 
     from lakefold.projections._api import Projection
+
+#: How a changelog source hands truncates to a target (see ``_truncate``).
+TruncateMode = Mode
 
 
 @dataclass(frozen=True)
@@ -233,6 +236,14 @@ def target_class(kind: str) -> type[GenerationTarget]:
     module, name = TARGET_KINDS[kind].split(":")
     found: type[GenerationTarget] = getattr(importlib.import_module(module), name)
     return found
+
+
+def open_target(spec: Target, location: str, context: TargetContext) -> GenerationTarget:
+    """``spec``'s storage of one generation: its kind's implementation, built from the
+    definition (each implementation takes ``(spec, location, context)``)."""
+    build = cast("Callable[[Target, str, TargetContext], GenerationTarget]",
+                 target_class(spec.kind))
+    return build(spec, location, context)
 
 
 def drop_generation_storage(locations: Mapping[str, str], context: TargetContext) -> None:

@@ -9,8 +9,8 @@ import pyarrow as pa
 import pytest
 from deltalake import DeltaTable
 
-from lakefold.projections._delta import DeltaViewWriter, check_columns
-from lakefold.projections._model import delta_table
+from lakefold.projections._delta import DeltaViewWriter
+from lakefold.projections._target_specs import check_columns, delta_table
 from lakefold.projections.exceptions import IncompatibleTargetError, MissingKeyError
 
 pytestmark = pytest.mark.timeout(120)

@@ -19,9 +19,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from lakefold.projections._delta import DeltaViewWriter
-from lakefold.projections._model import delta_table
 from lakefold.projections._redis import RedisCacheReader, RedisCacheWriter
 from lakefold.projections._search import IndexLayout, SearchIndexReader, SearchIndexWriter
+from lakefold.projections._target_specs import delta_table
 from lakefold.spark._source_truncates import Truncate, apply_mode, cut_records, fan_out
 
 pytestmark = pytest.mark.timeout(240)
