@@ -35,7 +35,7 @@ def test_editable_install_maps_top_level_folders() -> None:
 @pytest.mark.timeout(240)
 def test_wheel_installs_every_package_with_py_typed(tmp_path: Path) -> None:
     uv = Path(sys.executable).parent / "uv"
-    subprocess.run([str(uv), "build", "--wheel", "--quiet", "--out-dir", str(tmp_path / "dist"),
+    subprocess.run([str(uv), "build", "--quiet", "--out-dir", str(tmp_path / "dist"),
                     str(REPO)], check=True, capture_output=True)
     wheel = next((tmp_path / "dist").glob("lakefold-*.whl"))
     venv = tmp_path / "venv"
@@ -86,7 +86,7 @@ def test_wheel_declared_dependencies_suffice_in_a_clean_venv(tmp_path: Path) -> 
     versions) into an empty venv, imports every one of its modules and runs ``lakefold
     --help``: nothing may arrive only through the dev extra."""
     uv = Path(sys.executable).parent / "uv"
-    subprocess.run([str(uv), "build", "--wheel", "--quiet", "--out-dir", str(tmp_path / "dist"),
+    subprocess.run([str(uv), "build", "--quiet", "--out-dir", str(tmp_path / "dist"),
                     str(REPO)], check=True, capture_output=True)
     wheel = next((tmp_path / "dist").glob("lakefold-*.whl"))
     venv = tmp_path / "venv"
