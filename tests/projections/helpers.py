@@ -12,7 +12,9 @@ from typing import Any
 import psycopg
 
 from lakefold.capture import Capture, CaptureConfig, parse_lsn
+from lakefold.core.exceptions import LakefoldError
 from lakefold.eventstore import EventStore
+from lakefold.projections.operations import Catalog
 from lakefold.schemas.events import NewEvent
 
 SHOP_DDL = [
@@ -140,3 +142,24 @@ def stream_batches(frame: Any, checkpoint: Path, records: int) -> list[list[Any]
     time.sleep(1)  # a batch past the end would run within a few triggers
     query.stop()
     return seen
+
+
+def committed_batches(catalog: Catalog, names: tuple[str, ...]) -> tuple[int, ...]:
+    """The last committed batch id of each projection: -1 for none yet (ids start at 0, so a
+    first batch must not read as none), and -1 for all while the catalog does not exist."""
+    try:
+        ids = [catalog.current(name).batch_id for name in names]
+    except LakefoldError:
+        return (-1,) * len(names)
+    return tuple(-1 if batch_id is None else batch_id for batch_id in ids)
+
+
+def wait_for_commits(catalog: Catalog, names: tuple[str, ...], before: tuple[int, ...], *,
+                     timeout: float) -> bool:
+    """Whether every projection committed a batch after ``before`` within ``timeout`` s."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if all(map(int.__lt__, before, committed_batches(catalog, names))):
+            return True
+        time.sleep(0.2)
+    return False

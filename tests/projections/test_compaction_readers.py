@@ -22,7 +22,6 @@ import pytest
 from deltalake import DeltaTable
 
 from lakefold.capture import ChangelogStore
-from lakefold.core.exceptions import LakefoldError
 from lakefold.projections import RedisCacheReader, Runner, RunnerConfig, load_projections
 from lakefold.projections._readers import reader_name, release_gone
 from lakefold.projections._status import projection_status
@@ -285,12 +284,11 @@ def test_generations_that_no_longer_run_stop_holding_compaction(pg, tmp_path):
         assert state.compacted_to == 20
 
 
+KILLED = ("customer_cache", "price_history")
+
+
 def _batch_ids(catalog: Catalog) -> tuple[int, ...]:
-    try:
-        return tuple(catalog.current(n).batch_id or -1
-                     for n in ("customer_cache", "price_history"))
-    except LakefoldError:  # no catalog yet
-        return (-1, -1)
+    return helpers.committed_batches(catalog, KILLED)
 
 
 class _Oracle:
@@ -341,22 +339,16 @@ def test_sigkill_while_compaction_runs_leaves_every_view_exact(pg, redis_url, tm
             before = _batch_ids(catalog)
             child = start("run")
 
-            def committed(before: tuple[int, ...]) -> None:
-                deadline = time.monotonic() + 120
-                while not all(map(int.__lt__, before, _batch_ids(catalog))) \
-                        and time.monotonic() < deadline:
-                    time.sleep(0.2)
-
             for round_ in range(2):
                 # The first runner commits the initial rows (and so registers its readers)
                 # before anything is compacted; later ones get changes first, so that they
                 # have something to commit even when their predecessor had processed it all.
                 if round_ == 0 and kill == 0:
-                    committed(before)
+                    helpers.wait_for_commits(catalog, KILLED, before, timeout=120)
                 _change_everything(pg.dsn, rng, 60 + 40 * (2 * kill + round_))
                 compact()
                 if round_ == 0 and kill > 0:
-                    committed(before)
+                    helpers.wait_for_commits(catalog, KILLED, before, timeout=120)
                 time.sleep(rng.uniform(0.0, 0.6))
             os.killpg(child.pid, signal.SIGKILL)
             child.wait()

@@ -24,7 +24,6 @@ import pytest
 from deltalake import DeltaTable
 
 from lakefold.capture import ChangelogStore, recover
-from lakefold.core.exceptions import LakefoldError
 from lakefold.projections import (
     DeadLetters,
     RedisCacheReader,
@@ -178,12 +177,11 @@ def test_views_equal_the_source_after_capture_recover(pg, spark, redis_url, tmp_
         check_views(pg.dsn, catalog, redis_url)
 
 
+KILLED = ("customer_table", "customer_history", "labels")
+
+
 def _batch_ids(catalog: Catalog) -> tuple[int, ...]:
-    try:
-        return tuple(catalog.current(name).batch_id or -1
-                     for name in ("customer_table", "customer_history", "labels"))
-    except LakefoldError:
-        return (-1, -1, -1)
+    return helpers.committed_batches(catalog, KILLED)
 
 
 def _changes(dsn: str, rng: random.Random, round_: int) -> None:
@@ -225,10 +223,7 @@ def test_sigkill_while_applying_truncates(pg, redis_url, tmp_path):
         with psycopg.connect(pg.dsn, autocommit=True) as conn:
             conn.execute("INSERT INTO customers SELECT 10000 + %s, 'new', NULL, 'Bonn'", (kill,))
         helpers.capture_now(pg.dsn)
-        deadline = time.monotonic() + 120
-        while not all(map(int.__lt__, before, _batch_ids(catalog))) \
-                and time.monotonic() < deadline:
-            time.sleep(0.2)
+        helpers.wait_for_commits(catalog, KILLED, before, timeout=120)
         _changes(pg.dsn, rng, kill)
         helpers.capture_now(pg.dsn)
         time.sleep(rng.uniform(0.0, 2.0))
