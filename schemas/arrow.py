@@ -163,14 +163,30 @@ def _conform_array(array: pa.Array | pa.ChunkedArray, wanted: pa.DataType) -> pa
         raise
 
 
+def _missing_column(field: pa.Field, rows: int) -> pa.Array:
+    """A column the batch lacks: nulls, or zero values where nulls are not allowed (a column
+    the reader did not fetch because nothing reads it; Spark refuses nulls in a non-nullable
+    column)."""
+    column = pa.nulls(rows, field.type)
+    if field.nullable:
+        return column
+    if pa.types.is_string(field.type):
+        return column.fill_null("")
+    if pa.types.is_boolean(field.type):
+        return column.fill_null(False)
+    return column.fill_null(pa.scalar(0, pa.int64()).cast(field.type))
+
+
 def conform_batch(batch: pa.RecordBatch | pa.Table, schema: pa.Schema) -> pa.RecordBatch:
-    """``batch`` with exactly ``schema``'s columns: by name, cast, missing ones as nulls,
-    extra ones dropped (a column added to the source after the reader's schema was fixed)."""
+    """``batch`` with exactly ``schema``'s columns: by name, cast, missing ones as nulls (zero
+    values in a non-nullable field), extra ones dropped (a column added to the source after
+    the reader's schema was fixed). Every Spark source of lakefold hands its batches out
+    through here."""
     columns = []
     for field in schema:
         index = batch.schema.get_field_index(field.name)
         if index < 0:
-            columns.append(pa.nulls(batch.num_rows, field.type))
+            columns.append(_missing_column(field, batch.num_rows))
         else:
             columns.append(_conform_array(batch.column(index), field.type))
     if isinstance(batch, pa.Table):

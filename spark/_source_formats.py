@@ -6,8 +6,10 @@ Offsets are ``{"position": next}``; ``partitions(start, end)`` splits a range in
 position ranges (``ReadOptions.partition_size``), each read with one query in a task.
 
 Projections read through ``_source_records`` and ``_source_live`` instead (offsets that name
-the input, truncate modes, driver-side live reads); all of them read the stores through
-``_source_reads`` and hand out the record metadata columns of ``_source_columns``.
+the input, truncate modes, driver-side live reads). Both families share the rest: positions,
+read limits and partition ranges (``_source_positions``), the store reads (``_source_reads``),
+the record metadata columns (``_source_columns``) and one conform step
+(``lakefold.schemas.arrow.conform_batch``).
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from lakefold.spark._source_positions import (
     PositionRange,
     ReadOptions,
     capped_end,
+    limit_rows,
     offset,
     position_of,
     split_range,
@@ -97,8 +100,7 @@ class PositionStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return self.target_head if self.target_head is not None else self.query.head()
 
     def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, int]:
-        rows = limit.max_rows if isinstance(limit, ReadMaxRows) else None
-        return offset(capped_end(position_of(start), self._head(), rows))
+        return offset(capped_end(position_of(start), self._head(), limit_rows(limit)))
 
     def reportLatestOffset(self) -> dict[str, int]:
         return offset(self._head() + 1)

@@ -103,8 +103,18 @@ def split_range(start: int, end: int, options: ReadOptions) -> list[PositionRang
 
 
 def capped_end(start: int, head: int, limit_rows: int | None) -> int:
-    """The end (exclusive) of the next micro-batch: the head + 1, at most ``limit_rows`` on."""
+    """The end (exclusive) of the next micro-batch: the head + 1, at most ``limit_rows`` on.
+
+    Position 0 holds no record (a projection's first batch starts there, so that an empty
+    input still runs one batch): it does not count against the limit, or every build would
+    end with a one-record batch."""
     end = max(start, head + 1)
     if limit_rows is not None:
-        end = min(end, start + limit_rows)
+        end = min(end, max(start, 1) + limit_rows)
     return end
+
+
+def limit_rows(limit: Any) -> int | None:
+    """The positions a Spark ``ReadLimit`` allows per micro-batch (None: all available)."""
+    rows = getattr(limit, "max_rows", None) or getattr(limit, "maxRows", None)
+    return int(rows) if rows else None

@@ -45,8 +45,9 @@ from pyspark.sql.datasource import (
     DataSourceStreamReader,
     InputPartition,
 )
-from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMaxRows
+from pyspark.sql.streaming.datasource import ReadLimit, ReadMaxRows
 
+from lakefold.schemas.arrow import conform_batch
 from lakefold.spark import _source_reads
 from lakefold.spark._source_inputs import (
     ChangelogSource,
@@ -54,7 +55,7 @@ from lakefold.spark._source_inputs import (
     source_from_json,
     source_to_json,
 )
-from lakefold.spark._source_positions import ReadOptions, split_range
+from lakefold.spark._source_positions import ReadOptions, capped_end, limit_rows, split_range
 from lakefold.spark._source_truncates import (
     FAN_KEY_COLUMN,
     TRUNCATED_AT_COLUMN,
@@ -116,16 +117,8 @@ class RecordStreamReader(DataSourceStreamReader):
         return ReadMaxRows(self.max_records)
 
     def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, Any]:
-        begin = int(start["position"])
-        end = max(begin, _source_reads.head(self.dsn, self.source) + 1)
-        if not isinstance(limit, ReadAllAvailable):
-            max_rows = getattr(limit, "max_rows", None) or getattr(limit, "maxRows", None)
-            if max_rows:
-                # Position 0 holds no record (the first batch starts there so that an empty
-                # source still runs one batch): it does not count against the limit, or
-                # every build would end with a one-record batch.
-                end = min(end, max(begin, 1) + int(max_rows))
-        return self._offset(end)
+        head = _source_reads.head(self.dsn, self.source)
+        return self._offset(capped_end(int(start["position"]), head, limit_rows(limit)))
 
     def reportLatestOffset(self) -> dict[str, Any] | None:
         return self._offset(_source_reads.head(self.dsn, self.source) + 1)
@@ -152,35 +145,10 @@ class RecordStreamReader(DataSourceStreamReader):
             if self.truncates == "fanout" and keys is None:
                 keys = FoldKeys(self.dsn).keys(*self.fold) if self.fold else []
             batch = apply_mode(batch, self.truncates, truncates=truncates, keys=keys)
-            yield _conform(batch, self.arrow_schema)
+            yield conform_batch(batch, self.arrow_schema)
 
     def commit(self, end: dict[str, Any]) -> None:
         """Nothing to release: the stores keep every record (the log is the buffer)."""
-
-
-def _placeholder(field: pa.Field, rows: int) -> pa.Array:
-    """A column the reader did not fetch: nulls, or zero values where nulls are not allowed
-    (a pruned column nothing reads; Spark refuses nulls in a non-nullable column)."""
-    column = pa.nulls(rows, field.type)
-    if field.nullable:
-        return column
-    if pa.types.is_string(field.type):
-        return column.fill_null("")
-    if pa.types.is_boolean(field.type):
-        return column.fill_null(False)
-    return column.fill_null(pa.scalar(0, pa.int64()).cast(field.type))
-
-
-def _conform(batch: pa.RecordBatch, schema: pa.Schema) -> pa.RecordBatch:
-    """The batch with exactly the declared columns, in order, cast to the declared types."""
-    columns = []
-    for field in schema:
-        index = batch.schema.get_field_index(field.name)
-        column = batch.column(index) if index >= 0 else _placeholder(field, batch.num_rows)
-        if column.type != field.type:
-            column = column.cast(field.type)
-        columns.append(column)
-    return pa.RecordBatch.from_arrays(columns, schema=schema)
 
 
 class RecordRangeReader(DataSourceReader):

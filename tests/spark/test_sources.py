@@ -10,14 +10,23 @@ from decimal import Decimal
 from pathlib import Path
 
 import psycopg
+import pyarrow as pa
 import pytest
 from psycopg import sql
+from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows
 
 from lakefold.capture import Capture, CaptureConfig, ChangelogStore
 from lakefold.eventstore import EventStore, StoreOptions
 from lakefold.schemas import NewEvent
+from lakefold.schemas.arrow import conform_batch
 from lakefold.spark import SparkLayerError
-from lakefold.spark._source_positions import PositionRange, ReadOptions, split_range
+from lakefold.spark._source_positions import (
+    PositionRange,
+    ReadOptions,
+    capped_end,
+    limit_rows,
+    split_range,
+)
 from lakefold.spark._source_registry import register_sources
 from tests.spark import events_fixture as shop
 
@@ -36,6 +45,27 @@ def test_split_range_covers_the_range_without_overlap():
         ReadOptions.parse({"maxRecordsPerTrigger": "lots"})
     with pytest.raises(SparkLayerError, match="at least 1"):
         ReadOptions.parse({"startingPosition": "0"})
+
+
+def test_both_source_families_cap_a_batch_alike():
+    assert capped_end(1, 100, None) == 101
+    assert capped_end(1, 100, 10) == 11
+    assert capped_end(0, 100, 10) == 11  # position 0 holds no record: not counted
+    assert capped_end(50, 20, 10) == 50  # behind nothing: an empty batch
+    assert limit_rows(ReadMaxRows(7)) == 7
+    assert limit_rows(ReadAllAvailable()) is None
+
+
+def test_conform_fills_what_a_reader_did_not_fetch():
+    schema = pa.schema([pa.field("a", pa.int64(), nullable=False),
+                        pa.field("b", pa.string(), nullable=False),
+                        pa.field("c", pa.bool_(), nullable=False),
+                        pa.field("d", pa.float64()), pa.field("e", pa.int32())])
+    batch = pa.RecordBatch.from_pydict({"e": pa.array([1, None], pa.int64()), "x": [1, 2]})
+    conformed = conform_batch(batch, schema)
+    assert conformed.schema == schema
+    assert conformed.to_pydict() == {"a": [0, 0], "b": ["", ""], "c": [False, False],
+                                     "d": [None, None], "e": [1, None]}
 
 
 @pytest.fixture
