@@ -38,7 +38,7 @@ from lakefold.capture.store import read_changelog_range
 from lakefold.schemas.arrow import conform_batch, spark_compatible
 from lakefold.spark import _source_reads
 from lakefold.spark._source_columns import changelog_records
-from lakefold.spark._source_formats import PositionSource
+from lakefold.spark._source_formats import PositionSource, RangeQuery
 from lakefold.spark._source_positions import PositionRange
 from lakefold.spark._store_dsn import store_dsn_option
 from lakefold.spark.exceptions import SparkTerminalError
@@ -47,7 +47,7 @@ SOURCE_NAME = "lakefold_changelog"
 
 
 @dataclass(frozen=True)
-class ChangelogQuery:
+class ChangelogQuery(RangeQuery):
     """Which stream a changelog source reads, and where; picklable."""
 
     dsn: str

@@ -47,7 +47,7 @@ from lakefold.spark._source_columns import (
     META_FIELDS,
     event_records,
 )
-from lakefold.spark._source_formats import PositionSource
+from lakefold.spark._source_formats import PositionSource, RangeQuery
 from lakefold.spark._source_positions import PositionRange
 from lakefold.spark._store_dsn import store_dsn_option
 from lakefold.spark.exceptions import SparkTerminalError
@@ -56,7 +56,7 @@ SOURCE_NAME = "lakefold_events"
 
 
 @dataclass(frozen=True)
-class EventsQuery:
+class EventsQuery(RangeQuery):
     """What an events source reads; picklable, shipped to every task."""
 
     dsn: str

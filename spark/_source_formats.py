@@ -1,15 +1,14 @@
-"""The public store formats' Spark machinery (``lakefold_events``, ``lakefold_changelog``).
+"""The Spark machinery of every lakefold source: the public formats (``lakefold_events``,
+``lakefold_changelog``) and the projections' (``_source_records``, ``_source_live``).
 
 A source supplies a picklable *query* that knows its store's head and how to read a position
-range as Arrow; ``PositionSource`` turns it into a batch and a streaming Spark data source.
-Offsets are ``{"position": next}``; ``partitions(start, end)`` splits a range into parallel
-position ranges (``ReadOptions.partition_size``), each read with one query in a task.
-
-Projections read through ``_source_records`` and ``_source_live`` instead (offsets that name
-the input, truncate modes, driver-side live reads). Both families share the rest: positions,
-read limits and partition ranges (``_source_positions``), the store reads (``_source_reads``),
-the record metadata columns (``_source_columns``) and one conform step
-(``lakefold.schemas.arrow.conform_batch``).
+range as Arrow; ``PositionStreamReader`` and ``PositionBatchReader`` turn it into Spark's
+readers, ``PositionSource`` into a data source (the public formats). Offsets are
+``{"position": next}`` plus the query's ``offset_tag`` (a projection's names its input);
+``partitions(start, end)`` asks the query for the batch's ranges (``RangeQuery``: split by
+``ReadOptions.partition_size``), each read with one query in a task. The queries read the
+stores through ``_source_reads``, hand out the record metadata columns of ``_source_columns``
+and conform through ``lakefold.schemas.arrow.conform_batch``.
 """
 
 from __future__ import annotations
@@ -51,6 +50,14 @@ class PositionQuery(Protocol):
         """The last position readers may see now."""
         ...
 
+    def offset_tag(self) -> dict[str, Any]:
+        """What every offset carries besides the position (a projection names its input)."""
+        ...
+
+    def ranges(self, start: int, end: int, options: ReadOptions) -> list[PositionRange]:
+        """The partitions of a batch ``[start, end)`` (``RangeQuery``: ``split_range``)."""
+        ...
+
     def arrow_schema(self) -> pa.Schema:
         """The source's columns."""
         ...
@@ -59,6 +66,16 @@ class PositionQuery(Protocol):
                    ) -> Iterator[pa.RecordBatch]:
         """The records at ``positions`` as batches of ``schema`` (runs in a task)."""
         ...
+
+
+class RangeQuery:
+    """A query's defaults: offsets with the position only, a batch split by ``split_range``."""
+
+    def offset_tag(self) -> dict[str, Any]:
+        return {}
+
+    def ranges(self, start: int, end: int, options: ReadOptions) -> list[PositionRange]:
+        return split_range(start, end, options)
 
 
 def partition_range(partition: InputPartition) -> PositionRange:
@@ -71,7 +88,8 @@ def partition_range(partition: InputPartition) -> PositionRange:
     return value
 
 
-def _arrow_schema_of(spark_struct: Any) -> pa.Schema:
+def arrow_schema_of(spark_struct: Any) -> pa.Schema:
+    """The Arrow schema of a Spark struct (timestamps in UTC), as a reader yields it."""
     from pyspark.sql.pandas.types import to_arrow_schema
 
     return to_arrow_schema(spark_struct, timezone="UTC")
@@ -86,8 +104,11 @@ class PositionStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self.schema = schema
         self.target_head: int | None = None
 
-    def initialOffset(self) -> dict[str, int]:
-        return offset(self.options.starting_position)
+    def _offset(self, position: int) -> dict[str, Any]:
+        return {**self.query.offset_tag(), **offset(position)}
+
+    def initialOffset(self) -> dict[str, Any]:
+        return self._offset(self.options.starting_position)
 
     def getDefaultReadLimit(self) -> ReadLimit:
         limit = self.options.max_records_per_trigger
@@ -99,14 +120,14 @@ class PositionStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def _head(self) -> int:
         return self.target_head if self.target_head is not None else self.query.head()
 
-    def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, int]:
-        return offset(capped_end(position_of(start), self._head(), limit_rows(limit)))
+    def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, Any]:
+        return self._offset(capped_end(position_of(start), self._head(), limit_rows(limit)))
 
-    def reportLatestOffset(self) -> dict[str, int]:
-        return offset(self._head() + 1)
+    def reportLatestOffset(self) -> dict[str, Any]:
+        return self._offset(self._head() + 1)
 
     def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[InputPartition]:
-        ranges = split_range(position_of(start), position_of(end), self.options)
+        ranges = self.query.ranges(position_of(start), position_of(end), self.options)
         return [InputPartition(r) for r in ranges]
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
@@ -114,7 +135,8 @@ class PositionStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def commit(self, end: dict[str, Any]) -> None:
         """Nothing to release: the store, not its readers, decides what it keeps (the event
-        log keeps everything; compaction trims changelogs); consumers keep checkpoints."""
+        log keeps everything; compaction trims changelogs); consumers keep checkpoints (a
+        projection's readers register their positions themselves)."""
 
 
 class PositionBatchReader(DataSourceReader):
@@ -129,7 +151,7 @@ class PositionBatchReader(DataSourceReader):
         end = self.options.ending_position
         if end is None:
             end = self.query.head() + 1
-        ranges = split_range(self.options.starting_position, end, self.options)
+        ranges = self.query.ranges(self.options.starting_position, end, self.options)
         return [InputPartition(r) for r in ranges]
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
@@ -158,10 +180,10 @@ class PositionSource(DataSource):
 
     def reader(self, schema: Any) -> DataSourceReader:
         query, options = self._parsed()
-        return PositionBatchReader(query, options, _arrow_schema_of(schema))
+        return PositionBatchReader(query, options, arrow_schema_of(schema))
 
     def streamReader(self, schema: Any) -> DataSourceStreamReader:
         query, options = self._parsed()
         if options.ending_position is not None:
             raise SparkTerminalError("endingPosition is for batch reads; a stream has no end")
-        return PositionStreamReader(query, options, _arrow_schema_of(schema))
+        return PositionStreamReader(query, options, arrow_schema_of(schema))

@@ -2,8 +2,10 @@
 
 One streaming (and batch, for a fixed range) Spark data source over one input
 (``_source_inputs``: a changelog stream or some events), with the record metadata columns of
-``_source_columns`` in front. Live generations whose batches are small read through its
-driver-side twin, ``_source_live``.
+``_source_columns`` in front. It is the public formats' reader (``_source_formats``) over an
+``InputQuery``: the same offsets arithmetic, read limits, partition ranges and conform step;
+what differs is the query (offsets that name the input, event columns, truncate modes). Live
+generations whose batches are small read through its driver-side twin, ``_source_live``.
 
 Offsets are ``{"source": alias, "position": p}`` where ``p`` is the next position to read:
 a micro-batch covers ``[start.position, end.position)``. ``latestOffset`` moves at most
@@ -18,9 +20,9 @@ crash reads exactly the same records, which is what makes the sinks' batch ids m
 
 Option ``truncates`` says how a changelog's truncate records reach the reader (``keep``,
 ``drop``, ``cut`` or ``fanout``; see ``_source_truncates``). ``cut`` and ``fanout`` need the
-positions of all the batch's truncates, which ``partitions`` asks the store for once per batch
-and hands to every partition; a fold's ``fanout`` also reads the generation's keys (option ``fold``:
-``{"name", "generation"}``; see ``_source_truncates``).
+positions of all the batch's truncates, which ``InputQuery.ranges`` asks the store for once
+per batch and hands to every partition; a fold's ``fanout`` also reads the generation's keys
+(option ``fold``: ``{"name", "generation"}``; see ``_source_truncates``).
 
 Options (strings, as Spark passes them): ``dsn`` (the store; given by the caller, never read
 from settings in a worker), ``source`` (JSON, ``source_to_json``), ``max_records``,
@@ -34,28 +36,27 @@ the installed package, so any Spark worker can import it.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
-from pyspark.sql.datasource import (
-    DataSource,
-    DataSourceReader,
-    DataSourceStreamReader,
-    InputPartition,
-)
-from pyspark.sql.streaming.datasource import ReadLimit, ReadMaxRows
+from pyspark.sql.datasource import DataSource, DataSourceReader, DataSourceStreamReader
 
 from lakefold.schemas.arrow import conform_batch
 from lakefold.spark import _source_reads
+from lakefold.spark._source_formats import (
+    PositionBatchReader,
+    PositionStreamReader,
+    arrow_schema_of,
+)
 from lakefold.spark._source_inputs import (
     ChangelogSource,
     Source,
     source_from_json,
     source_to_json,
 )
-from lakefold.spark._source_positions import ReadOptions, capped_end, limit_rows, split_range
+from lakefold.spark._source_positions import PositionRange, ReadOptions, split_range
 from lakefold.spark._source_truncates import (
     FAN_KEY_COLUMN,
     TRUNCATED_AT_COLUMN,
@@ -73,102 +74,86 @@ FORMAT = "lakefold_projection_source"
 DEFAULT_PARTITION_RECORDS = 500_000  # a 1M-record rebuild batch: one read per core here
 
 
-class RangePartition(InputPartition):
-    """Positions ``[start, end)``; ``truncates``: the positions of the whole micro-batch's
+@dataclass(frozen=True)
+class InputRange(PositionRange):
+    """A partition's positions ``[start, end)``, with the positions of the whole micro-batch's
     truncates (modes cut and fanout)."""
 
-    def __init__(self, start: int, end: int, truncates: tuple[int, ...] = ()) -> None:
-        super().__init__((start, end, truncates))
-        self.start = start
-        self.end = end
-        self.truncates = truncates
+    truncates: tuple[int, ...] = ()
 
 
-class RecordStreamReader(DataSourceStreamReader):
-    """Reads one input by position ranges (see the module docstring)."""
+@dataclass(frozen=True)
+class InputQuery:
+    """One input of a projection as a ``PositionQuery`` of ``_source_formats``: picklable,
+    shipped to every task."""
 
-    def __init__(self, options: dict[str, str], schema: StructType) -> None:
-        self.dsn = options["dsn"]
-        self.source = source_from_json(options["source"])
-        self.max_records = int(options.get("max_records", "20000"))
-        self.partition_records = max(1, int(options.get("partition_records",
-                                                        str(DEFAULT_PARTITION_RECORDS))))
-        self.start_position = int(options.get("start_position", "0"))
+    dsn: str
+    source: Source
+    #: The event columns to fetch (None: all of them); the others are null.
+    columns: tuple[str, ...] | None = None
+    truncates: Mode = "keep"
+    #: A fold's (name, generation), whose keys a ``fanout`` truncate reaches.
+    fold: tuple[str, int] | None = None
+
+    @classmethod
+    def parse(cls, options: dict[str, str]) -> InputQuery:
+        source = source_from_json(options["source"])
         columns = options.get("columns")
-        self.columns = tuple(columns.split(",")) if columns else None
         modes: dict[str, Mode] = {"drop": "drop", "cut": "cut", "fanout": "fanout"}
-        self.truncates: Mode = modes.get(options.get("truncates", "keep"), "keep")
-        if not isinstance(self.source, ChangelogSource):
-            self.truncates = "keep"  # events have no truncates
+        truncates: Mode = modes.get(options.get("truncates", "keep"), "keep")
+        if not isinstance(source, ChangelogSource):
+            truncates = "keep"  # events have no truncates
         fold = json.loads(options["fold"]) if options.get("fold") else None
-        self.fold: tuple[str, int] | None = (str(fold["name"]), int(fold["generation"])) \
-            if fold else None
-        from pyspark.sql.pandas.types import to_arrow_schema
+        return cls(dsn=options["dsn"], source=source,
+                   columns=tuple(columns.split(",")) if columns else None,
+                   truncates=truncates,
+                   fold=(str(fold["name"]), int(fold["generation"])) if fold else None)
 
-        self.arrow_schema = to_arrow_schema(schema, timezone="UTC")
+    def offset_tag(self) -> dict[str, Any]:
+        return {"source": self.source.alias}
 
-    def _offset(self, position: int) -> dict[str, Any]:
-        return {"source": self.source.alias, "position": position}
+    def head(self) -> int:
+        return _source_reads.head(self.dsn, self.source)
 
-    def initialOffset(self) -> dict[str, Any]:
-        return self._offset(self.start_position)
-
-    def getDefaultReadLimit(self) -> ReadLimit:
-        return ReadMaxRows(self.max_records)
-
-    def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, Any]:
-        head = _source_reads.head(self.dsn, self.source)
-        return self._offset(capped_end(int(start["position"]), head, limit_rows(limit)))
-
-    def reportLatestOffset(self) -> dict[str, Any] | None:
-        return self._offset(_source_reads.head(self.dsn, self.source) + 1)
+    def arrow_schema(self) -> pa.Schema:
+        return _source_reads.arrow_schema(self.dsn, self.source)
 
     def batch_truncates(self, begin: int, stop: int) -> tuple[int, ...]:
         """Modes cut and fanout: the positions of the truncates in ``[begin, stop)``."""
         if self.truncates not in ("cut", "fanout") or stop <= begin:
             return ()
-        assert isinstance(self.source, ChangelogSource)  # noqa: S101 - see __init__
+        assert isinstance(self.source, ChangelogSource)  # noqa: S101 - see parse
         found = _source_reads.changelog_truncates(self.dsn, self.source.table, begin, stop)
         return tuple(t.position for t in found)
 
-    def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[InputPartition]:
-        begin, stop = int(start["position"]), int(end["position"])
-        truncates = self.batch_truncates(begin, stop)
-        ranges = split_range(begin, stop, ReadOptions(partition_size=self.partition_records))
-        return [RangePartition(r.start, r.end, truncates) for r in ranges]
+    def ranges(self, start: int, end: int, options: ReadOptions) -> list[PositionRange]:
+        """The batch's partitions, each told of every truncate of the batch (asked once)."""
+        truncates = self.batch_truncates(start, end)
+        return [InputRange(r.start, r.end, truncates) for r in split_range(start, end, options)]
 
-    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
-        start, end, truncates = partition.value
+    def read_range(self, positions: PositionRange, schema: pa.Schema
+                   ) -> Iterator[pa.RecordBatch]:
+        truncates = positions.truncates if isinstance(positions, InputRange) else ()
         keys: list[str] | None = None
-        for batch in _source_reads.read(self.dsn, self.source, int(start), int(end),
+        for batch in _source_reads.read(self.dsn, self.source, positions.start, positions.end,
                                         columns=self.columns):
             if self.truncates == "fanout" and keys is None:
                 keys = FoldKeys(self.dsn).keys(*self.fold) if self.fold else []
             batch = apply_mode(batch, self.truncates, truncates=truncates, keys=keys)
-            yield conform_batch(batch, self.arrow_schema)
-
-    def commit(self, end: dict[str, Any]) -> None:
-        """Nothing to release: the stores keep every record (the log is the buffer)."""
+            yield conform_batch(batch, schema)
 
 
-class RecordRangeReader(DataSourceReader):
-    """A fixed range ``[start, end)`` of one source (options ``start`` and ``end``): what a
-    targeted rebuild replays."""
-
-    def __init__(self, options: dict[str, str], schema: StructType) -> None:
-        self._stream = RecordStreamReader(options, schema)
-        self.start = int(options.get("start", "0"))
-        self.end = int(options["end"])
-        if self._stream.truncates == "fanout":
-            raise SparkTerminalError(
-                "a fixed range is never read for a fold (truncates='fanout'); rebuild the fold")
-
-    def partitions(self) -> Sequence[InputPartition]:
-        return self._stream.partitions(self._stream._offset(self.start),
-                                       self._stream._offset(self.end))
-
-    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
-        return self._stream.read(partition)
+def read_options(options: dict[str, str]) -> ReadOptions:
+    """The position options of a projection source (``start_position``, ``max_records``,
+    ``partition_records``; for a batch read ``start`` and ``end``)."""
+    start = options.get("start") or options.get("start_position") or "0"
+    end = options.get("end")
+    return ReadOptions(
+        starting_position=int(start),
+        ending_position=int(end) if end is not None else None,
+        max_records_per_trigger=int(options.get("max_records", "20000")),
+        partition_size=max(1, int(options.get("partition_records",
+                                              str(DEFAULT_PARTITION_RECORDS)))))
 
 
 class RecordSource(DataSource):
@@ -181,15 +166,21 @@ class RecordSource(DataSource):
         return FORMAT
 
     def schema(self) -> StructType:
-
         source = source_from_json(self.options["source"])
         return spark_schema(self.options["dsn"], source)
 
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
-        return RecordStreamReader(dict(self.options), schema)
+        options = dict(self.options)
+        return PositionStreamReader(InputQuery.parse(options), read_options(options),
+                                    arrow_schema_of(schema))
 
     def reader(self, schema: StructType) -> DataSourceReader:
-        return RecordRangeReader(dict(self.options), schema)
+        options = dict(self.options)
+        query = InputQuery.parse(options)
+        if query.truncates == "fanout":
+            raise SparkTerminalError(
+                "a fixed range is never read for a fold (truncates='fanout'); rebuild the fold")
+        return PositionBatchReader(query, read_options(options), arrow_schema_of(schema))
 
 
 def register(spark: SparkSession) -> None:
