@@ -49,15 +49,14 @@ class LiveSourceReader(SimpleDataSourceStreamReader):
     """Reads ``[start, min(head + 1, start + max_records))`` when Spark plans a batch."""
 
     def __init__(self, options: dict[str, str], schema: StructType) -> None:
-        self._query = InputQuery.parse(options)
-        self._options = read_options(options)
-        self._ranges = PositionStreamReader(self._query, self._options, arrow_schema_of(schema))
+        self._reader = PositionStreamReader(InputQuery.parse(options), read_options(options),
+                                            arrow_schema_of(schema))
 
     def initialOffset(self) -> dict[str, Any]:
-        return self._ranges.initialOffset()
+        return self._reader.initialOffset()
 
     def read(self, start: dict[str, Any]) -> tuple[Iterator[pa.RecordBatch], dict[str, Any]]:
-        end = self._ranges.latestOffset(start, self._ranges.getDefaultReadLimit())
+        end = self._reader.latestOffset(start, self._reader.getDefaultReadLimit())
         # Spark keeps the batches until the micro-batch runs, copying the iterator: read now.
         return iter(list(self.readBetweenOffsets(start, end))), end
 
@@ -65,8 +64,9 @@ class LiveSourceReader(SimpleDataSourceStreamReader):
                            ) -> Iterator[pa.RecordBatch]:
         begin, stop = position_of(start), position_of(end)
         # An empty range yields nothing (Spark refuses even an empty batch for one).
-        for positions in self._query.ranges(begin, stop, self._options):
-            yield from self._query.read_range(positions, self._ranges.schema)
+        reader = self._reader
+        for positions in reader.query.ranges(begin, stop, reader.options):
+            yield from reader.query.read_range(positions, reader.schema)
 
     def commit(self, end: dict[str, Any]) -> None:
         """Nothing to release: the stores keep every record (the log is the buffer)."""

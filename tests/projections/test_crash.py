@@ -30,9 +30,12 @@ def start_child(dsn: str, redis_url: str, home: str, mode: str) -> subprocess.Po
         stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, start_new_session=True)
 
 
+KILLED = ("revenue", "last_order", "order_search")
+
+
 def batch_ids(catalog: Catalog) -> tuple[int, ...]:
     """The last committed batch of each projection (-1: none yet, or no catalog yet)."""
-    return helpers.committed_batches(catalog, ("revenue", "last_order", "order_search"))
+    return helpers.committed_batches(catalog, KILLED)
 
 
 def test_sigkill_loop_every_target_equals_a_fresh_computation(pg, redis_url, tmp_path):
@@ -54,10 +57,8 @@ def test_sigkill_loop_every_target_equals_a_fresh_computation(pg, redis_url, tmp
                                          first=40 + 8 * kill + half)
             for customer, amount in more.items():
                 expected[customer] = expected.get(customer, Decimal(0)) + amount
-            deadline = time.monotonic() + 90
-            while half == 0 and not all(map(int.__lt__, before, batch_ids(catalog))) \
-                    and time.monotonic() < deadline:
-                time.sleep(0.2)
+            if half == 0:
+                helpers.wait_for_commits(catalog, KILLED, before, timeout=90)
         time.sleep(rng.uniform(0.0, 1.5))
         os.killpg(child.pid, signal.SIGKILL)
         child.wait()
