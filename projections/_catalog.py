@@ -67,9 +67,7 @@ _DDL = [
         name text NOT NULL REFERENCES lakefold.projections ON DELETE CASCADE,
         generation integer NOT NULL,
         status text NOT NULL,
-        delta_path text NOT NULL,
-        redis_prefix text NOT NULL,
-        index_dir text NOT NULL,
+        locations jsonb NOT NULL,
         checkpoint_dir text NOT NULL,
         scope jsonb,
         position jsonb NOT NULL DEFAULT '{}',
@@ -81,6 +79,21 @@ _DDL = [
         PRIMARY KEY (name, generation),
         CHECK (status IN ('building', 'live', 'retired', 'dropped', 'abandoned')))""",
     "ALTER TABLE lakefold.projections ADD COLUMN IF NOT EXISTS definition jsonb",
+    # Catalogs from before target kinds were open kept one column per kind: fold them into
+    # ``locations`` (kind → location), which a new kind of target extends without a column.
+    """DO $$ BEGIN
+        IF EXISTS (SELECT 1 FROM information_schema.columns WHERE table_schema = 'lakefold'
+                   AND table_name = 'projection_generations' AND column_name = 'delta_path')
+        THEN
+            ALTER TABLE lakefold.projection_generations ADD COLUMN IF NOT EXISTS locations jsonb;
+            UPDATE lakefold.projection_generations SET locations = jsonb_build_object(
+                'delta', delta_path, 'redis', redis_prefix, 'search', index_dir)
+                WHERE locations IS NULL;
+            ALTER TABLE lakefold.projection_generations
+                ALTER COLUMN locations SET NOT NULL, DROP COLUMN delta_path,
+                DROP COLUMN redis_prefix, DROP COLUMN index_dir;
+        END IF;
+    END $$""",
     """CREATE UNIQUE INDEX IF NOT EXISTS projection_generations_one_building
         ON lakefold.projection_generations (name) WHERE status = 'building'""",
     """CREATE TABLE IF NOT EXISTS lakefold.projection_batches (
@@ -117,10 +130,6 @@ class SinkRoots:
         return {"delta": str(self.lake / name / tag),
                 "redis": f"{self.redis_namespace}:{name}:{tag}:",
                 "search": str(self.search / name / tag)}
-
-
-#: Target kind → the catalog column that holds a generation's storage location of that kind.
-LOCATION_COLUMNS = {"delta": "delta_path", "redis": "redis_prefix", "search": "index_dir"}
 
 
 @dataclass(frozen=True)
@@ -232,16 +241,15 @@ class Catalog:
 
     # ------------------------------------------------------------------ projections
 
-    def _locations(self, name: str, generation: int) -> tuple[str, str, str, str]:
-        """The new generation's location columns (``LOCATION_COLUMNS`` order), then its
-        checkpoint directory."""
+    def _locations(self, name: str, generation: int) -> tuple[Jsonb, str]:
+        """A new generation's storage locations (kind → location) and its checkpoint
+        directory."""
         if self.roots is None:
             raise ProjectionStateError(
                 "this catalog was opened without sink roots; pass SinkRoots to create generations"
             )
-        locations = self.roots.locations(name, generation)
-        delta, redis, search = (locations[kind] for kind in LOCATION_COLUMNS)
-        return delta, redis, search, str(self.roots.checkpoints / name / f"g{generation}")
+        return (Jsonb(self.roots.locations(name, generation)),
+                str(self.roots.checkpoints / name / f"g{generation}"))
 
     def ensure(self, name: str, *, target_kind: str, fingerprint: str,
                keep_generations: int, definition: dict[str, Any] | None = None
@@ -253,7 +261,7 @@ class Catalog:
                 "SELECT * FROM lakefold.projections WHERE name = %s FOR UPDATE", (name,)
             ).fetchone()
             if row is None:
-                delta, prefix, index, checkpoint = self._locations(name, 1)
+                locations, checkpoint = self._locations(name, 1)
                 conn.execute(
                     "INSERT INTO lakefold.projections (name, target_kind, current_generation, "
                     "fingerprint, keep_generations, definition) VALUES (%s, %s, 1, %s, %s, %s) "
@@ -262,9 +270,9 @@ class Catalog:
                 )
                 conn.execute(
                     "INSERT INTO lakefold.projection_generations (name, generation, status, "
-                    "delta_path, redis_prefix, index_dir, checkpoint_dir, switched_at) "
-                    "VALUES (%s, 1, 'live', %s, %s, %s, %s, now()) ON CONFLICT DO NOTHING",
-                    (name, delta, prefix, index, checkpoint),
+                    "locations, checkpoint_dir, switched_at) "
+                    "VALUES (%s, 1, 'live', %s, %s, now()) ON CONFLICT DO NOTHING",
+                    (name, locations, checkpoint),
                 )
             else:
                 conn.execute(
@@ -328,9 +336,7 @@ class Catalog:
 
     @staticmethod
     def _generation(row: dict[str, Any]) -> Generation:
-        row = dict(row)
-        locations = {kind: row.pop(column) for kind, column in LOCATION_COLUMNS.items()}
-        return Generation(locations=locations, **row)
+        return Generation(**row)
 
     def generation(self, name: str, generation: int) -> Generation:
         with self._tx() as conn:
@@ -386,12 +392,12 @@ class Catalog:
                                   "lakefold.projection_generations WHERE name = %s",
                                   (name,)).fetchone().values()  # type: ignore[union-attr]
             generation = int(top) + 1
-            delta, prefix, index, checkpoint = self._locations(name, generation)
+            locations, checkpoint = self._locations(name, generation)
             row = conn.execute(
                 "INSERT INTO lakefold.projection_generations (name, generation, status, "
-                "delta_path, redis_prefix, index_dir, checkpoint_dir, scope) "
-                "VALUES (%s, %s, 'building', %s, %s, %s, %s, %s) RETURNING *",
-                (name, generation, delta, prefix, index, checkpoint,
+                "locations, checkpoint_dir, scope) "
+                "VALUES (%s, %s, 'building', %s, %s, %s) RETURNING *",
+                (name, generation, locations, checkpoint,
                  Jsonb(scope) if scope is not None else None),
             ).fetchone()
             assert row is not None  # noqa: S101 - RETURNING always yields the row

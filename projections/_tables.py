@@ -35,7 +35,7 @@ class ProjectionTableCatalog:
                 if not (present and present[0]):
                     return {}
                 rows = conn.execute(
-                    "SELECT p.name, g.delta_path FROM lakefold.projections p "
+                    "SELECT p.name, g.locations->>'delta' FROM lakefold.projections p "
                     "JOIN lakefold.projection_generations g ON g.name = p.name "
                     "AND g.generation = p.current_generation "
                     "WHERE p.target_kind = 'delta' ORDER BY p.name").fetchall()

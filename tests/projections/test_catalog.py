@@ -63,6 +63,55 @@ def test_ensure_creates_generation_one_with_private_locations(catalog, tmp_path)
     assert again.keep_generations == 2
 
 
+def test_a_new_target_kind_needs_no_catalog_column(pg, tmp_path):
+    class WithArchive(SinkRoots):
+        def locations(self, name, generation):
+            return {**super().locations(name, generation),
+                    "archive": f"s3://bucket/{name}/g{generation}"}
+
+    with Catalog(pg.dsn, WithArchive.under(tmp_path)) as catalog:
+        catalog.install()
+        catalog.ensure("v", target_kind="archive", fingerprint="f", keep_generations=1)
+        assert catalog.current("v").location("archive") == "s3://bucket/v/g1"
+        assert catalog.begin_rebuild("v").location("archive") == "s3://bucket/v/g2"
+
+
+def test_a_catalog_with_one_column_per_target_kind_is_migrated(pg, tmp_path):
+    """Catalogs written before target kinds were open keep their generations' locations."""
+    with psycopg.connect(pg.dsn, autocommit=True) as conn:
+        conn.execute("CREATE SCHEMA lakefold")
+        conn.execute("CREATE TABLE lakefold.projections (name text PRIMARY KEY, "
+                     "target_kind text NOT NULL, current_generation integer NOT NULL, "
+                     "paused boolean NOT NULL DEFAULT false, "
+                     "state text NOT NULL DEFAULT 'idle', last_error text, fingerprint text, "
+                     "keep_generations integer NOT NULL DEFAULT 1, "
+                     "created_at timestamptz NOT NULL DEFAULT now(), "
+                     "updated_at timestamptz NOT NULL DEFAULT now())")
+        conn.execute("CREATE TABLE lakefold.projection_generations (name text NOT NULL "
+                     "REFERENCES lakefold.projections ON DELETE CASCADE, "
+                     "generation integer NOT NULL, status text NOT NULL, "
+                     "delta_path text NOT NULL, redis_prefix text NOT NULL, "
+                     "index_dir text NOT NULL, checkpoint_dir text NOT NULL, scope jsonb, "
+                     "position jsonb NOT NULL DEFAULT '{}', batch_id bigint, "
+                     "rows_total bigint NOT NULL DEFAULT 0, last_batch_at timestamptz, "
+                     "created_at timestamptz NOT NULL DEFAULT now(), switched_at timestamptz, "
+                     "PRIMARY KEY (name, generation))")
+        conn.execute("INSERT INTO lakefold.projections (name, target_kind, current_generation) "
+                     "VALUES ('old', 'delta', 1)")
+        conn.execute("INSERT INTO lakefold.projection_generations (name, generation, status, "
+                     "delta_path, redis_prefix, index_dir, checkpoint_dir) VALUES "
+                     "('old', 1, 'live', '/lake/old/g1', 'lf:old:g1:', '/search/old/g1', "
+                     "'/checkpoints/old/g1')")
+    with Catalog(pg.dsn, SinkRoots.under(tmp_path)) as catalog:
+        catalog.install()
+        catalog.install()  # idempotent once migrated
+        gen = catalog.current("old")
+        assert gen.locations == {"delta": "/lake/old/g1", "redis": "lf:old:g1:",
+                                 "search": "/search/old/g1"}
+        assert catalog.begin_rebuild("old").locations == SinkRoots.under(tmp_path).locations(
+            "old", 2)
+
+
 def test_rebuild_switch_and_retention(catalog):
     catalog.ensure("v", target_kind="redis", fingerprint="f", keep_generations=1)
     g2 = catalog.begin_rebuild("v")
