@@ -172,6 +172,8 @@ def validate(spark: SparkSession, registry: Registry, dsn: str,
     """Check every projection against the live stores and Spark: sources exist, keys exist,
     the output suits the target. Returns the plans (not started), built by ``factory`` (by
     default with a read limit of one record)."""
+    from pyspark.errors import AnalysisException, PySparkTypeError, PySparkValueError
+
     plans = {}
     for projection in registry:
         registered = [name for s in projection.sources if isinstance(s, EventSource)
@@ -185,16 +187,13 @@ def validate(spark: SparkSession, registry: Registry, dsn: str,
         try:
             plan = factory(projection) if factory is not None else \
                 build(spark, projection, dsn, max_records=1)
-        except ProjectionDefinitionError:
-            raise
-        except Exception as e:
-            if type(e).__name__ in ("AnalysisException", "PySparkTypeError", "ParseException",
-                                    "PySparkValueError"):
-                raise ProjectionDefinitionError(
-                    f"projection {projection.name} does not fit its sources: "
-                    f"{str(e).splitlines()[0]}"
-                ) from e
-            raise
+        except (AnalysisException, PySparkTypeError, PySparkValueError) as e:
+            # Spark's own verdict on the user's transform (a missing column, a parse error,
+            # a wrong argument): the definition does not fit, whatever the data.
+            raise ProjectionDefinitionError(
+                f"projection {projection.name} does not fit its sources: "
+                f"{str(e).splitlines()[0]}"
+            ) from e
         check_target(projection, plan)
         plans[projection.name] = plan
     return plans
