@@ -102,7 +102,7 @@ def connect_store(dsn: str) -> psycopg.Connection[Any]:
 
 
 @dataclass(frozen=True, slots=True)
-class _StreamMeta:
+class StreamMeta:
     info: StreamInfo
     versions: dict[int, StreamSchema]
 
@@ -115,7 +115,7 @@ class _StreamMeta:
         return max((len(s.columns) for s in self.versions.values()), default=0)
 
 
-def _stream_meta(conn: psycopg.Connection[Any], stream: str) -> _StreamMeta:
+def stream_meta(conn: psycopg.Connection[Any], stream: str) -> StreamMeta:
     try:
         row = conn.execute(
             "SELECT stream_id, slot_name, source_database, source_schema, source_table, head, "
@@ -143,7 +143,7 @@ def _stream_meta(conn: psycopg.Connection[Any], stream: str) -> _StreamMeta:
             stream=stream, version=int(version), database=info.database, schema=schema,
             table=table, relation_oid=int(oid), replica_identity=identity,
             columns=StreamSchema.columns_from_json(columns), keyless=bool(keyless))
-    return _StreamMeta(info, versions)
+    return StreamMeta(info, versions)
 
 
 def _raw_columns(width: int) -> tuple[list[str], dict[str, pa.DataType]]:
@@ -151,7 +151,7 @@ def _raw_columns(width: int) -> tuple[list[str], dict[str, pa.DataType]]:
     return names, dict(_CSV_META_TYPES) | {f"v{i + 1}": pa.string() for i in range(width)}
 
 
-def _empty_raw(meta: _StreamMeta) -> pa.Table:
+def _empty_raw(meta: StreamMeta) -> pa.Table:
     names, types = _raw_columns(meta.width)
     return pa.schema([(n, types[n]) for n in names]).empty_table()
 
@@ -166,7 +166,7 @@ def _one_snapshot(conn: psycopg.Connection[Any]) -> Iterator[None]:
         yield
 
 
-def _copy_range(conn: psycopg.Connection[Any], meta: _StreamMeta, start: int, end: int,
+def _copy_range(conn: psycopg.Connection[Any], meta: StreamMeta, start: int, end: int,
                 limit: int | None) -> pa.Table:
     """Records with ``start <= position < end`` as a table of metadata columns and the text
     values ``v1..vN``."""
@@ -182,25 +182,34 @@ def _copy_range(conn: psycopg.Connection[Any], meta: _StreamMeta, start: int, en
     return merged if limit is None else merged.slice(0, limit)
 
 
-def _copy_rows(conn: psycopg.Connection[Any], meta: _StreamMeta, start: int, end: int,
+def _copy_rows(conn: psycopg.Connection[Any], meta: StreamMeta, start: int, end: int,
                limit: int | None) -> pa.Table:
     """The changelog rows (not the segments) of ``_copy_range``."""
+    return copy_records(conn, meta, sql.SQL(
+        "SELECT *, COALESCE(after, before) AS v FROM lakefold.changelog "
+        "WHERE stream_id = {sid} AND position >= {lo} AND position < {hi} "
+        "ORDER BY position {limit}"
+    ).format(
+        sid=sql.Literal(meta.info.stream_id), lo=sql.Literal(start), hi=sql.Literal(end),
+        limit=sql.SQL("LIMIT {}").format(sql.Literal(limit)) if limit is not None
+        else sql.SQL(""),
+    ))
+
+
+def copy_records(conn: psycopg.Connection[Any], meta: StreamMeta,
+                 records: sql.Composable) -> pa.Table:
+    """The records a query yields (columns ``position, op, commit_lsn, ordinal, xid,
+    commit_ts, schema_version`` and the text values ``v``) as the raw table ``typed``
+    takes: the metadata columns and ``v1..vN``, in position order."""
     width = meta.width
     values = [sql.SQL("c.v[{}]").format(sql.Literal(i + 1)) for i in range(width)]
     query = sql.SQL(
         "COPY (SELECT c.position, CASE c.op WHEN 'i' THEN 'insert' WHEN 'u' THEN 'update' "
         "WHEN 'd' THEN 'delete' WHEN 't' THEN 'truncate' ELSE 'read' END, c.commit_lsn, "
         "c.ordinal, c.xid, (extract(epoch FROM c.commit_ts) * 1000000)::bigint, "
-        "c.schema_version{values} FROM (SELECT *, COALESCE(after, before) AS v "
-        "FROM lakefold.changelog WHERE stream_id = {sid} AND position >= {lo} "
-        "AND position < {hi} ORDER BY position {limit}) c ORDER BY c.position) "
+        "c.schema_version{values} FROM ({records}) c ORDER BY c.position) "
         "TO STDOUT (FORMAT csv, FORCE_QUOTE *)"
-    ).format(
-        values=sql.SQL("").join(sql.SQL(", ") + v for v in values),
-        sid=sql.Literal(meta.info.stream_id), lo=sql.Literal(start), hi=sql.Literal(end),
-        limit=sql.SQL("LIMIT {}").format(sql.Literal(limit)) if limit is not None
-        else sql.SQL(""),
-    )
+    ).format(values=sql.SQL("").join(sql.SQL(", ") + v for v in values), records=records)
     buffer = io.BytesIO()
     with conn.cursor() as cur, cur.copy(query) as copy:
         for chunk in copy:
@@ -239,7 +248,7 @@ def _segment_raw(segment: _snapshot_segments.Segment, texts: pa.Table, width: in
         [(name, types[name]) for name in names]))
 
 
-def _typed(raw: pa.Table, meta: _StreamMeta) -> pa.Table:
+def typed(raw: pa.Table, meta: StreamMeta) -> pa.Table:
     """The raw table with ``v1..vN`` replaced by the typed columns of the newest version."""
     target = meta.latest
     columns = target.columns if target is not None else ()
@@ -292,17 +301,17 @@ def read_changelog_range(store_dsn: str, stream: str, start: int, end: int, *,
     connection.
     """
     with connect_store(store_dsn) as conn:
-        meta = _stream_meta(conn, stream)
+        meta = stream_meta(conn, stream)
         end = min(end, meta.info.head + 1)
         position = max(start, 1)
         while position < end:
             upper = min(end, position + batch_rows)
-            table = _typed(_copy_range(conn, meta, position, upper, None), meta)
+            table = typed(_copy_range(conn, meta, position, upper, None), meta)
             yield from table.to_batches()
             position = upper
 
 
-def _segment_records(conn: psycopg.Connection[Any], meta: _StreamMeta, start: int, end: int,
+def _segment_records(conn: psycopg.Connection[Any], meta: StreamMeta, start: int, end: int,
                      limit: int) -> list[tuple[Any, ...]]:
     """The segments' records in ``[start, end)`` as the rows ``read_events`` selects."""
     records: list[tuple[Any, ...]] = []
@@ -371,7 +380,7 @@ class ChangelogStore:
 
     def stream(self, stream: str) -> StreamInfo:
         """One stream; UnknownStreamError (listing the known ones) when missing."""
-        return _stream_meta(self._connection(), stream).info
+        return stream_meta(self._connection(), stream).info
 
     def head(self, stream: str) -> int:
         """The last position readers may see (0 for an empty stream)."""
@@ -382,7 +391,7 @@ class ChangelogStore:
         as ``(position, commit_ts)``, in position order. Truncates are never in segments, and
         the tombstone index covers them: this reads no other record."""
         conn = self._connection()
-        meta = _stream_meta(conn, stream)
+        meta = stream_meta(conn, stream)
         rows = conn.execute(
             "SELECT position, commit_ts FROM lakefold.changelog WHERE stream_id = %s "
             "AND op IN ('d', 't') AND op = 't' AND position >= %s AND position < %s "
@@ -393,7 +402,7 @@ class ChangelogStore:
     def stream_schema(self, stream: str, version: int | None = None) -> StreamSchema:
         """The captured table's columns (name, type OID, type name, key flag) at ``version``
         (default: the newest)."""
-        meta = _stream_meta(self._connection(), stream)
+        meta = stream_meta(self._connection(), stream)
         if not meta.versions:
             raise StoreError(f"stream {stream!r} has no schema yet (no change captured)")
         if version is None:
@@ -408,17 +417,17 @@ class ChangelogStore:
         if limit < 1:
             raise CaptureValueError(f"limit must be at least 1, not {limit}")
         conn = self._connection()
-        meta = _stream_meta(conn, stream)
+        meta = stream_meta(conn, stream)
         start = max(from_position, 1)
         if start > meta.info.head:
-            return _typed(_empty_raw(meta), meta)
-        return _typed(_copy_range(conn, meta, start, meta.info.head + 1, limit), meta)
+            return typed(_empty_raw(meta), meta)
+        return typed(_copy_range(conn, meta, start, meta.info.head + 1, limit), meta)
 
     def read_events(self, stream: str, from_position: int = 1,
                     limit: int = 1_000) -> list[ChangeEvent]:
         """Up to ``limit`` records as ChangeEvent models, with before-images and exact values."""
         conn = self._connection()
-        meta = _stream_meta(conn, stream)
+        meta = stream_meta(conn, stream)
         with _one_snapshot(conn):
             rows: list[tuple[Any, ...]] = conn.execute(
                 "SELECT position, op, commit_lsn, ordinal, xid, commit_ts, schema_version, "
@@ -491,7 +500,7 @@ class ChangelogStore:
             _ddl.install(conn)
         removed = {}
         for name in names:
-            info = _stream_meta(conn, name).info
+            info = stream_meta(conn, name).info
             removed[name] = compact_stream(
                 conn, info.stream_id,
                 retention=tombstone_retention if tombstone_retention is not None
@@ -514,7 +523,7 @@ class ChangelogStore:
         conn = self._connection()
         stream_id = self._reader_streams.get(stream)
         if stream_id is None:  # once per stream: commits come with every micro-batch
-            stream_id = _stream_meta(conn, stream).info.stream_id
+            stream_id = stream_meta(conn, stream).info.stream_id
             if not _reader_registry.installed(conn):  # a store installed by an older lakefold
                 _ddl.install(conn)
             self._reader_streams[stream] = stream_id
@@ -524,7 +533,7 @@ class ChangelogStore:
         """Forget a durable reader (in one stream, or in all) so that it no longer holds
         compaction; returns how many registrations went."""
         conn = self._connection()
-        stream_id = None if stream is None else _stream_meta(conn, stream).info.stream_id
+        stream_id = None if stream is None else stream_meta(conn, stream).info.stream_id
         if not _reader_registry.installed(conn):
             return 0
         return _reader_registry.release(conn, reader, stream_id)
@@ -532,7 +541,7 @@ class ChangelogStore:
     def readers(self, stream: str | None = None) -> list[ReaderPosition]:
         """The durable readers (of one stream, or of all), lowest position first."""
         conn = self._connection()
-        stream_id = None if stream is None else _stream_meta(conn, stream).info.stream_id
+        stream_id = None if stream is None else stream_meta(conn, stream).info.stream_id
         if not _reader_registry.installed(conn):
             return []
         return _reader_registry.readers(conn, stream_id)
@@ -541,7 +550,7 @@ class ChangelogStore:
         """How far ``stream`` is compacted, what compaction removed, whether it keeps its full
         history, and its durable readers (``held_by``: the one compaction cannot pass)."""
         conn = self._connection()
-        info = _stream_meta(conn, stream).info
+        info = stream_meta(conn, stream).info
         if not _reader_registry.installed(conn):
             _ddl.install(conn)
         return _reader_registry.state(conn, info.stream_id, stream)
@@ -554,7 +563,7 @@ class ChangelogStore:
         an explicit ``keep_history(stream, False)`` stands). True when this changed the
         setting. Records compaction removed before stay removed."""
         conn = self._connection()
-        info = _stream_meta(conn, stream).info
+        info = stream_meta(conn, stream).info
         if not _reader_registry.installed(conn):
             _ddl.install(conn)
         default = "asked for by a user" if keep else "switched off by a user"

@@ -218,7 +218,7 @@ def explode(cur: psycopg.Cursor[Any], stream_id: int, lo: int, hi: int) -> int:
         cur.execute("SELECT pg_advisory_xact_lock(%s, %s)", (_EXPLODE_LOCK, stream_id))
     moved = 0
     for head in heads:
-        data = _binary_copy(head, _rows(cur, head),
+        data = binary_copy(head, _rows(cur, head),
                             key_indexes(cur, stream_id, head.schema_version))
         with cur.copy(CHANGELOG_COPY) as copy:
             copy.write(data)
@@ -228,7 +228,7 @@ def explode(cur: psycopg.Cursor[Any], stream_id: int, lo: int, hi: int) -> int:
     return moved
 
 
-def _binary_copy(segment: Segment, rows: pa.Table, key_indexes: Sequence[int]) -> bytes:
+def binary_copy(segment: Segment, rows: pa.Table, key_indexes: Sequence[int]) -> bytes:
     """The segment's records as the binary COPY data of ``_changelog_writer.CHANGELOG_COPY``, built
     column-wise (one Arrow kernel per field, not Python per row)."""
     n = rows.num_rows

@@ -1,0 +1,276 @@
+"""The state of a changelog stream at a position: its latest row per key, kept in a table of
+the store for one owner (a view's generation) and moved forward a range at a time.
+
+A view recomputes the rows of the keys a batch touched over the current rows of its inputs
+(see ``lakefold.projections`` on views). Those rows must be exactly the source table as of the
+batch's end, and they must be found by other columns than the primary key (the orders of a
+customer, the rows of a group). The changelog holds every version in position order and no
+index but the position; a state table holds one row per key, with an index per column an
+owner looks rows up by.
+
+Layout
+    ``lakefold.stream_states`` registers each state: owner, stream, its table in schema
+    ``lakefold_state`` and ``position``, the first position *not* applied yet (1: empty).
+    The table holds, per key, the last record applied: ``key`` (the changelog's key bytes),
+    the record's metadata and its text values ``after`` in its own schema version's layout.
+    Values stay the text PostgreSQL printed, so the typed rows a state yields are converted by
+    the very function that types a changelog read (``_changelog_store.typed``): a view over
+    the state and a projection over the stream see the same values.
+
+Applying ``[position, end)`` (``apply``), in the caller's transaction, together with
+whatever the caller commits beside it (the view's batch record):
+
+1. the range's records are staged: changelog rows with one ``INSERT ... SELECT``, snapshot
+   segments with one binary ``COPY`` each;
+2. a truncate empties the state (every row it held is a before-image); records before the
+   last truncate of the range are dropped;
+3. the last record of each key wins: the rows it replaces or deletes are the before-images,
+   the rows it writes the after-images; both are returned, as raw text tables;
+4. ``position`` moves to ``end``.
+
+Lookups (``rows_where``) compare a column's text values: exact for the integer, text, uuid,
+boolean and date keys that joins and groups use, since the store prints each type one way.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any, Final
+
+import psycopg
+import pyarrow as pa
+from psycopg import sql
+
+from lakefold.capture.store import _snapshot_segments
+from lakefold.capture.store._changelog_store import (
+    StreamMeta,
+    copy_records,
+    stream_meta,
+    typed,
+)
+from lakefold.capture.store.exceptions import StoreError
+
+STATE_SCHEMA: Final = "lakefold_state"
+_INSTALL_LOCK: Final = 0x6C66_5354  # "lfST"
+
+_DDL: Final = [
+    "CREATE SCHEMA IF NOT EXISTS lakefold_state",
+    """CREATE TABLE IF NOT EXISTS lakefold.stream_states (
+        owner text NOT NULL,
+        stream text NOT NULL,
+        table_name text NOT NULL UNIQUE,
+        position bigint NOT NULL DEFAULT 1,
+        created_at timestamptz NOT NULL DEFAULT now(),
+        PRIMARY KEY (owner, stream))""",
+]
+_STAGED: Final = "lf_state_staged"
+_COLUMNS: Final = sql.SQL(
+    "key, position, ordinal, commit_lsn, xid, commit_ts, schema_version, op, after")
+
+
+@dataclass(frozen=True)
+class StateChanges:
+    """What applying a range did to a state, as raw text tables (``raw_column`` reads a
+    column's text values; ``StreamState.typed`` types them): ``before`` holds the rows that
+    were replaced or deleted, ``after`` the rows written, ``truncated`` whether a truncate
+    emptied the state first (then ``before`` holds every row it had)."""
+
+    before: pa.Table
+    after: pa.Table
+    truncated: bool
+    start: int
+    end: int
+
+    @property
+    def empty(self) -> bool:
+        return self.before.num_rows == 0 and self.after.num_rows == 0 and not self.truncated
+
+
+def install_states(conn: psycopg.Connection[Any]) -> None:
+    """Create the state registry and schema (idempotent, concurrency-safe)."""
+    with conn.transaction():
+        conn.execute("SELECT pg_advisory_xact_lock(%s)", (_INSTALL_LOCK,))
+        for statement in _DDL:
+            conn.execute(statement)
+
+
+def state_table_name(owner: str, stream: str) -> str:
+    """The state's table in ``lakefold_state``: a digest, so any owner and stream fit
+    PostgreSQL's 63-byte names."""
+    return "s_" + hashlib.sha256(f"{owner}\x00{stream}".encode()).hexdigest()[:32]
+
+
+class StreamState:
+    """The state of ``stream`` kept for ``owner`` (see the module docstring). Every method
+    takes the connection to use, so a caller puts a state's changes in its own transaction."""
+
+    def __init__(self, owner: str, stream: str) -> None:
+        self.owner = owner
+        self.stream = stream
+        self.table = sql.Identifier(STATE_SCHEMA, state_table_name(owner, stream))
+
+    def create(self, conn: psycopg.Connection[Any], lookups: Iterable[str] = ()) -> None:
+        """Create the state (empty, at position 1) if it does not exist, with an index for
+        each column in ``lookups``."""
+        install_states(conn)
+        with conn.transaction():
+            conn.execute(sql.SQL(
+                "CREATE TABLE IF NOT EXISTS {} (key bytea PRIMARY KEY, position bigint NOT NULL, "
+                "ordinal bigint NOT NULL, commit_lsn bigint NOT NULL, xid bigint NOT NULL, "
+                "commit_ts timestamptz NOT NULL, schema_version integer NOT NULL, "
+                "op \"char\" NOT NULL, after text[])").format(self.table))
+            conn.execute("INSERT INTO lakefold.stream_states (owner, stream, table_name) "
+                         "VALUES (%s, %s, %s) ON CONFLICT DO NOTHING",
+                         (self.owner, self.stream, state_table_name(self.owner, self.stream)))
+            meta = stream_meta(conn, self.stream)
+            for column in lookups:
+                for index in sorted(set(self._indexes(meta, column).values())):
+                    name = f"{state_table_name(self.owner, self.stream)}_v{index}"
+                    conn.execute(sql.SQL("CREATE INDEX IF NOT EXISTS {} ON {} ((after[{}]))")
+                                 .format(sql.Identifier(name), self.table,
+                                         sql.Literal(index)))
+
+    def drop(self, conn: psycopg.Connection[Any]) -> None:
+        """Delete the state (idempotent)."""
+        with conn.transaction():
+            conn.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(self.table))
+            conn.execute("DELETE FROM lakefold.stream_states WHERE owner = %s AND stream = %s",
+                         (self.owner, self.stream))
+
+    def position(self, conn: psycopg.Connection[Any], *, lock: bool = False) -> int:
+        """The first position not applied yet (1 for an empty state)."""
+        row = conn.execute(sql.SQL(
+            "SELECT position FROM lakefold.stream_states WHERE owner = %s AND stream = %s {}")
+            .format(sql.SQL("FOR UPDATE" if lock else "")), (self.owner, self.stream)).fetchone()
+        if row is None:
+            raise StoreError(f"no state of {self.stream} for {self.owner}; create it first")
+        return int(row[0])
+
+    # ------------------------------------------------------------------ applying a range
+
+    def apply(self, conn: psycopg.Connection[Any], end: int) -> StateChanges:
+        """Apply the stream's records from the state's position up to ``end`` (exclusive,
+        capped at the stream's head); see the module docstring."""
+        with conn.transaction():
+            start = self.position(conn, lock=True)
+            meta = stream_meta(conn, self.stream)
+            end = min(end, meta.info.head + 1)
+            if end <= start:
+                empty = self._raw(conn, meta, sql.SQL("SELECT * FROM {} WHERE false")
+                                  .format(self.table))
+                return StateChanges(empty, empty, False, start, max(start, end))
+            self._stage(conn, meta, start, end)
+            truncate = conn.execute(
+                sql.SQL("SELECT max(position) FROM {} WHERE op = 't'")
+                .format(sql.Identifier(_STAGED))).fetchone()
+            truncated = truncate is not None and truncate[0] is not None
+            if truncated:
+                before = self._raw(conn, meta, sql.SQL("SELECT * FROM {}").format(self.table))
+                conn.execute(sql.SQL("TRUNCATE {}").format(self.table))
+                conn.execute(sql.SQL("DELETE FROM {} WHERE position <= %s")
+                             .format(sql.Identifier(_STAGED)), (truncate[0],))  # type: ignore[index]
+            conn.execute(sql.SQL(
+                "CREATE TEMP TABLE lf_state_last ON COMMIT DROP AS SELECT DISTINCT ON (key) "
+                "* FROM {} WHERE key IS NOT NULL ORDER BY key, position DESC")
+                .format(sql.Identifier(_STAGED)))
+            if not truncated:
+                before = self._raw(conn, meta, sql.SQL(
+                    "SELECT s.* FROM {} s JOIN lf_state_last l ON l.key = s.key")
+                    .format(self.table))
+            conn.execute(sql.SQL("DELETE FROM {} s USING lf_state_last l WHERE s.key = l.key")
+                         .format(self.table))
+            conn.execute(sql.SQL("INSERT INTO {} ({}) SELECT {} FROM lf_state_last "
+                                 "WHERE op <> 'd'").format(self.table, _COLUMNS, _COLUMNS))
+            after = self._raw(conn, meta, sql.SQL(
+                "SELECT * FROM lf_state_last WHERE op <> 'd'"))
+            conn.execute(sql.SQL("DROP TABLE lf_state_last, {}").format(
+                sql.Identifier(_STAGED)))
+            conn.execute("UPDATE lakefold.stream_states SET position = %s "
+                         "WHERE owner = %s AND stream = %s", (end, self.owner, self.stream))
+        return StateChanges(before, after, truncated, start, end)
+
+    def _stage(self, conn: psycopg.Connection[Any], meta: StreamMeta, start: int,
+               end: int) -> None:
+        """The records of ``[start, end)`` (rows and snapshot segments) in a temporary
+        table shaped like ``lakefold.changelog``; a delete's values are its before-image."""
+        staged = sql.Identifier(_STAGED)
+        conn.execute(sql.SQL("CREATE TEMP TABLE {} ON COMMIT DROP AS SELECT * FROM "
+                             "lakefold.changelog WHERE false").format(staged))
+        conn.execute(sql.SQL(
+            "INSERT INTO {} SELECT * FROM lakefold.changelog WHERE stream_id = %s "
+            "AND position >= %s AND position < %s").format(staged),
+            (meta.info.stream_id, start, end))
+        for segment, texts in _snapshot_segments.read_range(conn, meta.info.stream_id, start,
+                                                             end, None):
+            data = _snapshot_segments.binary_copy(
+                segment, texts,
+                _snapshot_segments.key_indexes(conn, meta.info.stream_id,
+                                               segment.schema_version))
+            with conn.cursor() as cur, cur.copy(sql.SQL(
+                    "COPY {} (position, ordinal, commit_lsn, xid, commit_ts, stream_id, "
+                    "schema_version, op, key, before, after) FROM STDIN (FORMAT BINARY)")
+                    .format(staged)) as copy:
+                copy.write(data)
+        conn.execute(sql.SQL("UPDATE {} SET after = before WHERE op = 'd'").format(staged))
+
+    # ------------------------------------------------------------------ reading
+
+    def rows_where(self, conn: psycopg.Connection[Any], column: str,
+                   texts: Sequence[str | None]) -> pa.Table:
+        """The state's rows whose ``column`` has one of the text values ``texts`` (NULL
+        matches nothing), as raw text rows."""
+        meta = stream_meta(conn, self.stream)
+        wanted = sorted({t for t in texts if t is not None})
+        if not wanted:
+            return self._raw(conn, meta, sql.SQL("SELECT * FROM {} WHERE false")
+                             .format(self.table))
+        by_version = self._indexes(meta, column)
+        values = sql.SQL("{}::text[]").format(sql.Literal(wanted))
+        tests = [sql.SQL("(schema_version = {} AND after[{}] = ANY({}))").format(
+            sql.Literal(version), sql.Literal(index), values) for version, index in
+            sorted(by_version.items())]
+        return self._raw(conn, meta, sql.SQL("SELECT * FROM {} WHERE {}").format(
+            self.table, sql.SQL(" OR ").join(tests)))
+
+    def rows(self, conn: psycopg.Connection[Any]) -> pa.Table:
+        """Every row of the state, as raw text rows."""
+        return self._raw(conn, stream_meta(conn, self.stream),
+                         sql.SQL("SELECT * FROM {}").format(self.table))
+
+    def typed(self, conn: psycopg.Connection[Any], raw: pa.Table) -> pa.Table:
+        """Raw text rows typed as a changelog read types them (metadata columns first)."""
+        return typed(raw, stream_meta(conn, self.stream))
+
+    def raw_column(self, conn: psycopg.Connection[Any], raw: pa.Table,
+                   column: str) -> list[str | None]:
+        """The text values of ``column`` in raw rows (each row read in its schema version's
+        layout; None where the version lacks the column)."""
+        if raw.num_rows == 0:
+            return []
+        by_version = self._indexes(stream_meta(conn, self.stream), column)
+        out: list[str | None] = [None] * raw.num_rows
+        versions = raw.column("_schema_version").to_pylist()
+        for version, index in by_version.items():
+            values = raw.column(f"v{index}").to_pylist()
+            for i, v in enumerate(versions):
+                if v == version:
+                    out[i] = values[i]
+        return out
+
+    def _indexes(self, meta: StreamMeta, column: str) -> dict[int, int]:
+        """Schema version → the 1-based index of ``column`` in that version's values."""
+        found = {version: i + 1 for version, schema in meta.versions.items()
+                 for i, c in enumerate(schema.columns) if c.name == column}
+        if not found:
+            latest = meta.latest
+            names = [c.name for c in latest.columns] if latest is not None else []
+            raise StoreError(f"{self.stream} has no column {column!r}; its columns are "
+                             f"{', '.join(names) or '(none yet)'}")
+        return found
+
+    @staticmethod
+    def _raw(conn: psycopg.Connection[Any], meta: StreamMeta, rows: sql.Composable) -> pa.Table:
+        return copy_records(conn, meta, sql.SQL("SELECT r.*, r.after AS v FROM ({}) r")
+                            .format(rows))
