@@ -53,6 +53,12 @@ class StatefulChangelogError(ProjectionDefinitionError):
     changelog: Spark streaming has no retractions, so the view would silently drift."""
 
 
+class NotMaintainableError(ProjectionDefinitionError):
+    """A view's query cannot be maintained by recomputing the partitions a change touches
+    (a LIMIT, a non-deterministic function, a join without equal keys...); the message names
+    the part of the query and why."""
+
+
 class ProjectionNotFoundError(ProjectionTerminalError):
     """A command names a projection that is not registered or not in the catalog."""
 

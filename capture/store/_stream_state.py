@@ -35,7 +35,7 @@ boolean and date keys that joins and groups use, since the store prints each typ
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -162,15 +162,15 @@ class StreamState:
                                   .format(self.table))
                 return StateChanges(empty, empty, False, start, max(start, end))
             self._stage(conn, meta, start, end)
-            truncate = conn.execute(
-                sql.SQL("SELECT max(position) FROM {} WHERE op = 't'")
-                .format(sql.Identifier(_STAGED))).fetchone()
-            truncated = truncate is not None and truncate[0] is not None
+            top = conn.execute(sql.SQL("SELECT max(position) FROM {} WHERE op = 't'")
+                               .format(sql.Identifier(_STAGED))).fetchone()
+            truncate_at = top[0] if top is not None else None
+            truncated = truncate_at is not None
             if truncated:
                 before = self._raw(conn, meta, sql.SQL("SELECT * FROM {}").format(self.table))
                 conn.execute(sql.SQL("TRUNCATE {}").format(self.table))
                 conn.execute(sql.SQL("DELETE FROM {} WHERE position <= %s")
-                             .format(sql.Identifier(_STAGED)), (truncate[0],))  # type: ignore[index]
+                             .format(sql.Identifier(_STAGED)), (truncate_at,))
             conn.execute(sql.SQL(
                 "CREATE TEMP TABLE lf_state_last ON COMMIT DROP AS SELECT DISTINCT ON (key) "
                 "* FROM {} WHERE key IS NOT NULL ORDER BY key, position DESC")
@@ -218,21 +218,26 @@ class StreamState:
     # ------------------------------------------------------------------ reading
 
     def rows_where(self, conn: psycopg.Connection[Any], column: str,
-                   texts: Sequence[str | None]) -> pa.Table:
-        """The state's rows whose ``column`` has one of the text values ``texts`` (NULL
-        matches nothing), as raw text rows."""
+                   texts: Iterable[str | None]) -> pa.Table:
+        """The state's rows whose ``column`` has one of the text values ``texts`` (None
+        matches NULL), as raw text rows."""
         meta = stream_meta(conn, self.stream)
-        wanted = sorted({t for t in texts if t is not None})
-        if not wanted:
-            return self._raw(conn, meta, sql.SQL("SELECT * FROM {} WHERE false")
-                             .format(self.table))
+        values = set(texts)
+        wanted = sorted(v for v in values if v is not None)
         by_version = self._indexes(meta, column)
-        values = sql.SQL("{}::text[]").format(sql.Literal(wanted))
-        tests = [sql.SQL("(schema_version = {} AND after[{}] = ANY({}))").format(
-            sql.Literal(version), sql.Literal(index), values) for version, index in
-            sorted(by_version.items())]
+        array = sql.SQL("{}::text[]").format(sql.Literal(wanted))
+        tests = []
+        for version, index in sorted(by_version.items()):
+            value = sql.SQL("after[{}]").format(sql.Literal(index))
+            match = [sql.SQL("{} = ANY({})").format(value, array)] if wanted else []
+            if None in values:
+                match.append(sql.SQL("{} IS NULL").format(value))
+            if match:
+                tests.append(sql.SQL("(schema_version = {} AND ({}))").format(
+                    sql.Literal(version), sql.SQL(" OR ").join(match)))
+        where = sql.SQL(" OR ").join(tests) if tests else sql.SQL("false")
         return self._raw(conn, meta, sql.SQL("SELECT * FROM {} WHERE {}").format(
-            self.table, sql.SQL(" OR ").join(tests)))
+            self.table, where))
 
     def rows(self, conn: psycopg.Connection[Any]) -> pa.Table:
         """Every row of the state, as raw text rows."""

@@ -1,0 +1,320 @@
+"""One generation of a view, kept up to date: a batch at a time, in one store transaction.
+
+A view reads changelog streams (captured tables, or other views' output streams) and writes
+its output rows as a derived stream of its own (``capture.store._derived_streams``), which
+targets and downstream views read like any captured table. Per input it keeps a *state*, the
+input's latest row per key (``capture.store._stream_state``); it keeps one of its own output
+too, to know the rows a recomputed partition replaces.
+
+One batch (``step``), in ONE store transaction:
+
+1. **Cut**: the heads of every input, read in one statement. The capture moves the heads of a
+   source transaction's streams in one store transaction, so a cut never holds half of a source
+   transaction: a view joining two tables changed together sees both changes or neither.
+2. **Apply** each input's records up to the cut to its state, keeping the before- and
+   after-images of every changed row.
+3. **Affected partitions** (see ``_view_plan``): for a direct input, the partition values of
+   its images; for a lookup input, those of the rows its images join, looked up in the state of
+   the input it is joined to (already at the cut).
+4. **Recompute** those partitions: their rows of each input, typed as a changelog read types
+   them, become Spark DataFrames named as the view names its inputs; the user's query runs
+   over them. A truncate of an input, and the first batch, recompute everything.
+5. **Diff** against the view's own state: rows that changed are upserts, rows of a recomputed
+   partition that are gone are deletes, unchanged rows are not written at all.
+6. **Append** the upserts and deletes to the output stream and apply them to the view's own
+   state.
+
+The commit makes the batch's effect and its progress (the states' positions) durable
+together: a crash anywhere rolls the whole batch back, and the next ``step`` does it again.
+Nothing else is needed for exactly-once: targets read the output stream with their own
+checkpoints, as they read a captured table.
+"""
+
+from __future__ import annotations
+
+import zlib
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any
+
+import psycopg
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from lakefold.capture.store._arrow_columns import typed_array
+from lakefold.capture.store._changelog_store import ChangelogStore, connect_store, stream_meta
+from lakefold.capture.store._derived_streams import DerivedStream, column_for, texts
+from lakefold.capture.store._stream_state import StateChanges, StreamState
+from lakefold.projections._view_plan import Query, ViewPlan, analyze, view_frame
+from lakefold.projections.exceptions import MissingKeyError, RecordFailedError
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+#: Advisory lock namespace: one maintainer per view generation.
+LOCK_NAMESPACE = zlib.crc32(b"lakefold.view") & 0x7FFF_FFFF
+Partition = tuple[str | None, ...]
+
+
+def output_stream(view: str, generation: int) -> str:
+    """The derived stream a generation of ``view`` writes."""
+    return f"lakefold_views.{view}_g{generation}"
+
+
+@dataclass(frozen=True)
+class BatchResult:
+    """What one batch did."""
+
+    ends: Mapping[str, int]
+    partitions: int | None  # None: everything was recomputed
+    upserts: int
+    deletes: int
+    positions: tuple[int, int]
+
+
+def _data(table: pa.Table) -> pa.Table:
+    return table.drop_columns([c for c in table.column_names if c.startswith("_")])
+
+
+class ViewMaintainer:
+    """One generation of one view (see the module docstring)."""
+
+    def __init__(self, spark: SparkSession, store_dsn: str, *, view: str, generation: int,
+                 inputs: Mapping[str, str], query: Query, plan: ViewPlan) -> None:
+        self.view = view
+        self.generation = generation
+        self.owner = f"view:{view}@{generation}"
+        self.dsn = store_dsn
+        self.inputs = dict(inputs)  # name in the query → stream
+        self.query = query
+        self.plan = plan
+        self.session = spark.newSession()
+        self.states = {name: StreamState(self.owner, stream) for name, stream in inputs.items()}
+        self.output = DerivedStream(output_stream(view, generation))
+        self.own = StreamState(self.owner, self.output.name)
+        self._conn: psycopg.Connection[Any] | None = None
+        self._schema: Any = None
+
+    # ------------------------------------------------------------------ set-up
+
+    def connection(self) -> psycopg.Connection[Any]:
+        if self._conn is None or self._conn.closed:
+            self._conn = connect_store(self.dsn)
+        return self._conn
+
+    def close(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
+
+    def install(self, output_schema: pa.Schema) -> None:
+        """Create the input states (with an index per column they are looked up by), the
+        output stream and the view's own state (idempotent)."""
+        conn = self.connection()
+        wanted = self.plan.lookup_columns()
+        for name, state in self.states.items():
+            state.create(conn, wanted.get(name, ()))
+        self._schema = self.output.create(conn, output_schema, self.plan.key)
+        self.own.create(conn, self.plan.partition)
+
+    # ------------------------------------------------------------------ one batch
+
+    def step(self) -> BatchResult | None:
+        """Apply everything up to the inputs' heads as one batch; None when nothing is new."""
+        conn = self.connection()
+        with conn.transaction():
+            conn.execute("SELECT pg_advisory_xact_lock(%s, %s)",
+                         (LOCK_NAMESPACE, zlib.crc32(self.owner.encode()) & 0x7FFF_FFFF))
+            heads = dict(conn.execute(
+                "SELECT name, head FROM lakefold.changelog_streams WHERE name = ANY(%s)",
+                (list(self.inputs.values()),)).fetchall())
+            starts = {name: state.position(conn) for name, state in self.states.items()}
+            if all(int(heads.get(self.inputs[n], 0)) + 1 <= starts[n] for n in self.inputs):
+                return None
+            changes = {name: state.apply(conn, int(heads.get(self.inputs[name], 0)) + 1)
+                       for name, state in self.states.items()}
+            everything = all(s == 1 for s in starts.values()) or any(
+                c.truncated for c in changes.values())
+            affected = None if everything else self._affected(conn, changes)
+            if affected is not None and not affected:
+                return BatchResult({n: c.end for n, c in changes.items()}, 0, 0, 0, (0, 0))
+            rows = self._recompute(conn, affected)
+            old = self._old_rows(conn, affected)
+            upserts, previous, deletes = self._diff(old, rows)
+            commit_lsn, commit_ts = self._commit_point(conn, changes)
+            positions = self.output.append(conn, self._schema, upserts=upserts, old=previous,
+                                           deletes=deletes, commit_lsn=commit_lsn,
+                                           commit_ts=commit_ts)
+            self.own.apply(conn, positions[1])
+        return BatchResult({n: c.end for n, c in changes.items()},
+                           None if affected is None else len(affected), upserts.num_rows,
+                           deletes.num_rows, positions)
+
+    # ------------------------------------------------------------------ partitions
+
+    def _affected(self, conn: psycopg.Connection[Any],
+                  changes: Mapping[str, StateChanges]) -> set[Partition]:
+        found: set[Partition] = set()
+        for name, change in changes.items():
+            if not change.empty:
+                found |= self._partitions_of(conn, name, [change.before, change.after])
+        return found
+
+    def _partitions_of(self, conn: psycopg.Connection[Any], name: str,
+                       raws: list[pa.Table]) -> set[Partition]:
+        state = self.states[name]
+        if name in self.plan.direct:
+            out: set[Partition] = set()
+            for raw in raws:
+                columns = [state.raw_column(conn, raw, c) for c in self.plan.direct[name]]
+                out |= set(zip(*columns, strict=True))
+            return out
+        lookup = self.plan.lookups[name]
+        values = {v for raw in raws for v in state.raw_column(conn, raw, lookup.column)
+                  if v is not None}
+        if not values:
+            return set()
+        joined = self.states[lookup.via].rows_where(conn, lookup.via_column, values)
+        return self._partitions_of(conn, lookup.via, [joined])
+
+    def _input_rows(self, conn: psycopg.Connection[Any],
+                    affected: set[Partition] | None) -> dict[str, pa.Table]:
+        """Each input's raw rows of the affected partitions (all rows: everything)."""
+        if affected is None:
+            return {name: state.rows(conn) for name, state in self.states.items()}
+        rows: dict[str, pa.Table] = {}
+        for name, columns in self.plan.direct.items():
+            state = self.states[name]
+            raw = state.rows_where(conn, columns[0], {p[0] for p in affected})
+            if len(columns) > 1:
+                keys = list(zip(*(state.raw_column(conn, raw, c) for c in columns),
+                                strict=True))
+                raw = raw.filter(pa.array([k in affected for k in keys], pa.bool_()))
+            rows[name] = raw
+        for name, lookup in self.plan.lookups.items():
+            via = self.states[lookup.via].raw_column(conn, rows[lookup.via], lookup.via_column)
+            rows[name] = self.states[name].rows_where(
+                conn, lookup.column, {v for v in via if v is not None})
+        return rows
+
+    def _recompute(self, conn: psycopg.Connection[Any],
+                   affected: set[Partition] | None) -> pa.Table:
+        """The view's rows of the affected partitions, computed by Spark."""
+        session = self.session
+        for name, raw in self._input_rows(conn, affected).items():
+            typed = _data(self.states[name].typed(conn, raw))
+            session.createDataFrame(typed).createOrReplaceTempView(name)
+        if isinstance(self.query, str):
+            df = session.sql(self.query)
+        else:
+            df = self.query(**{name: session.table(name) for name in self.inputs})
+        try:
+            result = df.toArrow()
+        except Exception as e:
+            raise RecordFailedError(
+                f"view {self.view}: the query failed on the rows of "
+                f"{'every partition' if affected is None else f'{len(affected)} partitions'}: "
+                f"{str(e).splitlines()[0]}") from e
+        return result.cast(pa.schema([pa.field(f.name, _arrow_type(self._schema, f.name))
+                                      for f in result.schema]))
+
+    # ------------------------------------------------------------------ diff
+
+    def _old_rows(self, conn: psycopg.Connection[Any],
+                  affected: set[Partition] | None) -> pa.Table:
+        """The view's current rows of the affected partitions (typed, data columns)."""
+        if affected is None:
+            return _data(self.own.typed(conn, self.own.rows(conn)))
+        partition = self.plan.partition
+        normal = {tuple(v) for v in zip(*(self._as_output(conn, i, [p[i] for p in affected])
+                                          for i in range(len(partition))), strict=True)}
+        raw = self.own.rows_where(conn, partition[0], {p[0] for p in normal})
+        if len(partition) > 1:
+            keys = list(zip(*(self.own.raw_column(conn, raw, c) for c in partition),
+                            strict=True))
+            raw = raw.filter(pa.array([k in normal for k in keys], pa.bool_()))
+        return _data(self.own.typed(conn, raw))
+
+    def _as_output(self, conn: psycopg.Connection[Any], index: int,
+                   values: list[str | None]) -> list[str | None]:
+        """Partition values as an input printed them → as the output stream prints them."""
+        name, columns = next(iter(self.plan.direct.items()))
+        meta = stream_meta(conn, self.inputs[name])
+        assert meta.latest is not None  # noqa: S101 - a stream with rows has a schema
+        source = next(c for c in meta.latest.columns if c.name == columns[index])
+        target = next(c for c in self._schema.columns if c.name == self.plan.partition[index])
+        typed = typed_array(source, pa.array(values, pa.string()))
+        field = pa.field(target.name, _arrow_type(self._schema, target.name))
+        return texts(column_for(field, key=target.key), pc.cast(typed, field.type))
+
+    def _diff(self, old: pa.Table, new: pa.Table) -> tuple[pa.Table, pa.Table, pa.Table]:
+        """(upserts, the previous row of each upsert or an empty row, deletes)."""
+        key = self.plan.key
+        columns = [c.name for c in self._schema.columns]
+        new = new.select(columns)
+        old = old.select(columns)
+
+        def keyed(table: pa.Table) -> dict[tuple[Any, ...], dict[str, Any]]:
+            out: dict[tuple[Any, ...], dict[str, Any]] = {}
+            for row in table.to_pylist():
+                k = tuple(row[c] for c in key)
+                if k in out:
+                    raise MissingKeyError(
+                        f"view {self.view}: two output rows have the key "
+                        f"{dict(zip(key, k, strict=True))}; the key must identify one row")
+                out[k] = row
+            return out
+
+        before, after = keyed(old), keyed(new)
+        upserts = [row for k, row in after.items() if before.get(k) != row]
+        previous = [before.get(tuple(row[c] for c in key), {}) for row in upserts]
+        deletes = [row for k, row in before.items() if k not in after]
+        schema = new.schema
+        return (pa.Table.from_pylist(upserts, schema=schema),
+                pa.Table.from_pylist(previous, schema=schema),
+                pa.Table.from_pylist(deletes, schema=schema))
+
+    @staticmethod
+    def _commit_point(conn: psycopg.Connection[Any],
+                      changes: Mapping[str, StateChanges]) -> tuple[int, datetime]:
+        """The newest commit among the inputs' applied records (the output's commit LSN and
+        time: the source commit the batch's rows reflect)."""
+        lsn, ts = 0, None
+        for change in changes.values():
+            for raw in (change.after, change.before):
+                if raw.num_rows:
+                    lsn = max(lsn, int(pc.max(raw.column("_commit_lsn")).as_py()))
+                    top = pc.max(raw.column("_commit_ts")).as_py()
+                    ts = top if ts is None else max(ts, top)
+        moment = datetime.fromtimestamp(ts / 1_000_000, UTC) if ts is not None else \
+            datetime.now(UTC)
+        return lsn, moment
+
+
+def input_schema(store_dsn: str, stream: str) -> pa.Schema:
+    """The Arrow schema of a stream's rows as a view's query sees them (no metadata)."""
+    with ChangelogStore(store_dsn) as store:
+        return _data(store.read(stream, from_position=2**62, limit=1)).schema
+
+
+def open_view(spark: SparkSession, store_dsn: str, *, view: str, generation: int,
+              inputs: Mapping[str, str], query: Query, key: Sequence[str]) -> ViewMaintainer:
+    """Analyze a view over its inputs' streams and install one generation of it (states,
+    output stream): ready to ``step``."""
+    from pyspark.sql.pandas.types import from_arrow_schema
+
+    schemas = {name: from_arrow_schema(input_schema(store_dsn, stream))
+               for name, stream in inputs.items()}
+    plan = analyze(spark, view, schemas, query, key)
+    maintainer = ViewMaintainer(spark, store_dsn, view=view, generation=generation,
+                                inputs=inputs, query=query, plan=plan)
+    maintainer.install(view_frame(spark, schemas, query).toArrow().schema)
+    return maintainer
+
+
+def _arrow_type(schema: Any, name: str) -> pa.DataType:
+    from lakefold.capture.store._arrow_columns import arrow_type
+
+    return arrow_type(next(c for c in schema.columns if c.name == name))
+

@@ -1,0 +1,456 @@
+"""How a view is maintained: read off the query's plan, before anything runs.
+
+A view is kept up to date by recomputing, per batch, only the *partitions* a change touches
+(see ``_view_maintainer``). A partition is a value of some of the view's key columns, ``P``,
+chosen so that every output row with a given ``P`` value depends only on input rows that can be
+found from that value:
+
+- a **direct** input has, for every column of ``P``, a column that holds the same value in every
+  input row that contributes to an output row (``SELECT city, count(*) ... GROUP BY city``: the
+  input's ``city``; a join's key on both sides of an inner join);
+- a **lookup** input is joined on equal keys to an input found before it, and can contribute
+  to an output row only together with a row of that input (the customers of an order, the
+  products of an order line; not the preserved side of an outer join).
+
+A change to a direct input touches the partitions of its before- and after-images; a change
+to a lookup input touches the partitions of the rows it joins with, looked up in the current
+state of the input it is joined to. Recomputing a partition reads the direct inputs' rows of
+that partition and the lookup inputs' rows joined to those, then runs the user's query over
+them with Spark.
+
+The analysis walks Spark's analyzed logical plan (its JSON form) and tracks, per output
+column, the input columns it always equals (``Column.sources``) and whether an outer join may
+make it NULL. It refuses what this cannot maintain, naming the part and why: LIMIT and
+sampling, window functions, subqueries, non-deterministic functions, an input read twice,
+and any query where no choice of ``P`` reaches every input.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Any
+
+from lakefold.projections.exceptions import MissingKeyError, NotMaintainableError
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql.types import StructType
+
+#: A view's query: Spark SQL text over the inputs' names, or a function of the inputs'
+#: DataFrames (by name) returning a DataFrame.
+Query = str | Callable[..., "DataFrame"]
+#: (input name, column)
+InputColumn = tuple[str, str]
+
+_REFUSED_NODES = {
+    "GlobalLimit": "a LIMIT keeps rows chosen among all of them",
+    "LocalLimit": "a LIMIT keeps rows chosen among all of them",
+    "Tail": "a TAIL keeps rows chosen among all of them",
+    "Offset": "an OFFSET skips rows counted among all of them",
+    "Sample": "a sample is random",
+    "Window": "window functions (row_number, rank, lag, running sums) are not maintained yet; "
+              "aggregate with GROUP BY instead, or chain a view per step",
+    "Expand": "GROUPING SETS, ROLLUP and CUBE are not maintained yet; write one view per "
+              "grouping",
+    "Repartition": None, "RepartitionByExpression": None,
+}
+_NONDETERMINISTIC = {
+    "Rand", "Randn", "Uuid", "Shuffle", "MonotonicallyIncreasingID", "SparkPartitionID",
+    "InputFileName", "InputFileBlockStart", "InputFileBlockLength", "CurrentTimestamp", "Now",
+    "CurrentDate", "LocalTimestamp", "CurrentBatchTimestamp", "First", "Last", "AnyValue",
+    "CollectList", "RandStr", "Randint",
+}
+_SUBQUERIES = {"ListQuery", "ScalarSubquery", "Exists", "InSubquery", "LateralSubquery"}
+_PASS_THROUGH = {"SubqueryAlias", "Filter", "Sort", "Distinct", "Deduplicate",
+                 "Repartition", "RepartitionByExpression", "ResolvedHint"}
+
+
+@dataclass(frozen=True)
+class Column:
+    """What the analysis knows of one output column of a plan node."""
+
+    name: str
+    #: Input columns whose value this column has in every contributing input row.
+    sources: frozenset[InputColumn] = frozenset()
+    #: True when an outer join may make it NULL (no row of its input contributed).
+    outer_null: bool = False
+
+
+@dataclass(frozen=True)
+class Lookup:
+    """A lookup input: its rows whose ``column`` equals ``via``'s ``via_column``."""
+
+    column: str
+    via: str
+    via_column: str
+
+
+@dataclass(frozen=True)
+class ViewPlan:
+    """How one view is maintained (see the module docstring)."""
+
+    #: The view's output columns (name → Spark type, ``simpleString``).
+    columns: Mapping[str, str]
+    key: tuple[str, ...]
+    #: The partition columns (a subset of the key).
+    partition: tuple[str, ...]
+    #: Direct input → its column for each partition column, in ``partition`` order.
+    direct: Mapping[str, tuple[str, ...]]
+    #: Lookup input → how its rows are found, in the order they must be found.
+    lookups: Mapping[str, Lookup]
+
+    @property
+    def inputs(self) -> tuple[str, ...]:
+        return (*self.direct, *self.lookups)
+
+    def lookup_columns(self) -> dict[str, set[str]]:
+        """Input → the columns its state is looked up by (they get an index)."""
+        wanted: dict[str, set[str]] = {name: set(cols) for name, cols in self.direct.items()}
+        for name, lookup in self.lookups.items():
+            wanted.setdefault(name, set()).add(lookup.column)
+            wanted.setdefault(lookup.via, set()).add(lookup.via_column)
+        return wanted
+
+    def describe(self) -> str:
+        parts = [f"partitions by {', '.join(self.partition)}"]
+        parts += [f"{name} direct by {', '.join(cols)}" for name, cols in self.direct.items()]
+        parts += [f"{name} looked up by {lookup.column} = {lookup.via}.{lookup.via_column}"
+                  for name, lookup in self.lookups.items()]
+        return "; ".join(parts)
+
+
+# ---------------------------------------------------------------------------------- trees
+
+
+@dataclass
+class _Node:
+    cls: str
+    fields: dict[str, Any]
+    children: list[_Node] = field(default_factory=list)
+
+
+def _tree(items: list[dict[str, Any]]) -> _Node:
+    """A tree from Spark's pre-order JSON (each item says how many children follow)."""
+    nodes = iter(items)
+
+    def take() -> _Node:
+        item = next(nodes)
+        node = _Node(item["class"].rsplit(".", 1)[-1], item)
+        node.children = [take() for _ in range(int(item.get("num-children", 0)))]
+        return node
+
+    return take()
+
+
+def _walk(node: _Node) -> Iterator[_Node]:
+    yield node
+    for child in node.children:
+        yield from _walk(child)
+
+
+def _expr_id(node: _Node) -> int:
+    return int(node.fields["exprId"]["id"])
+
+
+def _expressions(value: Any) -> list[_Node]:
+    """The expression trees of a plan field (one pre-order list, or a list of them)."""
+    if not value:
+        return []
+    if isinstance(value, list) and value and isinstance(value[0], list):
+        return [_tree(v) for v in value]
+    if isinstance(value, list) and value and isinstance(value[0], dict) and "class" in value[0]:
+        return [_tree(value)]
+    return []
+
+
+def _conjuncts(expression: _Node) -> list[_Node]:
+    if expression.cls == "And":
+        return [c for child in expression.children for c in _conjuncts(child)]
+    return [expression]
+
+
+# ---------------------------------------------------------------------------------- analysis
+
+
+@dataclass
+class _Scope:
+    """The analysis of one plan node: its output columns (by expression id, in order), the
+    inputs below it, the equal-key edges of its joins, and a full outer join's key pairs."""
+
+    output: list[int]
+    columns: dict[int, Column]
+    inputs: set[str]
+    #: (input a, column a, input b, column b): a row of a contributes only with a row of b
+    #: whose column b equals its column a ("a can be looked up via b").
+    edges: set[tuple[str, str, str, str]] = field(default_factory=set)
+    full_pairs: set[frozenset[int]] = field(default_factory=set)
+
+
+class _Analysis:
+    def __init__(self, view: str) -> None:
+        self.view = view
+        self.seen: dict[str, int] = {}
+
+    def refuse(self, what: str, why: str) -> NotMaintainableError:
+        return NotMaintainableError(f"view {self.view}: {what}: {why}")
+
+    def check_expression(self, expression: _Node, where: str) -> None:
+        for node in _walk(expression):
+            if node.cls in _SUBQUERIES:
+                raise self.refuse(f"a subquery in {where}",
+                                  "subqueries are not maintained; write them as joins "
+                                  "(IN → JOIN, NOT IN / NOT EXISTS → LEFT JOIN ... IS NULL)")
+            if node.cls in _NONDETERMINISTIC:
+                raise self.refuse(f"{node.cls} in {where}",
+                                  "it is not deterministic, so a recomputed partition would "
+                                  "differ from the rows it replaces, and a rebuild from the "
+                                  "live run")
+
+    def scope(self, node: _Node) -> _Scope:
+        if node.cls in _REFUSED_NODES and _REFUSED_NODES[node.cls] is not None:
+            raise self.refuse(node.cls, str(_REFUSED_NODES[node.cls]))
+        for name in ("condition", "projectList", "groupingExpressions",
+                     "aggregateExpressions", "order"):
+            for expression in _expressions(node.fields.get(name)):
+                self.check_expression(expression, node.cls)
+        if node.cls == "View":
+            return self.leaf(node)
+        if node.cls in _PASS_THROUGH:
+            return self.scope(node.children[0])
+        if node.cls == "Project":
+            return self.project(node, self.scope(node.children[0]),
+                                _expressions(node.fields["projectList"]))
+        if node.cls == "Aggregate":
+            return self.aggregate(node, self.scope(node.children[0]))
+        if node.cls == "Join":
+            return self.join(node, self.scope(node.children[0]), self.scope(node.children[1]))
+        if node.cls == "Union":
+            return self.union([self.scope(child) for child in node.children])
+        raise self.refuse(f"the plan step {node.cls}",
+                          "lakefold does not know how to maintain it incrementally")
+
+    def leaf(self, node: _Node) -> _Scope:
+        name = str(node.fields["desc"]["identifier"]["table"])
+        self.seen[name] = self.seen.get(name, 0) + 1
+        if self.seen[name] > 1:
+            raise self.refuse(f"input {name} is read twice (a self-join or a union with "
+                              "itself)", "each input is read once per recomputed partition; "
+                              "make a second input of the same table or view")
+        leaf = node
+        while leaf.children:
+            leaf = leaf.children[0]
+        output, columns = [], {}
+        for expression in _expressions(leaf.fields.get("output")):
+            eid = _expr_id(expression)
+            output.append(eid)
+            columns[eid] = Column(expression.fields["name"],
+                                  frozenset({(name, expression.fields["name"])}))
+        return _Scope(output, columns, {name})
+
+    @staticmethod
+    def _derived(expression: _Node, below: _Scope) -> Column:
+        """The column an expression computes: an attribute keeps what it was; the COALESCE
+        of a full outer join's two keys never is NULL for lack of a side; anything else
+        equals no input column."""
+        name = expression.fields.get("name", "")
+        inner = expression.children[0] if expression.cls == "Alias" else expression
+        if inner.cls == "AttributeReference":
+            return replace(below.columns[_expr_id(inner)], name=name)
+        if inner.cls == "Coalesce" and all(c.cls == "AttributeReference"
+                                           for c in inner.children):
+            ids = [_expr_id(c) for c in inner.children]
+            if any(frozenset(pair) in below.full_pairs
+                   for pair in itertools.combinations(ids, 2)):
+                sources = frozenset().union(*(below.columns[i].sources for i in ids))
+                return Column(name, sources, False)
+        return Column(name)
+
+    def project(self, node: _Node, below: _Scope, expressions: list[_Node]) -> _Scope:
+        output, columns = [], {}
+        for expression in expressions:
+            eid = _expr_id(expression)
+            output.append(eid)
+            columns[eid] = self._derived(expression, below)
+        return replace(below, output=output, columns={**below.columns, **columns})
+
+    def aggregate(self, node: _Node, below: _Scope) -> _Scope:
+        grouping = {_expr_id(g) for g in _expressions(node.fields["groupingExpressions"])
+                    if g.cls == "AttributeReference"}
+        output, columns = [], {}
+        for expression in _expressions(node.fields["aggregateExpressions"]):
+            eid = _expr_id(expression)
+            output.append(eid)
+            inner = expression.children[0] if expression.cls == "Alias" else expression
+            keeps = inner.cls == "AttributeReference" and _expr_id(inner) in grouping
+            columns[eid] = self._derived(expression, below) if keeps else \
+                Column(expression.fields.get("name", ""))
+        return replace(below, output=output, columns={**below.columns, **columns})
+
+    def join(self, node: _Node, left: _Scope, right: _Scope) -> _Scope:
+        kind = str(node.fields["joinType"].get("object", "")).rsplit(".", 1)[-1].rstrip("$")
+        if kind not in ("Inner", "LeftOuter", "RightOuter", "FullOuter", "LeftSemi",
+                        "LeftAnti", "Cross"):
+            raise self.refuse(f"a {kind} join", "only inner, outer, semi and anti joins "
+                              "on equal keys are maintained")
+        columns = {**left.columns, **right.columns}
+        pairs: list[tuple[int, int]] = []
+        for condition in _expressions(node.fields.get("condition")):
+            for part in _conjuncts(condition):
+                if part.cls in ("EqualTo", "EqualNullSafe") and all(
+                        c.cls == "AttributeReference" for c in part.children):
+                    a, b = (_expr_id(c) for c in part.children)
+                    if a in right.columns and b in left.columns:
+                        a, b = b, a
+                    if a in left.columns and b in right.columns:
+                        pairs.append((a, b))
+        # Which side's rows contribute only together with a matching row of the other.
+        left_needs_right = kind in ("Inner", "RightOuter", "LeftSemi")
+        right_needs_left = kind in ("Inner", "LeftOuter", "LeftSemi", "LeftAnti")
+        edges = set(left.edges) | set(right.edges)
+        for a, b in pairs:
+            for (x, cx), (y, cy) in itertools.product(columns[a].sources, columns[b].sources):
+                if left_needs_right:
+                    edges.add((x, cx, y, cy))
+                if right_needs_left:
+                    edges.add((y, cy, x, cx))
+        if kind in ("LeftOuter", "FullOuter"):
+            columns.update({i: replace(c, outer_null=True) for i, c in right.columns.items()})
+        if kind in ("RightOuter", "FullOuter"):
+            columns.update({i: replace(c, outer_null=True) for i, c in left.columns.items()})
+        # An equal key holds the other side's value wherever the other side contributes.
+        for a, b in pairs:
+            if kind in ("Inner", "LeftOuter", "LeftSemi"):
+                columns[a] = replace(columns[a], sources=columns[a].sources
+                                     | columns[b].sources)
+            if kind in ("Inner", "RightOuter"):
+                columns[b] = replace(columns[b], sources=columns[b].sources
+                                     | columns[a].sources)
+        full = set(left.full_pairs) | set(right.full_pairs)
+        if kind == "FullOuter":
+            full |= {frozenset(pair) for pair in pairs}
+        output = left.output if kind in ("LeftSemi", "LeftAnti") else \
+            left.output + right.output
+        return _Scope(output, columns, left.inputs | right.inputs, edges, full)
+
+    @staticmethod
+    def union(branches: list[_Scope]) -> _Scope:
+        first = branches[0]
+        columns = dict(first.columns)
+        for i, eid in enumerate(first.output):
+            merged = [b.columns[b.output[i]] for b in branches]
+            columns[eid] = Column(merged[0].name,
+                                  frozenset().union(*(c.sources for c in merged)),
+                                  any(c.outer_null for c in merged))
+        for branch in branches[1:]:
+            columns.update({k: v for k, v in branch.columns.items() if k not in columns})
+        return _Scope(first.output, columns, set().union(*(b.inputs for b in branches)),
+                      set().union(*(b.edges for b in branches)),
+                      set().union(*(b.full_pairs for b in branches)))
+
+
+def _choose(view: str, scope: _Scope, key: tuple[str, ...]) -> ViewPlan | None:
+    by_name = {scope.columns[i].name: scope.columns[i] for i in scope.output}
+    for size in range(len(key), 0, -1):
+        for partition in itertools.combinations(key, size):
+            cols = [by_name[p] for p in partition]
+            if any(c.outer_null or not c.sources for c in cols):
+                continue
+            direct: dict[str, tuple[str, ...]] = {}
+            for name in sorted(scope.inputs):
+                found = [sorted(c for i, c in col.sources if i == name) for col in cols]
+                if all(found):
+                    direct[name] = tuple(f[0] for f in found)
+            if not direct:
+                continue
+            lookups: dict[str, Lookup] = {}
+            resolved = set(direct)
+            progress = True
+            while progress and resolved != scope.inputs:
+                progress = False
+                for x, cx, y, cy in sorted(scope.edges):
+                    if x not in resolved and y in resolved:
+                        lookups[x] = Lookup(cx, y, cy)
+                        resolved.add(x)
+                        progress = True
+            if resolved == scope.inputs:
+                return ViewPlan({}, key, partition, direct, lookups)
+    return None
+
+
+def analyze_plan(view: str, plan_json: str, key: Sequence[str],
+                 inputs: Sequence[str]) -> ViewPlan:
+    """The maintenance of a view whose analyzed plan is ``plan_json`` (see the module
+    docstring); ``inputs`` are the names the view declares."""
+    analysis = _Analysis(view)
+    scope = analysis.scope(_tree(json.loads(plan_json)))
+    names = [scope.columns[i].name for i in scope.output]
+    unused = [name for name in inputs if name not in scope.inputs]
+    if unused:
+        which = f"input {unused[0]} is" if len(unused) == 1 else \
+            f"inputs {', '.join(unused)} are"
+        raise MissingKeyError(f"view {view}: {which} not read by the query; remove it from the "
+                              "view's inputs, or read it")
+    if not key:
+        raise MissingKeyError(f"view {view} needs a key: the output columns that identify a "
+                              f"row (its output columns are {', '.join(names)})")
+    missing = [k for k in key if k not in names]
+    if missing:
+        raise MissingKeyError(f"view {view}: key column {', '.join(missing)} is not an "
+                              f"output column; the output columns are {', '.join(names)}")
+    duplicated = sorted({n for n in names if names.count(n) > 1})
+    if duplicated:
+        raise MissingKeyError(f"view {view}: the output has two columns named "
+                              f"{', '.join(duplicated)}; give them distinct names with AS")
+    plan = _choose(view, scope, tuple(key))
+    if plan is None:
+        raise _unreachable(view, scope, tuple(key))
+    return plan
+
+
+def _unreachable(view: str, scope: _Scope, key: tuple[str, ...]) -> NotMaintainableError:
+    by_name = {scope.columns[i].name: scope.columns[i] for i in scope.output}
+    lines = []
+    for k in key:
+        column = by_name[k]
+        if not column.sources:
+            lines.append(f"key column {k} is computed, not taken from an input column")
+        elif column.outer_null:
+            lines.append(f"key column {k} comes from the optional side of an outer join "
+                         "(use COALESCE of both join keys)")
+        else:
+            lines.append(f"key column {k} equals "
+                         f"{', '.join(f'{i}.{c}' for i, c in sorted(column.sources))}")
+    joins = sorted({f"{x}.{cx} = {y}.{cy}" for x, cx, y, cy in scope.edges})
+    return NotMaintainableError(
+        f"view {view}: no choice of key columns reaches every input ({'; '.join(lines)}; "
+        f"inputs {', '.join(sorted(scope.inputs))} are joined on "
+        f"{', '.join(joins) or 'nothing'}). lakefold recomputes the partitions a change "
+        "touches, so each input must either hold a key column or be joined on equal keys "
+        "to one that does; split the query into a chain of views, each grouped or joined "
+        "on one key")
+
+
+def view_frame(spark: SparkSession, schemas: Mapping[str, StructType | str],
+               query: Query) -> DataFrame:
+    """The view's DataFrame over empty inputs (for its plan and output schema): the inputs
+    (with a schema each, or its DDL) are temporary views of a session of their own, named as
+    the view names them."""
+    session = spark.newSession()
+    for name, schema in schemas.items():
+        session.createDataFrame([], schema).createOrReplaceTempView(name)
+    if isinstance(query, str):
+        return session.sql(query)
+    return query(**{name: session.table(name) for name in schemas})
+
+
+def analyze(spark: SparkSession, view: str, schemas: Mapping[str, StructType | str],
+            query: Query, key: Sequence[str]) -> ViewPlan:
+    """Analyze a view over inputs with ``schemas`` (see ``analyze_plan``)."""
+    df = view_frame(spark, schemas, query)
+    plan = df._jdf.queryExecution().analyzed().toJSON()
+    analyzed = analyze_plan(view, plan, key, list(schemas))
+    return replace(analyzed, columns={f.name: f.dataType.simpleString()
+                                      for f in df.schema.fields})
