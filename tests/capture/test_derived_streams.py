@@ -28,7 +28,7 @@ _SCHEMA = pa.schema([
     pa.field("ok", pa.bool_()), pa.field("day", pa.date32()),
     pa.field("at", pa.timestamp("us", tz="UTC")), pa.field("local", pa.timestamp("us")),
 ])
-_TEXT = st.text(st.characters(exclude_categories=("Cs",), exclude_characters="\x00"),
+_TEXT = st.text(st.characters(exclude_categories=["Cs"], exclude_characters="\x00"),
                 max_size=12)
 _AT = st.datetimes(min_value=dt.datetime(1900, 1, 1), max_value=dt.datetime(2200, 1, 1))
 _row = st.fixed_dictionaries({
@@ -58,7 +58,9 @@ def _table(rows: list[dict[str, Any]]) -> pa.Table:
 
 
 def _data(table: pa.Table) -> list[dict[str, Any]]:
-    return table.drop_columns([c for c in table.column_names if c.startswith("_")]).to_pylist()
+    data: list[dict[str, Any]] = table.drop_columns(
+        [c for c in table.column_names if c.startswith("_")]).to_pylist()
+    return data
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=list(HealthCheck))
@@ -110,7 +112,8 @@ def test_updates_and_deletes_reach_a_state_like_a_captured_tables(store: str) ->
 
 def read_ops(dsn: str, stream: str) -> list[str]:
     read = pa.Table.from_batches(read_changelog_range(dsn, stream, 1, 100))
-    return read.column("_op").to_pylist()
+    ops: list[str] = read.column("_op").to_pylist()
+    return ops
 
 
 def test_a_transaction_that_rolls_back_leaves_no_record(store: str) -> None:
