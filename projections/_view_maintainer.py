@@ -43,7 +43,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from lakefold.capture.store._arrow_columns import typed_array
-from lakefold.capture.store._changelog_store import ChangelogStore, connect_store, stream_meta
+from lakefold.capture.store._changelog_store import ChangelogStore, stream_meta
 from lakefold.capture.store._derived_streams import DerivedStream, column_for, texts
 from lakefold.capture.store._stream_state import StateChanges, StreamState
 from lakefold.projections._view_plan import Query, ViewPlan, analyze, view_frame
@@ -93,20 +93,17 @@ class ViewMaintainer:
         self.states = {name: StreamState(self.owner, stream) for name, stream in inputs.items()}
         self.output = DerivedStream(output_stream(view, generation))
         self.own = StreamState(self.owner, self.output.name)
-        self._conn: psycopg.Connection[Any] | None = None
+        self.store = ChangelogStore(store_dsn)
         self._schema: Any = None
 
     # ------------------------------------------------------------------ set-up
 
     def connection(self) -> psycopg.Connection[Any]:
-        if self._conn is None or self._conn.closed:
-            self._conn = connect_store(self.dsn)
-        return self._conn
+        """The maintainer's store connection (reopened after a loss)."""
+        return self.store.connection()
 
     def close(self) -> None:
-        if self._conn is not None:
-            self._conn.close()
-            self._conn = None
+        self.store.close()
 
     def install(self, output_schema: pa.Schema) -> None:
         """Create the input states (with an index per column they are looked up by), the

@@ -346,7 +346,8 @@ class ChangelogStore:
         self._conn: psycopg.Connection[Any] | None = None
         self._reader_streams: dict[str, int] = {}  # commit_reader's streams: name → id
 
-    def _connection(self) -> psycopg.Connection[Any]:
+    def connection(self) -> psycopg.Connection[Any]:
+        """The store's autocommit connection, reopened after a loss."""
         if self._conn is None or self._conn.closed:
             self._conn = connect_store(self.dsn)
         return self._conn
@@ -364,11 +365,11 @@ class ChangelogStore:
 
     def install(self) -> None:
         """Create the ``lakefold`` schema and changelog tables if missing (idempotent)."""
-        _ddl.install(self._connection())
+        _ddl.install(self.connection())
 
     def streams(self) -> list[StreamInfo]:
         """All streams, by name."""
-        conn = self._connection()
+        conn = self.connection()
         if not _ddl.is_installed(conn):
             return []
         rows = conn.execute(
@@ -380,7 +381,7 @@ class ChangelogStore:
 
     def stream(self, stream: str) -> StreamInfo:
         """One stream; UnknownStreamError (listing the known ones) when missing."""
-        return stream_meta(self._connection(), stream).info
+        return stream_meta(self.connection(), stream).info
 
     def head(self, stream: str) -> int:
         """The last position readers may see (0 for an empty stream)."""
@@ -390,7 +391,7 @@ class ChangelogStore:
         """The truncate records of ``stream`` at positions ``[start, end)`` (up to the head)
         as ``(position, commit_ts)``, in position order. Truncates are never in segments, and
         the tombstone index covers them: this reads no other record."""
-        conn = self._connection()
+        conn = self.connection()
         meta = stream_meta(conn, stream)
         rows = conn.execute(
             "SELECT position, commit_ts FROM lakefold.changelog WHERE stream_id = %s "
@@ -402,7 +403,7 @@ class ChangelogStore:
     def stream_schema(self, stream: str, version: int | None = None) -> StreamSchema:
         """The captured table's columns (name, type OID, type name, key flag) at ``version``
         (default: the newest)."""
-        meta = stream_meta(self._connection(), stream)
+        meta = stream_meta(self.connection(), stream)
         if not meta.versions:
             raise StoreError(f"stream {stream!r} has no schema yet (no change captured)")
         if version is None:
@@ -416,7 +417,7 @@ class ChangelogStore:
         """Up to ``limit`` records with ``position >= from_position`` (and <= head), typed."""
         if limit < 1:
             raise CaptureValueError(f"limit must be at least 1, not {limit}")
-        conn = self._connection()
+        conn = self.connection()
         meta = stream_meta(conn, stream)
         start = max(from_position, 1)
         if start > meta.info.head:
@@ -426,7 +427,7 @@ class ChangelogStore:
     def read_events(self, stream: str, from_position: int = 1,
                     limit: int = 1_000) -> list[ChangeEvent]:
         """Up to ``limit`` records as ChangeEvent models, with before-images and exact values."""
-        conn = self._connection()
+        conn = self.connection()
         meta = stream_meta(conn, stream)
         with _one_snapshot(conn):
             rows: list[tuple[Any, ...]] = conn.execute(
@@ -494,7 +495,7 @@ class ChangelogStore:
         Returns records removed per stream."""
         from lakefold.capture.store._compaction import compact_stream, default_retention
 
-        conn = self._connection()
+        conn = self.connection()
         names = [stream] if stream is not None else [s.name for s in self.streams()]
         if names and not _reader_registry.installed(conn):  # a store installed by an older lakefold
             _ddl.install(conn)
@@ -520,7 +521,7 @@ class ChangelogStore:
         compaction already removed records after ``position`` that such a reader needs: for a
         history reader any record, for another one that has read something the deletes
         (see ``_reader_registry``)."""
-        conn = self._connection()
+        conn = self.connection()
         stream_id = self._reader_streams.get(stream)
         if stream_id is None:  # once per stream: commits come with every micro-batch
             stream_id = stream_meta(conn, stream).info.stream_id
@@ -532,7 +533,7 @@ class ChangelogStore:
     def release_reader(self, reader: str, stream: str | None = None) -> int:
         """Forget a durable reader (in one stream, or in all) so that it no longer holds
         compaction; returns how many registrations went."""
-        conn = self._connection()
+        conn = self.connection()
         stream_id = None if stream is None else stream_meta(conn, stream).info.stream_id
         if not _reader_registry.installed(conn):
             return 0
@@ -540,7 +541,7 @@ class ChangelogStore:
 
     def readers(self, stream: str | None = None) -> list[ReaderPosition]:
         """The durable readers (of one stream, or of all), lowest position first."""
-        conn = self._connection()
+        conn = self.connection()
         stream_id = None if stream is None else stream_meta(conn, stream).info.stream_id
         if not _reader_registry.installed(conn):
             return []
@@ -549,7 +550,7 @@ class ChangelogStore:
     def compaction_state(self, stream: str) -> CompactionState:
         """How far ``stream`` is compacted, what compaction removed, whether it keeps its full
         history, and its durable readers (``held_by``: the one compaction cannot pass)."""
-        conn = self._connection()
+        conn = self.connection()
         info = stream_meta(conn, stream).info
         if not _reader_registry.installed(conn):
             _ddl.install(conn)
@@ -562,7 +563,7 @@ class ChangelogStore:
         when nobody decided yet for the stream (what history views ask for when registered;
         an explicit ``keep_history(stream, False)`` stands). True when this changed the
         setting. Records compaction removed before stay removed."""
-        conn = self._connection()
+        conn = self.connection()
         info = stream_meta(conn, stream).info
         if not _reader_registry.installed(conn):
             _ddl.install(conn)
