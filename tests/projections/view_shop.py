@@ -1,0 +1,90 @@
+"""The shop of the view tests (its tables: ``conftest.shop``): the user story's three views (a
+foreign-key join, a group-by over it, a full outer join) and the same views as SQL on the
+source (the oracle)."""
+
+from __future__ import annotations
+
+import itertools
+from decimal import ROUND_HALF_UP, Decimal
+from typing import Any
+
+import psycopg
+
+from lakefold.projections._view_maintainer import ViewMaintainer, open_view, output_stream
+
+ORDER_LINES = """
+    SELECT o.id AS order_id, o.customer_id, o.amount, c.city, p.category
+    FROM orders o JOIN customers c ON o.customer_id = c.id
+    LEFT JOIN products p ON o.product_id = p.id"""
+REVENUE_BY_CITY = """
+    SELECT city, count(*) AS orders, sum(amount) AS revenue, avg(amount) AS average,
+           min(amount) AS smallest, max(amount) AS largest,
+           count(DISTINCT customer_id) AS customers
+    FROM lines GROUP BY city"""
+CUSTOMER_ORDERS = """
+    SELECT coalesce(c.id, o.customer_id) AS customer_key, o.id AS order_id, c.name, o.amount
+    FROM customers c FULL OUTER JOIN orders o ON c.id = o.customer_id"""
+
+# The same views as SQL on the source: the oracle.
+ORACLE: dict[str, tuple[tuple[str, ...], str]] = {
+    "order_lines": (("order_id",), ORDER_LINES),
+    "revenue_by_city": (("city",), f"""
+        SELECT city, count(*) AS orders, sum(amount) AS revenue,
+               round(avg(amount), 6) AS average, min(amount) AS smallest,
+               max(amount) AS largest, count(DISTINCT customer_id) AS customers
+        FROM ({ORDER_LINES}) lines GROUP BY city"""),
+    "customer_orders": (("customer_key", "order_id"), CUSTOMER_ORDERS),
+}
+CITIES = ("Oslo", "Lima", "Pune", None)
+GENERATIONS = itertools.count(1)
+
+
+def open_views(spark: Any, dsn: str) -> dict[str, ViewMaintainer]:
+    generation = next(GENERATIONS)
+    lines = open_view(spark, dsn, view="order_lines", generation=generation,
+                      inputs={"orders": "public.orders", "customers": "public.customers",
+                              "products": "public.products"},
+                      query=ORDER_LINES, key=["order_id"])
+    return {
+        "order_lines": lines,
+        "revenue_by_city": open_view(
+            spark, dsn, view="revenue_by_city", generation=generation,
+            inputs={"lines": output_stream("order_lines", generation)},
+            query=REVENUE_BY_CITY, key=["city"]),
+        "customer_orders": open_view(
+            spark, dsn, view="customer_orders", generation=generation,
+            inputs={"customers": "public.customers", "orders": "public.orders"},
+            query=CUSTOMER_ORDERS, key=["customer_key", "order_id"]),
+    }
+
+
+def keyed(rows: list[dict[str, Any]], keys: tuple[str, ...]) -> dict[Any, dict[str, Any]]:
+    out = {}
+    for row in rows:
+        row = {k: (v.quantize(Decimal("0.000001"), ROUND_HALF_UP)
+                   if k == "average" and v is not None else v) for k, v in row.items()}
+        out[tuple(row[k] for k in keys)] = row
+    return out
+
+
+def oracle(dsn: str, name: str) -> dict[Any, dict[str, Any]]:
+    """View ``name`` as the source computes it now, by key."""
+    key, query = ORACLE[name]
+    with psycopg.connect(dsn) as conn, conn.cursor(row_factory=psycopg.rows.dict_row) as cur:
+        return keyed(cur.execute(query).fetchall(), key)
+
+
+def check_views(dsn: str, views: dict[str, ViewMaintainer]) -> None:
+    """Each view's rows (its own state) equal the oracle's."""
+    for name, (key, _) in ORACLE.items():
+        view = views[name]
+        store = view.connection()
+        typed = view.own.typed(store, view.own.rows(store))
+        held = keyed(typed.drop_columns([c for c in typed.column_names
+                                         if c.startswith("_")]).to_pylist(), key)
+        assert held == oracle(dsn, name), name
+
+
+def step_views(views: dict[str, ViewMaintainer]) -> None:
+    for view in views.values():  # in dependency order: revenue_by_city reads order_lines
+        view.step()
