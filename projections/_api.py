@@ -35,7 +35,7 @@ import uuid
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, overload
 
 from lakefold.projections._model import (
     ProjectionOptions,
@@ -45,6 +45,8 @@ from lakefold.projections._model import (
 )
 from lakefold.projections._targets import Target
 from lakefold.projections._truncate import check_truncatable
+from lakefold.projections._view_api import View, define_view, view_decorator
+from lakefold.projections._view_plan import Query
 from lakefold.projections.exceptions import (
     IncompatibleTargetError,
     MissingKeyError,
@@ -111,14 +113,29 @@ class Projection:
 
 
 class Registry:
-    """The projections of one module (or one process); names are unique."""
+    """The projections and views of one module (or one process); names are unique."""
 
     def __init__(self) -> None:
         self._projections: dict[str, Projection] = {}
+        self._views: dict[str, View] = {}
+
+    @property
+    def views(self) -> dict[str, View]:
+        """The registered views, by name."""
+        return dict(self._views)
+
+    def add_view(self, view: View) -> View:
+        """Register ``view`` (checked by ``define_view``); a duplicate name is an error."""
+        if view.name in self._views or view.name in self._projections:
+            raise ProjectionDefinitionError(
+                f"{view.name!r} is defined twice; projection and view names must be unique "
+                "within a projections module")
+        self._views[view.name] = view
+        return view
 
     def add(self, projection: Projection) -> Projection:
         """Register ``projection`` after its static checks; a duplicate name is an error."""
-        if projection.name in self._projections:
+        if projection.name in self._projections or projection.name in self._views:
             raise ProjectionDefinitionError(
                 f"projection {projection.name!r} is defined twice; projection names must be "
                 "unique within a projections module"
@@ -257,6 +274,35 @@ def projection(
         ))
 
     return register
+
+
+@overload
+def view(name: str, *, inputs: Mapping[str, ChangelogSource | str | View],
+         key: str | list[str] | tuple[str, ...], target: Target, query: Query,
+         options: ProjectionOptions | None = None) -> View: ...
+
+
+@overload
+def view(name: str, *, inputs: Mapping[str, ChangelogSource | str | View],
+         key: str | list[str] | tuple[str, ...], target: Target, query: None = None,
+         options: ProjectionOptions | None = None) -> Callable[[Callable[..., Any]], View]: ...
+
+
+def view(name: str, *, inputs: Mapping[str, ChangelogSource | str | View],
+         key: str | list[str] | tuple[str, ...], target: Target, query: Query | None = None,
+         options: ProjectionOptions | None = None
+         ) -> View | Callable[[Callable[..., Any]], View]:
+    """Register a view: ``query`` is Spark SQL over the inputs' names; without it, ``view``
+    decorates a function taking the inputs' DataFrames by name (see ``_view_api``)."""
+    if query is None:
+        define = view_decorator(name, inputs=inputs, key=key, target=target, options=options)
+
+        def register(function: Callable[..., Any]) -> View:
+            return current_registry().add_view(define(function))
+
+        return register
+    return current_registry().add_view(define_view(
+        name, inputs=inputs, query=query, key=key, target=target, options=options))
 
 
 class Fold:

@@ -1,0 +1,196 @@
+"""Views as a user defines them, and the checks made before anything runs.
+
+A view is a query over named inputs, with an output key and a target; lakefold keeps it equal
+to the same query over the inputs' current rows (see ``_view_plan`` and ``_view_maintainer``)::
+
+    view("revenue_by_city", inputs={"lines": "order_lines"}, key=["city"],
+         target=delta_table("upsert", keys=["city"]),
+         query="SELECT city, count(*) AS orders, sum(amount) AS revenue "
+               "FROM lines GROUP BY city")
+
+    @view("order_lines", key=["order_id"], target=delta_table("upsert", keys=["order_id"]),
+          inputs={"orders": changelog("shop.orders"), "customers": changelog("shop.customers")})
+    def order_lines(orders, customers):
+        return orders.join(customers, orders.customer_id == customers.id).select(...)
+
+An input is a captured table (``changelog(...)``) or another view (its name, or the ``View``).
+Checks, each raising a ``ProjectionDefinitionError`` that says what to fix:
+
+- when defined: the names, the inputs' kinds, a key, a target keyed by that key that does not
+  keep history (``_view_targets.check_view_target``);
+- over the whole registry (``check_views``): every view an input names exists, and views do
+  not read each other in a cycle; ``view_order`` gives the order in which to run them;
+- against the stores and Spark (``_view_plan.plan_views``): tables that exist, columns the
+  query reads, and a query lakefold can maintain.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from lakefold.projections._model import ProjectionOptions, check_name, fingerprint
+from lakefold.projections._targets import Target
+from lakefold.projections._view_plan import Query
+from lakefold.projections._view_targets import check_view_target
+from lakefold.projections.exceptions import (
+    IncompatibleTargetError,
+    MissingKeyError,
+    ProjectionDefinitionError,
+    UnknownSourceError,
+)
+from lakefold.spark._source_inputs import ChangelogSource
+
+
+@dataclass(frozen=True)
+class ViewInput:
+    """One input of a view: a captured table's stream, or another view (by name)."""
+
+    table: str | None = None
+    view: str | None = None
+
+    @property
+    def label(self) -> str:
+        return f"changelog {self.table}" if self.table is not None else f"view {self.view}"
+
+
+@dataclass
+class View:
+    """A registered view (see the module docstring)."""
+
+    name: str
+    inputs: Mapping[str, ViewInput]
+    query: Query
+    key: tuple[str, ...]
+    target: Target
+    options: ProjectionOptions
+
+    @property
+    def upstream(self) -> list[str]:
+        """The views this view reads."""
+        return [i.view for i in self.inputs.values() if i.view is not None]
+
+    def describe(self) -> dict[str, Any]:
+        """A JSON-able description (the catalog fingerprints it)."""
+        return {
+            "name": self.name, "style": "view",
+            "inputs": {k: vars(v) for k, v in self.inputs.items()},
+            "query": self.query if isinstance(self.query, str) else
+            f"{getattr(self.query, '__module__', '?')}.{getattr(self.query, '__qualname__', '?')}",
+            "key": list(self.key),
+            "target": vars(self.target) | {"kind": self.target.kind},
+        }
+
+    def fingerprint(self) -> str:
+        return fingerprint(self.describe())
+
+
+def _inputs(name: str, inputs: object) -> dict[str, ViewInput]:
+    if not isinstance(inputs, Mapping) or not inputs:
+        raise ProjectionDefinitionError(
+            f"view {name}: inputs={{...}} maps the names the query uses to changelog(...) "
+            "tables or other views' names; give at least one")
+    checked = {}
+    for alias, value in inputs.items():
+        check_name(f"view {name}'s input", alias)
+        if isinstance(value, ChangelogSource):
+            checked[alias] = ViewInput(table=value.table)
+        elif isinstance(value, View):
+            checked[alias] = ViewInput(view=value.name)
+        elif isinstance(value, str):
+            checked[alias] = ViewInput(view=check_name("view", value))
+        else:
+            raise ProjectionDefinitionError(
+                f"view {name}: input {alias}={value!r} is not a changelog(...) table, a view's "
+                "name or a view")
+    return checked
+
+
+def _key(name: str, key: object) -> tuple[str, ...]:
+    if isinstance(key, str):
+        key = [key]
+    if not isinstance(key, Sequence) or not key or not all(isinstance(k, str) and k
+                                                            for k in key):
+        raise MissingKeyError(
+            f"view {name}: key=[...] names the output columns that identify a row")
+    return tuple(key)
+
+
+def define_view(name: str, *, inputs: Mapping[str, ChangelogSource | str | View],
+                query: Query, key: str | Sequence[str], target: Target,
+                options: ProjectionOptions | None = None) -> View:
+    """A view, checked as far as it can be without the stores and Spark."""
+    check_name("view", name)
+    checked_inputs = _inputs(name, inputs)
+    checked_key = _key(name, key)
+    if not isinstance(target, Target):
+        raise IncompatibleTargetError(
+            f"view {name}: target {target!r} is not a delta_table(...), redis_cache(...) or "
+            "search_index(...)")
+    check_view_target(name, checked_key, target)
+    if not (isinstance(query, str) and query.strip()) and not callable(query):
+        raise ProjectionDefinitionError(
+            f"view {name}: query= is Spark SQL text over the inputs' names, or a function "
+            "taking the inputs' DataFrames by name")
+    if name in {i.view for i in checked_inputs.values()}:
+        raise ProjectionDefinitionError(f"view {name} reads itself")
+    return View(name, checked_inputs, query, checked_key, target,
+                options or ProjectionOptions())
+
+
+def view_decorator(name: str, *, inputs: Mapping[str, ChangelogSource | str | View],
+                   key: str | Sequence[str], target: Target,
+                   options: ProjectionOptions | None = None
+                   ) -> Callable[[Callable[..., Any]], View]:
+    """``@view(...)`` over a DataFrame function (see the module docstring)."""
+    def define(function: Callable[..., Any]) -> View:
+        return define_view(name, inputs=inputs, query=function, key=key, target=target,
+                           options=options)
+
+    return define
+
+
+def check_views(views: Mapping[str, View], others: Sequence[str] = ()) -> list[str]:
+    """Check the views of a registry together (``others``: its other projections' names)
+    and return them in the order they must run: every view after the views it reads."""
+    for view in views.values():
+        if view.name in others:
+            raise ProjectionDefinitionError(
+                f"{view.name} is defined twice (a view and a projection); names are unique")
+        for alias, source in view.inputs.items():
+            if source.view is not None and source.view not in views:
+                known = ", ".join(sorted(views)) or "none"
+                raise UnknownSourceError(
+                    f"view {view.name}: input {alias} reads view {source.view!r}, which is not "
+                    f"defined; the views are: {known}")
+    order: list[str] = []
+    state: dict[str, str] = {}
+
+    def visit(name: str, path: list[str]) -> None:
+        if state.get(name) == "done":
+            return
+        if state.get(name) == "visiting":
+            cycle = [*path[path.index(name):], name]
+            raise ProjectionDefinitionError(
+                f"views read each other in a cycle: {' → '.join(cycle)}; a view cannot "
+                "depend on itself, even through others")
+        state[name] = "visiting"
+        for upstream in views[name].upstream:
+            visit(upstream, [*path, name])
+        state[name] = "done"
+        order.append(name)
+
+    for name in sorted(views):
+        visit(name, [])
+    return order
+
+
+def downstream_of(views: Mapping[str, View], name: str) -> list[str]:
+    """The views that read ``name``, directly or through others, in run order."""
+    order = check_views(views)
+    reached = {name}
+    for candidate in order:
+        if any(u in reached for u in views[candidate].upstream):
+            reached.add(candidate)
+    return [n for n in order if n in reached and n != name]
