@@ -431,6 +431,6 @@ def load_projections(location: str | Path) -> Registry:
                     f"projections module {text!r} cannot be imported ({e}); pass a .py path "
                     "or an importable module name"
                 ) from e
-    if not len(registry):
-        raise ProjectionNotFoundError(f"{text} defines no projections")
+    if not len(registry) and not registry.views:
+        raise ProjectionNotFoundError(f"{text} defines no projections or views")
     return registry

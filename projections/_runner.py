@@ -57,6 +57,8 @@ from lakefold.projections._retry_source import retry_frame
 from lakefold.projections._run_report import RUNNING_STATES, ProjectionReport, RunTally
 from lakefold.projections._targeted import PartReport, rebuild_part
 from lakefold.projections._targets import TargetContext, drop_generation_storage
+from lakefold.projections._view_runner import ViewRunner
+from lakefold.projections._view_validation import plan_views
 from lakefold.projections.exceptions import (
     BehindCompactionError,
     ProjectionNotFoundError,
@@ -249,12 +251,13 @@ class Runner:
         self._plans: dict[tuple[str, int], Plan] = {}
         self._prepared = False
         self.tally = RunTally()  # what the current (or last) ``run`` did
+        self.views: ViewRunner | None = None
 
     @property
     def projections(self) -> list[Projection]:
         selected = [p for p in self.registry
                     if not self.config.only or p.name in self.config.only]
-        unknown = set(self.config.only) - {p.name for p in selected}
+        unknown = set(self.config.only) - {p.name for p in selected} - set(self.registry.views)
         if unknown:
             self.registry.get(sorted(unknown)[0])  # raises ProjectionNotFoundError, listing names
         return selected
@@ -306,6 +309,16 @@ class Runner:
                                 definition=projection.describe())
             keep_history_for(self.config.store_dsn, projection)
         release_gone(self.config.store_dsn, self.catalog)
+        views = {name: v for name, v in self.registry.views.items()
+                 if not self.config.only or name in self.config.only}
+        if views:
+            checked = plan_views(self.spark, views, self.config.store_dsn,
+                                 others=tuple(self.registry.names()))
+            self.views = ViewRunner(self.spark, checked, catalog=self.catalog,
+                                    store_dsn=self.config.store_dsn,
+                                    redis_url=self.config.redis_url,
+                                    namespace=self.config.roots.redis_namespace)
+            self.views.register()
         self._prepared = True
 
     # ------------------------------------------------------------------ rebuild
@@ -361,20 +374,25 @@ class Runner:
         stop = stop or threading.Event()
         deadline = None if timeout is None else time.monotonic() + timeout
         targets = {p.name: self.heads(p) for p in self.projections} if until_caught_up else {}
+        view_heads = self.views.heads() if self.views is not None and until_caught_up else {}
         try:
             while not stop.is_set():
                 done = [self._tick(p, targets.get(p.name)) for p in self.projections]
+                views_quiet = self.views is None or self.views.tick()
                 if until_caught_up:
                     for projection, caught_up in zip(self.projections, done, strict=True):
                         if caught_up:
                             self.tally.caught_up(projection.name)
-                    if all(done):
+                    if all(done) and views_quiet and (
+                            self.views is None or self.views.caught_up(view_heads)):
                         break
                 if deadline is not None and time.monotonic() > deadline:
                     raise ProjectionTimeoutError(f"projections not caught up within {timeout} s")
                 stop.wait(self.config.poll_seconds)
         finally:
             self.stop_all()
+            if self.views is not None:
+                self.views.close()
             try:
                 self._record_stopped()
             except LakefoldError as e:  # the store went away; status tells by the locks

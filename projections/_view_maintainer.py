@@ -112,6 +112,8 @@ class ViewMaintainer:
         wanted = self.plan.lookup_columns()
         for name, state in self.states.items():
             state.create(conn, wanted.get(name, ()))
+            # A durable reader: compaction never drops a delete this view has not applied.
+            self.store.commit_reader(self.owner, self.inputs[name], state.position(conn) - 1)
         self._schema = self.output.create(conn, output_schema, self.plan.key)
         self.own.create(conn, self.plan.partition)
 
@@ -131,6 +133,8 @@ class ViewMaintainer:
                 return None
             changes = {name: state.apply(conn, int(heads.get(self.inputs[name], 0)) + 1)
                        for name, state in self.states.items()}
+            for name, change in changes.items():  # compaction keeps what follows
+                self.store.commit_reader(self.owner, self.inputs[name], change.end - 1)
             everything = all(s == 1 for s in starts.values()) or any(
                 c.truncated for c in changes.values())
             affected = None if everything else self._affected(conn, changes)

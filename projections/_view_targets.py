@@ -17,7 +17,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from lakefold.capture.store import ChangelogStore, read_changelog_range
-from lakefold.projections._model import DELETED_COLUMN, POSITION_COLUMN
+from lakefold.projections._model import DELETED_COLUMN
 from lakefold.projections._targets import GenerationTarget, Target, TargetBatch
 from lakefold.projections.exceptions import IncompatibleTargetError
 
@@ -51,10 +51,13 @@ class TargetStep:
 class ViewTargetWriter:
     """Applies one view generation's output stream to one generation of its target."""
 
-    def __init__(self, store_dsn: str, stream: str, target: GenerationTarget) -> None:
+    def __init__(self, store_dsn: str, stream: str, target: GenerationTarget, *,
+                 reader: str) -> None:
         self.dsn = store_dsn
         self.stream = stream
         self.target = target
+        #: The durable reader this writer is: compaction of the stream never passes it.
+        self.reader = reader
         self.store = ChangelogStore(store_dsn)
 
     def close(self) -> None:
@@ -71,10 +74,12 @@ class ViewTargetWriter:
         records = pa.Table.from_batches(read_changelog_range(self.dsn, self.stream, start, end))
         rows = _latest_per_key(records, self.target.keys)
         deleted = pc.equal(rows.column("_op"), "delete")
+        # Every row reflects the range's end (the batch's position): a view's table holds its
+        # own columns only, no stream positions.
         data = rows.select([c for c in rows.column_names if not c.startswith("_")])
-        data = data.append_column(POSITION_COLUMN, rows.column("_position"))
         data = data.append_column(DELETED_COLUMN, deleted)
         self.target.write(data, TargetBatch(end - 1, end - 1))
+        self.store.commit_reader(self.reader, self.stream, end - 1)
         deletes = int(pc.sum(deleted).as_py() or 0)
         return TargetStep(start, end, data.num_rows - deletes, deletes)
 

@@ -39,9 +39,9 @@ def test_targets_follow_the_views_exactly_once(
     delta = delta_table("upsert", keys=["order_id"]).open(str(tmp_path / "lines"), context)
     search = search_index("order_id", text=["city"]).open(str(tmp_path / "search"), context)
     cache = redis_cache("city").open(f"{context.redis_namespace}:by_city:", context)
-    writers = [ViewTargetWriter(dsn, lines.output.name, delta),
-               ViewTargetWriter(dsn, lines.output.name, search),
-               ViewTargetWriter(dsn, revenue.output.name, cache)]
+    writers = [ViewTargetWriter(dsn, lines.output.name, delta, reader="delta"),
+               ViewTargetWriter(dsn, lines.output.name, search, reader="search"),
+               ViewTargetWriter(dsn, revenue.output.name, cache, reader="cache")]
     changes = [
         "UPDATE customers SET city = 'Pune' WHERE id = 3",  # a row moves between groups
         "DELETE FROM orders WHERE id IN (4, 5)",
@@ -104,11 +104,12 @@ def test_a_writer_resumes_after_its_targets_checkpoint(
     def target() -> GenerationTarget:
         return delta_table("upsert", keys=["order_id"]).open(path, context)
 
-    first = ViewTargetWriter(shop.source_dsn, lines.output.name, target())
+    first = ViewTargetWriter(shop.source_dsn, lines.output.name, target(), reader="lines")
     step = first.step(max_records=5)
     assert step is not None and (step.start, step.end) == (1, 6)
     first.close()
-    again = ViewTargetWriter(shop.source_dsn, lines.output.name, target())  # a restart
+    again = ViewTargetWriter(shop.source_dsn, lines.output.name, target(),  # a restart
+                             reader="lines")
     step = again.step()
     assert step is not None and step.start == 6
     assert len(_delta_rows(path, "order_id")) == len(oracle(shop.source_dsn, "order_lines"))

@@ -1,0 +1,81 @@
+"""Views under ``Runner.run``: a chain of views reaches its Delta and Redis targets and follows
+the source; a view that fails is marked failed while the others carry on."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+from deltalake import DeltaTable
+
+from lakefold.capture import CaptureConfig
+from lakefold.projections import RedisCacheReader, Runner, RunnerConfig
+from lakefold.projections._api import Registry, registering_into, view
+from lakefold.projections._model import changelog
+from lakefold.projections._target_specs import delta_table, redis_cache
+from lakefold.projections.operations import Catalog, SinkRoots
+from tests.capture.conftest import capture_now, execute
+from tests.projections.view_shop import ORDER_LINES, REVENUE_BY_CITY, oracle
+
+pytestmark = pytest.mark.timeout(300)
+SHOP = {"orders": changelog("public.orders"), "customers": changelog("public.customers"),
+        "products": changelog("public.products")}
+
+
+def _registry(*, broken: bool = False) -> Registry:
+    registry = Registry()
+    with registering_into(registry):
+        view("order_lines", inputs=SHOP, key=["order_id"], query=ORDER_LINES,
+             target=delta_table("upsert", keys=["order_id"]))
+        view("revenue_by_city", inputs={"lines": "order_lines"}, key="city",
+             query=REVENUE_BY_CITY, target=redis_cache("city"))
+        if broken:  # one row per order, keyed by customer: not unique
+            view("orders_by_customer", inputs={"orders": SHOP["orders"]}, key="customer_id",
+                 query="SELECT customer_id, id FROM orders",
+                 target=delta_table("upsert", keys=["customer_id"]))
+    return registry
+
+
+def _check(dsn: str, catalog: Catalog, redis_url: str) -> None:
+    lines = DeltaTable(catalog.current("order_lines").location("delta")).to_pyarrow_table()
+    assert {row["order_id"]: row for row in lines.to_pylist()} == {
+        k[0]: row for k, row in oracle(dsn, "order_lines").items()}
+    expected = oracle(dsn, "revenue_by_city")
+    with RedisCacheReader(redis_url) as reader:
+        assert sorted(reader.keys("revenue_by_city")) == sorted(k[0] for k in expected)
+        for (city,), row in expected.items():
+            cached = reader.get("revenue_by_city", city)
+            assert cached is not None and int(cached["orders"]) == row["orders"]
+
+
+def test_a_chain_of_views_runs_to_its_targets_and_follows_the_source(
+        spark: Any, shop: CaptureConfig, redis_url: str, tmp_path: Path) -> None:
+    dsn = shop.source_dsn
+    config = RunnerConfig(store_dsn=dsn, roots=SinkRoots.under(tmp_path), redis_url=redis_url,
+                          poll_seconds=0.1)
+    with Catalog(dsn) as catalog:
+        with Runner(spark, _registry(), config) as runner:
+            runner.run(until_caught_up=True, timeout=120)
+        _check(dsn, catalog, redis_url)
+        assert catalog.projection("order_lines").state == "stopped"
+        execute(dsn, "UPDATE customers SET city = 'Pune' WHERE id = 3",
+                "DELETE FROM orders WHERE id = 5", "INSERT INTO orders VALUES (50, 1, 2, 9)")
+        capture_now(shop)
+        with Runner(spark, _registry(), config) as runner:  # a restart carries on
+            runner.run(until_caught_up=True, timeout=120)
+        _check(dsn, catalog, redis_url)
+
+
+def test_a_failing_view_stops_alone(spark: Any, shop: CaptureConfig, redis_url: str,
+                                    tmp_path: Path) -> None:
+    dsn = shop.source_dsn
+    config = RunnerConfig(store_dsn=dsn, roots=SinkRoots.under(tmp_path), redis_url=redis_url,
+                          poll_seconds=0.1)
+    with Runner(spark, _registry(broken=True), config) as runner, Catalog(dsn) as catalog:
+        runner.run(until_caught_up=True, timeout=120)
+        failed = catalog.projection("orders_by_customer")
+        assert failed.state == "failed"
+        assert failed.last_error is not None and "two output rows have the key" in \
+            failed.last_error
+        _check(dsn, catalog, redis_url)
