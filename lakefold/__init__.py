@@ -30,6 +30,7 @@ if TYPE_CHECKING:
         projection,
         redis_cache,
         search_index,
+        view,
     )
     from lakefold.schemas import EventRegistry, EventType, NewEvent
     from lakefold.settings import Settings, load_settings
@@ -54,6 +55,7 @@ _EXPORTS: dict[str, str] = {
     "delta_table": "lakefold.projections",
     "redis_cache": "lakefold.projections",
     "search_index": "lakefold.projections",
+    "view": "lakefold.projections",
     "ConfigurationError": "lakefold.core.exceptions",
     "LakefoldError": "lakefold.core.exceptions",
     "TerminalError": "lakefold.core.exceptions",
@@ -92,6 +94,7 @@ __all__ = [
     "redis_cache",
     "search_index",
     "spark_session",
+    "view",
 ]
 
 

@@ -26,6 +26,7 @@ if TYPE_CHECKING:  # the real names for type checkers; at run time they load laz
         Registry,
         load_projections,
         projection,
+        view,
     )
     from lakefold.projections._deadletters import DeadLetter, DeadLetters
     from lakefold.projections._model import ProjectionOptions, Record, changelog, events
@@ -43,10 +44,12 @@ if TYPE_CHECKING:  # the real names for type checkers; at run time they load laz
         redis_cache,
         search_index,
     )
+    from lakefold.projections._view_api import View
     from lakefold.projections.exceptions import (
         BehindCompactionError,
         IncompatibleTargetError,
         MissingKeyError,
+        NotMaintainableError,
         ProjectionDefinitionError,
         ProjectionError,
         ProjectionNotFoundError,
@@ -62,7 +65,7 @@ if TYPE_CHECKING:  # the real names for type checkers; at run time they load laz
 # worker start.
 _EXPORTS: dict[str, str] = {
     "STREAM_KEY": "_api", "Fold": "_api", "Projection": "_api", "Registry": "_api",
-    "load_projections": "_api", "projection": "_api",
+    "load_projections": "_api", "projection": "_api", "view": "_api", "View": "_view_api",
     "DeadLetter": "_deadletters", "DeadLetters": "_deadletters",
     "ChangelogSource": "_model", "DeltaTableTarget": "_target_specs", "EventSource": "_model",
     "ProjectionOptions": "_model", "Record": "_model", "RedisCacheTarget": "_target_specs",
@@ -73,6 +76,7 @@ _EXPORTS: dict[str, str] = {
     "Runner": "_runner", "RunnerConfig": "_runner", "ProjectionReport": "_run_report",
     "BehindCompactionError": "exceptions",
     "IncompatibleTargetError": "exceptions", "MissingKeyError": "exceptions",
+    "NotMaintainableError": "exceptions",
     "ProjectionDefinitionError": "exceptions", "ProjectionError": "exceptions",
     "ProjectionNotFoundError": "exceptions", "ProjectionStateError": "exceptions",
     "RecordFailedError": "exceptions", "StatefulChangelogError": "exceptions",
@@ -91,6 +95,7 @@ __all__ = [
     "IncompatibleTargetError",
     "MatchedText",
     "MissingKeyError",
+    "NotMaintainableError",
     "Projection",
     "ProjectionDefinitionError",
     "ProjectionError",
@@ -110,6 +115,7 @@ __all__ = [
     "SearchIndexTarget",
     "StatefulChangelogError",
     "UnknownSourceError",
+    "View",
     "changelog",
     "delta_table",
     "events",
@@ -118,6 +124,7 @@ __all__ = [
     "redis_cache",
     "search_index",
     "table_catalog",
+    "view",
 ]
 
 
@@ -132,5 +139,6 @@ def table_catalog(store_dsn: str | None, lake_path: Path) -> ProjectionTableCata
     projection under its name, at its current generation's path (read from the store at
     ``store_dsn``), over the Delta tables directly under ``lake_path`` (see ``_tables``)."""
     from lakefold.projections._tables import ProjectionTableCatalog
+    from lakefold.projections._view_api import View
 
     return ProjectionTableCatalog(store_dsn=store_dsn, lake_path=lake_path)

@@ -50,8 +50,8 @@ def test_the_root_offers_the_projection_api() -> None:
     import lakefold
     from lakefold import projections
 
-    for name in ("projection", "Fold", "changelog", "events", "delta_table", "redis_cache",
-                 "search_index"):
+    for name in ("projection", "Fold", "view", "changelog", "events", "delta_table",
+                 "redis_cache", "search_index"):
         assert name in lakefold.__all__
         assert getattr(lakefold, name) is getattr(projections, name)
 
