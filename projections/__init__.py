@@ -139,6 +139,5 @@ def table_catalog(store_dsn: str | None, lake_path: Path) -> ProjectionTableCata
     projection under its name, at its current generation's path (read from the store at
     ``store_dsn``), over the Delta tables directly under ``lake_path`` (see ``_tables``)."""
     from lakefold.projections._tables import ProjectionTableCatalog
-    from lakefold.projections._view_api import View
 
     return ProjectionTableCatalog(store_dsn=store_dsn, lake_path=lake_path)
