@@ -130,9 +130,13 @@ def run_demo(settings: Settings, *, orders: int = 2_000, console: Console | None
             spark = session_from_settings(settings, app_name="lakefold-demo", conf={
                 **RUNNER_SPARK_CONF, "spark.sql.shuffle.partitions": "2"})
             stack.callback(spark.stop)
+        def capture_now() -> None:
+            with connect(demo_dsn) as conn:
+                capture.run(until_lsn=_current_lsn(conn))
+
         views = show_views(spark, demo_dsn, home=settings.home / "demo",
                            lake=settings.lake_path / "demo", redis_url=redis_url,
-                           console=console)
+                           capture=capture_now, console=console)
     result = DemoResult(table_path=Path(views.revenue_path), rows=views.revenue_rows,
                         matches_source=all(views.matches.values()), views=views.matches,
                         generations=views.generations, changes=changes,

@@ -17,6 +17,10 @@ Run them with ``lakefold run --projections lakefold/_demo_projections.py`` (or t
   (``lakefold search product_search "oak lamp"``).
 - ``price_history``: SCD type 2 history of product prices in Delta (``valid_from``,
   ``valid_to``, ``current``).
+- ``order_lines`` (a view): every order with its customer's city and its product's name, a
+  join kept equal to the same SQL on the source whatever changes on either side.
+- ``revenue_by_city`` (a view over ``order_lines``): orders, revenue, average, smallest,
+  largest and distinct customers per city; a customer who moves takes their orders along.
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ from lakefold.projections import (
     projection,
     redis_cache,
     search_index,
+    view,
 )
 
 LIVE = ProjectionOptions(trigger_seconds=0.5, max_records_per_batch=50_000)
@@ -94,3 +99,23 @@ def product_search(products: Any) -> Any:
 def price_history(products: Any) -> Any:
     """Every price a product had, with the time it was valid from and to."""
     return products.select("id", "price", "_ts", "_position", "_deleted")
+
+
+# Views: joins and aggregations kept equal to SQL under updates and deletes (``lakefold.view``).
+SHOP = {"orders": changelog("shop.orders"), "customers": changelog("shop.customers"),
+        "products": changelog("shop.products")}
+
+order_lines = view(
+    "order_lines", inputs=SHOP, key=["order_id"],
+    target=delta_table("upsert", keys=["order_id"]),
+    query="""SELECT o.id AS order_id, o.customer_id, c.city, p.name AS product, o.amount
+             FROM orders o JOIN customers c ON o.customer_id = c.id
+             JOIN products p ON o.product_id = p.id""")
+
+revenue_by_city = view(
+    "revenue_by_city", inputs={"lines": order_lines}, key=["city"],
+    target=delta_table("upsert", keys=["city"]),
+    query="""SELECT city, count(*) AS orders, sum(amount) AS revenue,
+                    avg(amount) AS average, min(amount) AS smallest, max(amount) AS largest,
+                    count(DISTINCT customer_id) AS customers
+             FROM lines GROUP BY city""")

@@ -1,9 +1,12 @@
-"""The demo's views: the demo shop's four projections (``lakefold._demo_projections``) run by
-a ``Runner`` over the captured changelog, shown, rebuilt, and checked against SQL.
+"""The demo's views: the demo shop's projections and views (``lakefold._demo_projections``)
+run by a ``Runner`` over the captured changelog, shown, changed live, rebuilt, and checked
+against SQL.
 
-``show_views`` runs every projection until it has caught up, prints what each view holds (the
-top customers by revenue through ``lakefold query``'s engine, a few cached customers, a search
-hit, a product's price history), then rebuilds ``customer_cache`` into generation 2 and
+``show_views`` runs everything until it has caught up, prints what each view holds (the top
+customers by revenue through ``lakefold query``'s engine, a few cached customers, a search
+hit, a product's price history, order lines and revenue by city), then moves a customer to
+another city and deletes one of their orders, captures that and shows the two cities' rows of
+``revenue_by_city`` before and after; then it rebuilds ``customer_cache`` into generation 2 and
 switches to it (readers follow the catalog's pointer), queries it again, and compares every
 view with the same data computed by SQL on the source.
 """
@@ -12,6 +15,7 @@ from __future__ import annotations
 
 import shutil
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from decimal import Decimal
 from pathlib import Path
@@ -56,9 +60,10 @@ class _Readers:
 
 
 def show_views(spark: SparkSession, dsn: str, *, home: Path, lake: Path, redis_url: str,
-               console: Console) -> ViewsResult:
-    """Run, show, rebuild and check the four demo views; see the module docstring. ``home``
-    and ``lake`` are emptied first, and the Redis namespace dropped, so a rerun starts clean."""
+               capture: Callable[[], None], console: Console) -> ViewsResult:
+    """Run, show, change, rebuild and check the demo views; see the module docstring.
+    ``capture`` brings the changelog up to the source. ``home`` and ``lake`` are emptied
+    first, and the Redis namespace dropped, so a rerun starts clean."""
     from lakefold.projections import (
         RedisCacheReader,
         Runner,
@@ -81,16 +86,18 @@ def show_views(spark: SparkSession, dsn: str, *, home: Path, lake: Path, redis_u
     with Runner(spark, registry, config) as runner, \
             Catalog(dsn) as catalog, \
             RedisCacheReader(redis_url, namespace=REDIS_NAMESPACE, pointer_ttl=0) as cache:
-        names = ", ".join(p.name for p in runner.projections)
+        names = ", ".join([*(p.name for p in runner.projections), *registry.views])
         began = time.monotonic()
-        with console.status(f"running the projections {names}"):
+        with console.status(f"running the projections and views {names}"):
             runner.run(until_caught_up=True, timeout=300)
-        console.print(f"{len(runner.projections)} projections caught up with the changelog "
-                      f"in {time.monotonic() - began:.1f} s")
+        console.print(f"{len(runner.projections)} projections and {len(registry.views)} views "
+                      f"caught up with the changelog in {time.monotonic() - began:.1f} s")
         readers = _Readers(dsn, lake, catalog, cache,
                            SearchIndexReader(lambda view: catalog.current(view).location("search"),
                                              pointer_ttl=0))
         _print_views(readers, console)
+        _live_change(readers, console, capture=capture,
+                     catch_up=lambda: _run_all(spark, registry, config))
         before = catalog.current(REBUILT).generation
         with console.status(f"rebuilding {REBUILT}: replaying its history into generation "
                             f"{before + 1}, then switching"):
@@ -114,6 +121,54 @@ def show_views(spark: SparkSession, dsn: str, *, home: Path, lake: Path, redis_u
         result.matches = _check(readers, result.revenue_rows)
     _print_checks(console, result)
     return result
+
+
+def _run_all(spark: SparkSession, registry: Any, config: Any) -> None:
+    from lakefold.projections import Runner
+
+    with Runner(spark, registry, config) as runner:
+        runner.run(until_caught_up=True, timeout=300)
+
+
+def _by_city(catalog: Catalog) -> dict[str, dict[str, Any]]:
+    from deltalake import DeltaTable
+
+    rows = DeltaTable(catalog.current("revenue_by_city").location("delta")).to_pyarrow_table()
+    return {str(row["city"]): row for row in rows.to_pylist()}
+
+
+def _live_change(readers: _Readers, console: Console, *, capture: Callable[[], None],
+                 catch_up: Callable[[], None]) -> None:
+    """Move a customer to another city and delete one of their orders, then show what the
+    views did with it."""
+    with psycopg.connect(readers.dsn, autocommit=True) as conn:
+        found = conn.execute(
+            "SELECT o.customer_id, c.city, min(o.id) FROM shop.orders o JOIN shop.customers c "
+            "ON c.id = o.customer_id GROUP BY o.customer_id, c.city HAVING count(*) > 1 "
+            "ORDER BY o.customer_id LIMIT 1").fetchone()
+        assert found is not None  # noqa: S101 - the workload gives customers several orders
+        customer, city, order = found
+        moved_to = "Ghent" if city != "Ghent" else "Leeds"
+        before = _by_city(readers.catalog)
+        with conn.transaction():
+            conn.execute("UPDATE shop.customers SET city = %s WHERE id = %s", (moved_to, customer))
+            conn.execute("DELETE FROM shop.orders WHERE id = %s", (order,))
+    began = time.monotonic()
+    with console.status(f"live: customer {customer} moves from {city} to {moved_to}, and "
+                        f"their order {order} is deleted; capturing and catching up"):
+        capture()
+        catch_up()
+    after = _by_city(readers.catalog)
+    table = Table(title=f"revenue_by_city (a view over order_lines) before → after customer "
+                        f"{customer} moved from {city} to {moved_to} and order {order} was "
+                        f"deleted ({time.monotonic() - began:.1f} s)")
+    for column in ("city", "orders", "revenue", "customers"):
+        table.add_column(column)
+    for name in (city, moved_to):
+        old, new = before.get(name, {}), after.get(name, {})
+        table.add_row(name, *(f"{old.get(c, 0)} → {new.get(c, 0)}"
+                              for c in ("orders", "revenue", "customers")))
+    console.print(table)
 
 
 def _revenue(readers: _Readers) -> list[tuple[int, str, int, Decimal]]:
@@ -154,6 +209,18 @@ def _print_views(readers: _Readers, console: Console) -> None:
         found.add_row(hit.key, escape(str(hit.document.get("name", ""))), f"{hit.score:.2f}",
                       escape(matched))
     console.print(found)
+
+    by_city = sorted(_by_city(readers.catalog).values(), key=lambda r: r["revenue"],
+                     reverse=True)[:5]
+    cities = Table(title="revenue_by_city (a view: GROUP BY city over the order_lines view; "
+                         "Delta upsert, top 5)")
+    for column in ("city", "orders", "revenue", "average", "smallest", "largest", "customers"):
+        cities.add_column(column)
+    for row in by_city:
+        cities.add_row(row["city"], str(row["orders"]), f"{row['revenue']:,.2f}",
+                       f"{row['average']:,.2f}", str(row["smallest"]), str(row["largest"]),
+                       str(row["customers"]))
+    console.print(cities)
 
     history = _price_history(readers.catalog)
     product = max(history, key=lambda k: len(history[k]))
@@ -198,7 +265,29 @@ def _check(readers: _Readers, revenue: list[tuple[int, str, int, Decimal]]
             (documents[str(p[0])].get("name"), documents[str(p[0])].get("description"))
             == (p[1], p[2]) for p in products),
         "price_history": current == {p[0]: [p[3]] for p in products},
+        **_view_checks(readers),
     }
+
+
+def _view_checks(readers: _Readers) -> dict[str, bool]:
+    """The two views, row for row, against the same SQL on the source."""
+    from deltalake import DeltaTable
+
+    def table(name: str, key: str) -> dict[Any, dict[str, Any]]:
+        rows = DeltaTable(readers.catalog.current(name).location("delta")).to_pyarrow_table()
+        out = {}
+        for row in rows.to_pylist():
+            if "average" in row:
+                row["average"] = Decimal(row["average"]).quantize(Decimal("0.000001"))
+            out[row[key]] = row
+        return out
+
+    with psycopg.connect(readers.dsn, autocommit=True) as conn, \
+            conn.cursor(row_factory=psycopg.rows.dict_row) as cur:
+        lines = {r["order_id"]: r for r in cur.execute(_shop.ORDER_LINES_SQL).fetchall()}
+        cities = {r["city"]: r for r in cur.execute(_shop.REVENUE_BY_CITY_SQL).fetchall()}
+    return {"order_lines": table("order_lines", "order_id") == lines,
+            "revenue_by_city": table("revenue_by_city", "city") == cities}
 
 
 def _print_checks(console: Console, result: ViewsResult) -> None:

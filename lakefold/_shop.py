@@ -136,3 +136,15 @@ def revenue_per_customer(conn: psycopg.Connection[object]) -> list[tuple[int, st
     ).format(_table("orders"), _table("customers"))
     return [(int(r[0]), str(r[1]), int(r[2]), Decimal(r[3]))  # type: ignore[index]
             for r in conn.execute(query).fetchall()]
+
+
+#: The demo views ``order_lines`` and ``revenue_by_city`` as SQL on the source (the oracle).
+ORDER_LINES_SQL = (
+    "SELECT o.id AS order_id, o.customer_id, c.city, p.name AS product, o.amount "
+    "FROM shop.orders o JOIN shop.customers c ON o.customer_id = c.id "
+    "JOIN shop.products p ON o.product_id = p.id")
+REVENUE_BY_CITY_SQL = sql.SQL(
+    "SELECT city, count(*) AS orders, sum(amount) AS revenue, round(avg(amount), 6) AS average, "
+    "min(amount) AS smallest, max(amount) AS largest, "
+    "count(DISTINCT customer_id) AS customers FROM ({}) lines GROUP BY city"
+).format(sql.SQL(ORDER_LINES_SQL))

@@ -22,7 +22,8 @@ from lakefold.local import LocalPostgres
 from lakefold.projections.operations import Catalog
 
 LAKEFOLD = str(Path(sys.executable).parent / "lakefold")
-VIEWS = ("revenue_per_customer", "customer_cache", "product_search", "price_history")
+VIEWS = ("revenue_per_customer", "customer_cache", "product_search", "price_history",
+         "order_lines", "revenue_by_city")
 
 
 def _processes_mentioning(text: str) -> list[psutil.Process]:
