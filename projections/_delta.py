@@ -44,6 +44,7 @@ from lakefold.projections.exceptions import (
     TargetUnavailableError,
 )
 from lakefold.spark import DeltaTarget, WriteMode, write_batch
+from lakefold.spark._delta_commit import keys_match
 from lakefold.spark._source_truncates import Truncate
 
 if TYPE_CHECKING:
@@ -138,7 +139,7 @@ class DeltaViewWriter:
                 return DeltaWriteResult(False, keep.num_rows, 0)
             target_schema = pa.schema(table.schema().to_arrow())
             source = _cast_like(rows, target_schema)
-            predicate = " AND ".join(f't."{k}" = s."{k}"' for k in self.spec.keys)
+            predicate = keys_match(self.spec.keys)
             updates = {f'"{c}"': f's."{c}"' for c in data_columns}
             if replace and source.num_rows == 0:
                 table.delete(commit_properties=properties)
@@ -215,8 +216,7 @@ class DeltaViewWriter:
                 _with_action(new_rows, "insert"),
             ])
             predicate = " AND ".join(
-                [f't."{k}" = s."{k}"' for k in keys]
-                + [f't."{CURRENT}" = true', "s._action = 'close'"])
+                [keys_match(keys), f't."{CURRENT}" = true', "s._action = 'close'"])
             (table.merge(source, predicate, source_alias="s", target_alias="t",
                          commit_properties=properties)
              .when_matched_update({VALID_TO: f's."{VALID_TO}"', CURRENT: "false"})

@@ -187,6 +187,15 @@ def quote_identifier(name: str) -> str:
     return '"' + name.replace('"', '""') + '"'
 
 
+def keys_match(keys: Sequence[str]) -> str:
+    """The merge predicate matching a source row to the target row with the same key, NULL
+    included (``=`` never matches NULL: a NULL key would be inserted again at every merge,
+    and never deleted). As fast as ``=`` (a hash join either way, measured on 1M rows)."""
+    # Parenthesised: DataFusion binds IS NOT DISTINCT FROM more loosely than AND.
+    return " AND ".join(
+        f"(t.{quote_identifier(k)} IS NOT DISTINCT FROM s.{quote_identifier(k)})" for k in keys)
+
+
 def commit_merge(table: DeltaTable, target: DeltaTarget, batch_id: int, plan: WritePlan,
                  source: pa.Table, policy: CommitPolicy) -> CommitOutcome:
     """Merge ``source`` by key (upsert, delete, or upsert with tombstones) as one transaction.
@@ -195,9 +204,7 @@ def commit_merge(table: DeltaTable, target: DeltaTarget, batch_id: int, plan: Wr
     (with ``delete_unmatched``, it deletes every row in that transaction).
     """
     keys = target.keys
-    predicate = " AND ".join(
-        f"t.{quote_identifier(k)} = s.{quote_identifier(k)}" for k in keys
-    )
+    predicate = keys_match(keys)
     flag = target.deleted_column
     tombstone = f"COALESCE(s.{quote_identifier(flag)}, false)" if flag else None
     updates = {quote_identifier(c): f"s.{quote_identifier(c)}" for c in plan.data_columns}

@@ -84,3 +84,30 @@ def test_upsert_through_the_spark_sink(spark, tmp_path):
     writer.write(spark.createDataFrame([(2, 0.0, 4, True)], df.schema), 1)
     rows = DeltaTable(path).to_pyarrow_table().to_pylist()
     assert [(r["customer_id"], r["revenue"]) for r in rows] == [(1, 12.0)]
+
+
+def test_a_null_key_is_one_row_upserted_and_deleted_like_any_other(tmp_path):
+    """A merge on ``=`` never matches NULL: a NULL key (a view's NULL group) would be inserted
+    again at every batch and never deleted."""
+    from lakefold.projections._targets import TargetBatch, TargetContext
+
+    target = delta_table("upsert", keys=["city"]).open(str(tmp_path / "by_city"),
+                                                       TargetContext("by_city", 1))
+    schema = pa.schema([("city", pa.string()), ("orders", pa.int64()),
+                        ("_deleted", pa.bool_())])
+
+    def write(batch: int, *rows: tuple[str | None, int, bool]) -> None:
+        target.write(pa.Table.from_pylist(
+            [{"city": c, "orders": n, "_deleted": d} for c, n, d in rows], schema=schema),
+            TargetBatch(batch, batch))
+
+    def held() -> list[tuple[object, ...]]:
+        table = DeltaTable(str(tmp_path / "by_city")).to_pyarrow_table().to_pylist()
+        return sorted(((r["city"] or ""), r["orders"]) for r in table)
+
+    write(1, (None, 1, False), ("Oslo", 1, False))
+    write(2, (None, 2, False))
+    write(3, (None, 3, False), ("Oslo", 2, False))
+    assert held() == [("", 3), ("Oslo", 2)]
+    write(4, (None, 0, True))
+    assert held() == [("Oslo", 2)]
