@@ -93,7 +93,7 @@ def test_count_per_city_over_a_changelog_is_refused_at_registration(pg, spark, t
     assert "projection city_counts" in message
     assert "aggregation" in message and "public.customers" in message
     assert "no retractions" in message and "new row" in message
-    assert "Fold" in message and "lakefold query" in message
+    assert "lakefold.view" in message and "Fold" in message and "lakefold query" in message
     with Catalog(pg.dsn) as catalog:  # nothing was registered or written
         assert catalog.projections() == []
     written = [p for root in (roots.lake, roots.search, roots.checkpoints) if root.exists()
