@@ -26,7 +26,7 @@ _DDL = [
         name text NOT NULL,
         generation integer NOT NULL,
         ref text NOT NULL,
-        stage text NOT NULL CHECK (stage IN ('fold', 'transform', 'target')),
+        stage text NOT NULL,
         source text NOT NULL,
         position bigint NOT NULL,
         record jsonb NOT NULL,
@@ -38,6 +38,13 @@ _DDL = [
         created_at timestamptz NOT NULL DEFAULT now(),
         updated_at timestamptz NOT NULL DEFAULT now(),
         UNIQUE (name, generation, ref))""",
+    # The stages a dead letter comes from; 'view' (a partition a view's query failed on) was
+    # added after the first release, so the check is replaced rather than created with the
+    # table.
+    """ALTER TABLE lakefold.projection_dead_letters
+        DROP CONSTRAINT IF EXISTS projection_dead_letters_stage_check,
+        ADD CONSTRAINT projection_dead_letters_stage_check
+            CHECK (stage IN ('fold', 'transform', 'target', 'view'))""",
     "CREATE SEQUENCE IF NOT EXISTS lakefold.projection_dead_letter_retry_seq",
     """CREATE INDEX IF NOT EXISTS projection_dead_letters_retry
         ON lakefold.projection_dead_letters (name, generation, retry_seq)

@@ -47,7 +47,7 @@ from lakefold.capture.store._changelog_store import ChangelogStore, stream_meta
 from lakefold.capture.store._derived_streams import DerivedStream, column_for, texts
 from lakefold.capture.store._stream_state import StateChanges, StreamState
 from lakefold.projections._view_plan import Query, ViewPlan, analyze, view_frame
-from lakefold.projections.exceptions import MissingKeyError, RecordFailedError
+from lakefold.projections.exceptions import MissingKeyError, ProjectionStateError
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -71,6 +71,30 @@ class BatchResult:
     upserts: int
     deletes: int
     positions: tuple[int, int]
+    #: Partitions the query failed on (partition column → text value; the error), left as
+    #: they were.
+    failed: tuple[tuple[dict[str, str | None], str], ...] = ()
+
+
+def _first_line(error: BaseException) -> str:
+    return (str(error).strip().splitlines() or [type(error).__name__])[0]
+
+
+def _data_errors() -> tuple[type[BaseException], ...]:
+    """Spark's errors about the data a query runs on (not about the query itself)."""
+    from pyspark.errors import (
+        ArithmeticException,
+        DateTimeException,
+        IllegalArgumentException,
+        NumberFormatException,
+        PythonException,
+        SparkRuntimeException,
+    )
+    from pyspark.errors.exceptions.captured import ArrayIndexOutOfBoundsException
+
+    return (ArithmeticException, DateTimeException, IllegalArgumentException,
+            NumberFormatException, PythonException, SparkRuntimeException,
+            ArrayIndexOutOfBoundsException)
 
 
 def _data(table: pa.Table) -> pa.Table:
@@ -140,8 +164,8 @@ class ViewMaintainer:
             affected = None if everything else self._affected(conn, changes)
             if affected is not None and not affected:
                 return BatchResult({n: c.end for n, c in changes.items()}, 0, 0, 0, (0, 0))
-            rows = self._recompute(conn, affected)
-            old = self._old_rows(conn, affected)
+            rows, failed, computed = self._recompute(conn, affected)
+            old = self._old_rows(conn, computed)
             upserts, previous, deletes = self._diff(old, rows)
             commit_lsn, commit_ts = self._commit_point(conn, changes)
             positions = self.output.append(conn, self._schema, upserts=upserts, old=previous,
@@ -150,7 +174,7 @@ class ViewMaintainer:
             self.own.apply(conn, positions[1])
         return BatchResult({n: c.end for n, c in changes.items()},
                            None if affected is None else len(affected), upserts.num_rows,
-                           deletes.num_rows, positions)
+                           deletes.num_rows, positions, self._named(failed))
 
     # ------------------------------------------------------------------ partitions
 
@@ -199,26 +223,87 @@ class ViewMaintainer:
                 conn, lookup.column, {v for v in via if v is not None})
         return rows
 
-    def _recompute(self, conn: psycopg.Connection[Any],
-                   affected: set[Partition] | None) -> pa.Table:
-        """The view's rows of the affected partitions, computed by Spark."""
+    def _recompute(self, conn: psycopg.Connection[Any], affected: set[Partition] | None
+                   ) -> tuple[pa.Table, dict[Partition, str], set[Partition] | None]:
+        """The view's rows of the affected partitions, computed by Spark; the partitions on
+        whose data the query fails (a division by zero, a cast), each with its error; and the
+        partitions computed (None: all of them, none failed).
+
+        A failure on the data is narrowed down by halves to the partitions that cause it:
+        those keep their rows as they were and go to the dead letters, the others progress."""
+        errors = _data_errors()
+        try:
+            return self._run(conn, affected), {}, affected
+        except errors as e:
+            partitions = affected if affected is not None else self._all_partitions(conn)
+            rows, failed = self._bisect(conn, sorted(partitions, key=repr), e, errors)
+            return rows, failed, partitions - set(failed)
+
+    def _bisect(self, conn: psycopg.Connection[Any], partitions: list[Partition],
+                error: BaseException, errors: tuple[type[BaseException], ...]
+                ) -> tuple[pa.Table, dict[Partition, str]]:
+        if len(partitions) == 1:
+            return self._output_schema().empty_table(), {partitions[0]: _first_line(error)}
+        middle = len(partitions) // 2
+        tables, failed = [], {}
+        for half in (partitions[:middle], partitions[middle:]):
+            try:
+                tables.append(self._run(conn, set(half)))
+            except errors as e:
+                rows, bad = self._bisect(conn, half, e, errors)
+                tables.append(rows)
+                failed.update(bad)
+        return pa.concat_tables(tables), failed
+
+    def _all_partitions(self, conn: psycopg.Connection[Any]) -> set[Partition]:
+        """Every partition the direct inputs hold (to narrow down a failed full recompute)."""
+        found: set[Partition] = set()
+        for name in self.plan.direct:
+            found |= self._partitions_of(conn, name, [self.states[name].rows(conn)])
+        return found
+
+    def _output_schema(self) -> pa.Schema:
+        return pa.schema([pa.field(c.name, _arrow_type(self._schema, c.name))
+                          for c in self._schema.columns])
+
+    def _run(self, conn: psycopg.Connection[Any], affected: set[Partition] | None) -> pa.Table:
+        """The user's query over the inputs' rows of ``affected`` (None: all rows)."""
+        from pyspark.errors import AnalysisException
+
         session = self.session
         for name, raw in self._input_rows(conn, affected).items():
             typed = _data(self.states[name].typed(conn, raw))
             session.createDataFrame(typed).createOrReplaceTempView(name)
-        if isinstance(self.query, str):
-            df = session.sql(self.query)
-        else:
-            df = self.query(**{name: session.table(name) for name in self.inputs})
         try:
-            result = df.toArrow()
-        except Exception as e:
-            raise RecordFailedError(
-                f"view {self.view}: the query failed on the rows of "
-                f"{'every partition' if affected is None else f'{len(affected)} partitions'}: "
-                f"{str(e).splitlines()[0]}") from e
-        return result.cast(pa.schema([pa.field(f.name, _arrow_type(self._schema, f.name))
-                                      for f in result.schema]))
+            if isinstance(self.query, str):
+                df = session.sql(self.query)
+            else:
+                df = self.query(**{name: session.table(name) for name in self.inputs})
+        except AnalysisException as e:
+            raise ProjectionStateError(
+                f"view {self.view}: the query no longer fits its inputs "
+                f"({_first_line(e)}); the inputs' schemas now: {self._schemas(conn)}. "
+                "Change the query to the new columns (a new definition rebuilds the view), "
+                "or the tables back") from e
+        result = df.toArrow()
+        schema = self._output_schema()
+        return result.cast(pa.schema([schema.field(n) for n in result.schema.names]))
+
+    def _schemas(self, conn: psycopg.Connection[Any]) -> str:
+        """Each input stream's newest schema version and its columns (for messages)."""
+        parts = []
+        for name, stream in self.inputs.items():
+            meta = stream_meta(conn, stream)
+            latest = meta.latest
+            columns = ", ".join(c.name for c in latest.columns) if latest else "none"
+            version = latest.version if latest else 0
+            parts.append(f"{name} ({stream}, schema version {version}: {columns})")
+        return "; ".join(parts)
+
+    def _named(self, failed: Mapping[Partition, str]
+               ) -> tuple[tuple[dict[str, str | None], str], ...]:
+        return tuple((dict(zip(self.plan.partition, partition, strict=True)), error)
+                     for partition, error in sorted(failed.items(), key=repr))
 
     # ------------------------------------------------------------------ diff
 

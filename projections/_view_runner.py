@@ -12,6 +12,7 @@ projection carries on; a transient error (the store unreachable) is tried again 
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -21,6 +22,7 @@ import psycopg
 
 from lakefold.core.exceptions import TerminalError, TransientError
 from lakefold.projections._catalog import LOCK_NAMESPACE, Catalog, generation_lock_key
+from lakefold.projections._deadletters import DeadLetters, NewDeadLetter
 from lakefold.projections._targets import TargetContext
 from lakefold.projections._view_maintainer import ViewMaintainer, output_stream
 from lakefold.projections._view_targets import ViewTargetWriter
@@ -103,6 +105,7 @@ class ViewRun:
             if batch is not None:
                 self.progress.batches += 1
                 self.progress.applied = dict(batch.ends)
+                self._dead_letters(batch.failed, batch.positions[1])
             while (written := self.writer.step()) is not None:
                 moved = True
                 self.progress.rows_written += written.upserts + written.deletes
@@ -118,6 +121,20 @@ class ViewRun:
             raise
         self.progress.last_step_moved = moved
         return moved
+
+    def _dead_letters(self, failed: tuple[tuple[dict[str, str | None], str], ...],
+                      position: int) -> None:
+        """Record the partitions the query failed on (left as they were; a later change to
+        one recomputes it)."""
+        if not failed:
+            return
+        letters = [NewDeadLetter(ref="partition:" + json.dumps(partition, sort_keys=True),
+                                 stage="view", source=self.name, position=position,
+                                 record={"partition": partition}, error=error, attempts=1)
+                   for partition, error in failed]
+        DeadLetters(self.catalog).add(self.name, self.generation, letters)
+        log.warning("view %s: the query failed on %d partition(s), left as they were: %s",
+                    self.name, len(letters), failed[0][1])
 
     def close(self) -> None:
         self.maintainer.close()

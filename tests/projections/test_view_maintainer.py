@@ -128,3 +128,32 @@ def test_a_key_that_is_not_unique_stops_the_batch_and_writes_nothing(
         assert view.own.rows(store).num_rows == 0
     finally:
         view.close()
+
+
+def test_partitions_the_query_fails_on_are_left_out_and_the_rest_progress(
+        spark: Any, shop: CaptureConfig) -> None:
+    dsn = shop.source_dsn
+    view = open_view(spark, dsn, view="ratios", generation=next(GENERATIONS),
+                     inputs={"orders": "public.orders"},
+                     query="SELECT id AS order_id, 100 / (amount - 2.50) AS ratio "
+                           "FROM orders", key=["order_id"])
+    try:
+        first = view.step()  # order 2 has amount 2.50: a division by zero
+        assert first is not None
+        assert [(p, "DIVIDE_BY_ZERO" in e) for p, e in first.failed] == [({"order_id": "2"},
+                                                                         True)]
+        store = view.connection()
+        held = {r["order_id"] for r in view.own.typed(store, view.own.rows(store)).to_pylist()}
+        assert held == set(range(1, 16)) - {2}
+        execute(dsn, "UPDATE orders SET amount = 2.75 WHERE id IN (2, 3)",
+                "UPDATE orders SET amount = 2.50 WHERE id = 4")
+        capture_now(shop)
+        second = view.step()
+        assert second is not None
+        assert [p for p, _ in second.failed] == [{"order_id": "4"}]
+        rows = {r["order_id"]: r["ratio"]
+                for r in view.own.typed(store, view.own.rows(store)).to_pylist()}
+        assert set(rows) == set(range(1, 16))  # order 2 is back
+        assert rows[2] == 400 and rows[4] == 40  # order 4 keeps its row of before
+    finally:
+        view.close()

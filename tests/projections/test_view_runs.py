@@ -10,7 +10,7 @@ import pytest
 from deltalake import DeltaTable
 
 from lakefold.capture import CaptureConfig
-from lakefold.projections import RedisCacheReader, Runner, RunnerConfig
+from lakefold.projections import DeadLetters, RedisCacheReader, Runner, RunnerConfig
 from lakefold.projections._api import Registry, registering_into, view
 from lakefold.projections._model import changelog
 from lakefold.projections._target_specs import delta_table, redis_cache
@@ -34,6 +34,10 @@ def _registry(*, broken: bool = False) -> Registry:
             view("orders_by_customer", inputs={"orders": SHOP["orders"]}, key="customer_id",
                  query="SELECT customer_id, id FROM orders",
                  target=delta_table("upsert", keys=["customer_id"]))
+            # order 2's amount is 2.50: a division by zero on that order's data only
+            view("ratios", inputs={"orders": SHOP["orders"]}, key="order_id",
+                 query="SELECT id AS order_id, 100 / (amount - 2.50) AS ratio FROM orders",
+                 target=delta_table("upsert", keys=["order_id"]))
     return registry
 
 
@@ -79,3 +83,12 @@ def test_a_failing_view_stops_alone(spark: Any, shop: CaptureConfig, redis_url: 
         assert failed.last_error is not None and "two output rows have the key" in \
             failed.last_error
         _check(dsn, catalog, redis_url)
+        # A failure on one partition's data: that partition is dead-lettered, the rest written.
+        assert catalog.projection("ratios").state == "stopped"
+        letters = DeadLetters(catalog).find("ratios")
+        assert [(d.stage, d.record) for d in letters] == [("view", {"partition":
+                                                                    {"order_id": "2"}})]
+        assert "DIVIDE_BY_ZERO" in letters[0].error
+        ratios = DeltaTable(catalog.current("ratios").location("delta")).to_pyarrow_table()
+        assert sorted(ratios.column("order_id").to_pylist()) == [
+            i for i in range(1, 16) if i != 2]
