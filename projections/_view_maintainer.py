@@ -266,6 +266,11 @@ class ViewMaintainer:
         return pa.schema([pa.field(c.name, _arrow_type(self._schema, c.name))
                           for c in self._schema.columns])
 
+    def compute(self) -> pa.Table:
+        """The whole view computed from its inputs' current rows (a full recompute, as a
+        baseline: ``step`` recomputes only what a batch touches)."""
+        return self._run(self.connection(), None)
+
     def _run(self, conn: psycopg.Connection[Any], affected: set[Partition] | None) -> pa.Table:
         """The user's query over the inputs' rows of ``affected`` (None: all rows)."""
         from pyspark.errors import AnalysisException

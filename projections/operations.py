@@ -1,7 +1,8 @@
 """What the application (CLI, benches, demo) needs to operate projections beyond defining and
 running them: the catalog of generations and where their sinks live, status reports, the
 runner's Spark settings, releasing retired generations' changelog positions, the registry
-context, and the query catalog of projection tables. Loaded lazily, like the package."""
+context, the query catalog of projection tables, and a view's parts (maintainer, target writer)
+for the views bench. Loaded lazily, like the package."""
 
 from __future__ import annotations
 
@@ -17,13 +18,18 @@ if TYPE_CHECKING:
     from lakefold.projections._runner import RUNNER_SPARK_CONF
     from lakefold.projections._status import projection_status, slot_status
     from lakefold.projections._tables import ProjectionTableCatalog
+    from lakefold.projections._targets import TargetContext
+    from lakefold.projections._view_maintainer import ViewMaintainer, open_view, output_stream
+    from lakefold.projections._view_targets import ViewTargetWriter
 
 _EXPORTS: dict[str, str] = {
     "current_registry": "_api", "registering_into": "_api",
     "Catalog": "_catalog", "Generation": "_catalog", "SinkRoots": "_catalog",
     "release_gone": "_readers", "drop_prefix": "_redis", "RUNNER_SPARK_CONF": "_runner",
     "projection_status": "_status", "slot_status": "_status",
-    "ProjectionTableCatalog": "_tables",
+    "ProjectionTableCatalog": "_tables", "TargetContext": "_targets",
+    "ViewMaintainer": "_view_maintainer", "open_view": "_view_maintainer",
+    "output_stream": "_view_maintainer", "ViewTargetWriter": "_view_targets",
 }
 
 __all__ = [
@@ -32,8 +38,13 @@ __all__ = [
     "Generation",
     "ProjectionTableCatalog",
     "SinkRoots",
+    "TargetContext",
+    "ViewMaintainer",
+    "ViewTargetWriter",
     "current_registry",
     "drop_prefix",
+    "open_view",
+    "output_stream",
     "projection_status",
     "registering_into",
     "release_gone",

@@ -175,6 +175,9 @@ class StreamState:
                 "CREATE TEMP TABLE lf_state_last ON COMMIT DROP AS SELECT DISTINCT ON (key) "
                 "* FROM {} WHERE key IS NOT NULL ORDER BY key, position DESC")
                 .format(sql.Identifier(_STAGED)))
+            # Without statistics the planner guesses the batch's size and may hash-join the
+            # whole state; with them, a small batch probes the state's key index.
+            conn.execute("ANALYZE lf_state_last")
             if not truncated:
                 before = self._raw(conn, meta, sql.SQL(
                     "SELECT s.* FROM {} s JOIN lf_state_last l ON l.key = s.key")

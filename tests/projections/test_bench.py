@@ -36,3 +36,15 @@ def test_rebuild_bench_shape():
     report = bench("rebuild", "--events", "3000", "--customers", "10", "--batch", "1000")
     assert report["results"]["rebuild_events_per_s"] > 0  # type: ignore[index]
     assert report["baseline"]["batch_aggregate_events_per_s"] > 0  # type: ignore[index]
+
+
+def test_views_bench_shape():
+    report = bench("views", "--orders", "2000", "--customers", "200", "--products", "100",
+                   "--seconds", "4", "--warmup", "1", "--rate", "100", "--probes", "2")
+    results = report["results"]
+    assert isinstance(results, dict)
+    for metric in ("rebuild_rows_per_s", "batch_s", "batch_cost_ratio", "empty_batch_s",
+                   "view_p50_ms", "view_p99_ms"):
+        assert results[metric] > 0, metric
+    assert report["baseline"]["full_recompute_s"] > 0  # type: ignore[index]
+    assert report["params"]["probes_missed"] == 0  # type: ignore[index]
