@@ -1,0 +1,112 @@
+"""SIGKILL loop over a chain of views: a runner keeping order_lines and revenue_by_city (a view
+over order_lines) is killed at random moments in either stage while the source keeps changing;
+afterwards both Delta tables equal the same SQL on the source, row for row."""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from decimal import Decimal
+from typing import Any
+
+import psycopg
+import pytest
+from deltalake import DeltaTable
+
+from lakefold.capture import CaptureConfig
+from lakefold.projections.operations import Catalog
+from tests.capture.conftest import capture_now
+from tests.projections.view_shop import oracle
+
+pytestmark = pytest.mark.timeout(900)
+KILLS = 10
+
+
+def _start(dsn: str, home: str, mode: str) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "tests.projections.kill_child", "view_projections.py", dsn,
+         "redis://unused", home, mode],
+        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, start_new_session=True)
+
+
+def _change(dsn: str, rng: random.Random, round_: int) -> None:
+    """A transaction over the three tables: orders in and out, a customer moving city."""
+    with psycopg.connect(dsn) as conn, conn.transaction():
+        for i in range(5):
+            conn.execute("INSERT INTO orders VALUES (%s, %s, %s, %s) ON CONFLICT (id) DO UPDATE "
+                         "SET amount = excluded.amount",
+                         (100 + 10 * round_ + i, rng.randrange(1, 7), rng.randrange(1, 5),
+                          rng.randrange(1, 999)))
+        conn.execute("DELETE FROM orders WHERE id = %s", (rng.randrange(1, 16),))
+        conn.execute("UPDATE customers SET city = %s WHERE id = %s",
+                     (rng.choice(("Oslo", "Lima", "Pune")), rng.randrange(1, 7)))
+        conn.execute("UPDATE orders SET customer_id = %s WHERE id = %s",
+                     (rng.randrange(1, 7), rng.randrange(1, 16)))
+
+
+def _heads(dsn: str) -> tuple[int, int]:
+    """How far each view's output stream is (what the child has committed)."""
+    with psycopg.connect(dsn) as conn:
+        rows: dict[str, int] = dict(conn.execute(
+            "SELECT name, head FROM lakefold.changelog_streams WHERE name LIKE "
+            "'lakefold_views.%'").fetchall())
+    return (int(rows.get("lakefold_views.order_lines_g1", 0)),
+            int(rows.get("lakefold_views.revenue_by_city_g1", 0)))
+
+
+def _wait_for_progress(dsn: str, before: tuple[int, int], timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if all(now > then for now, then in zip(_heads(dsn), before, strict=True)):
+            return True
+        time.sleep(0.1)
+    return False
+
+
+def _table(catalog: Catalog, name: str, key: str) -> dict[Any, dict[str, Any]]:
+    try:
+        rows = DeltaTable(catalog.current(name).location("delta")).to_pyarrow_table()
+    except Exception:  # not written yet
+        return {}
+    return {row[key]: row for row in rows.to_pylist()}
+
+
+def test_sigkill_loop_over_a_chain_of_views(shop: CaptureConfig, tmp_path: Any) -> None:
+    dsn, home = shop.source_dsn, str(tmp_path)
+    rng = random.Random(5)
+    catalog = Catalog(dsn)
+    started = time.monotonic()
+    busy = 0
+    for kill in range(KILLS):
+        child = _start(dsn, home, "run")
+        assert child.stdout is not None
+        assert child.stdout.readline().strip() == b"started"
+        # changes, then wait until both stages committed some (the child is at work), then
+        # more changes and the kill at a random moment in either stage
+        before = _heads(dsn)
+        _change(dsn, rng, 2 * kill)
+        capture_now(shop)
+        busy += _wait_for_progress(dsn, before, timeout=60)
+        _change(dsn, rng, 2 * kill + 1)
+        capture_now(shop)
+        time.sleep(rng.uniform(0.0, 1.0))
+        os.killpg(child.pid, signal.SIGKILL)
+        child.wait()
+        child.stdout.close()
+        print(f"kill {kill}: {time.monotonic() - started:.1f} s, heads {_heads(dsn)}",
+              flush=True)
+    assert busy >= KILLS // 2, "the children rarely committed: the kills proved little"
+    child = _start(dsn, home, "finish")
+    out, _ = child.communicate(timeout=300)
+    assert child.returncode == 0 and b"caught up" in out
+    lines = _table(catalog, "order_lines", "order_id")
+    assert lines == {k[0]: row for k, row in oracle(dsn, "order_lines").items()}
+    by_city = _table(catalog, "revenue_by_city", "city")
+    for row in by_city.values():
+        row["average"] = row["average"].quantize(Decimal("0.000001"))
+    assert by_city == {k[0]: row for k, row in oracle(dsn, "revenue_by_city").items()}
+    catalog.close()
