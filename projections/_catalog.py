@@ -50,6 +50,22 @@ def generation_lock_key(name: str, generation: int) -> int:
     """The advisory lock key of one generation (with ``LOCK_NAMESPACE``)."""
     return zlib.crc32(f"{name}:{generation}".encode()) & 0x7FFF_FFFF
 
+
+def hold_generation(dsn: str, name: str, generation: int) -> psycopg.Connection[Any] | None:
+    """A connection of its own holding the generation's advisory lock while it stays open (the
+    lock goes with the process, even on SIGKILL); None when another process holds it."""
+    conn = psycopg.connect(dsn, autocommit=True)
+    try:
+        row = conn.execute("SELECT pg_try_advisory_lock(%s, %s)",
+                           (LOCK_NAMESPACE, generation_lock_key(name, generation))).fetchone()
+    except BaseException:
+        conn.close()
+        raise
+    if not (row and row[0]):
+        conn.close()
+        return None
+    return conn
+
 _DDL = [
     "CREATE SCHEMA IF NOT EXISTS lakefold",
     """CREATE TABLE IF NOT EXISTS lakefold.projections (

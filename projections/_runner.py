@@ -38,11 +38,10 @@ from lakefold.core.exceptions import LakefoldError, marker_in
 from lakefold.projections._api import Projection, Registry
 from lakefold.projections._batch import GenerationSink
 from lakefold.projections._catalog import (
-    LOCK_NAMESPACE,
     Catalog,
     Generation,
     SinkRoots,
-    generation_lock_key,
+    hold_generation,
 )
 from lakefold.projections._deadletters import DeadLetters
 from lakefold.projections._plan import Plan, build, validate
@@ -126,18 +125,8 @@ class GenerationQuery:
     def _acquire(self) -> bool:
         """Take the generation's advisory lock on a connection of its own, kept open (and
         closed by ``_release``) while the query runs; closed at once when not taken."""
-        conn = psycopg.connect(self.runner.config.store_dsn, autocommit=True)
-        try:
-            row = conn.execute("SELECT pg_try_advisory_lock(%s, %s)",
-                               (LOCK_NAMESPACE, generation_lock_key(*self.key))).fetchone()
-        except BaseException:
-            conn.close()
-            raise
-        if not (row and row[0]):
-            conn.close()
-            return False
-        self._lock_conn = conn
-        return True
+        self._lock_conn = hold_generation(self.runner.config.store_dsn, *self.key)
+        return self._lock_conn is not None
 
     def start(self) -> bool:
         """Start the query; False when another process is running this generation."""

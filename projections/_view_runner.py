@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 import psycopg
 
 from lakefold.core.exceptions import TerminalError, TransientError
-from lakefold.projections._catalog import LOCK_NAMESPACE, Catalog, generation_lock_key
+from lakefold.projections._catalog import Catalog, hold_generation
 from lakefold.projections._deadletters import DeadLetters, NewDeadLetter
 from lakefold.projections._targets import TargetContext
 from lakefold.projections._view_maintainer import ViewMaintainer, output_stream
@@ -85,15 +85,8 @@ class ViewRun:
         """Take the generation's lock (False: another process runs it)."""
         if self._lock is not None:
             return True
-        conn = psycopg.connect(self.dsn, autocommit=True)
-        row = conn.execute("SELECT pg_try_advisory_lock(%s, %s)",
-                           (LOCK_NAMESPACE, generation_lock_key(self.name, self.generation))
-                           ).fetchone()
-        if not (row and row[0]):
-            conn.close()
-            return False
-        self._lock = conn
-        return True
+        self._lock = hold_generation(self.dsn, self.name, self.generation)
+        return self._lock is not None
 
     def step(self) -> bool:
         """One batch of the view, then its target brought up to date; True when anything
