@@ -331,7 +331,7 @@ class ViewMaintainer:
                    values: list[str | None]) -> list[str | None]:
         """Partition values as an input printed them → as the output stream prints them."""
         name, columns = next(iter(self.plan.direct.items()))
-        meta = stream_meta(conn, self.inputs[name])
+        meta = self.states[name].meta(conn)
         assert meta.latest is not None  # noqa: S101 - a stream with rows has a schema
         source = next(c for c in meta.latest.columns if c.name == columns[index])
         target = next(c for c in self._schema.columns if c.name == self.plan.partition[index])

@@ -110,6 +110,15 @@ class StreamState:
         self.owner = owner
         self.stream = stream
         self.table = sql.Identifier(STATE_SCHEMA, state_table_name(owner, stream))
+        #: The stream's schema versions, read again by ``create`` and ``apply`` (a state holds
+        #: no version newer than what its last ``apply`` read).
+        self._meta: StreamMeta | None = None
+
+    def meta(self, conn: psycopg.Connection[Any]) -> StreamMeta:
+        """The stream's schema versions as of the last ``create`` or ``apply``."""
+        if self._meta is None:
+            self._meta = stream_meta(conn, self.stream)
+        return self._meta
 
     def create(self, conn: psycopg.Connection[Any], lookups: Iterable[str] = ()) -> None:
         """Create the state (empty, at position 1) if it does not exist, with an index for
@@ -124,7 +133,7 @@ class StreamState:
             conn.execute("INSERT INTO lakefold.stream_states (owner, stream, table_name) "
                          "VALUES (%s, %s, %s) ON CONFLICT DO NOTHING",
                          (self.owner, self.stream, state_table_name(self.owner, self.stream)))
-            meta = stream_meta(conn, self.stream)
+            meta = self._meta = stream_meta(conn, self.stream)
             for column in lookups:
                 for index in sorted(set(self._indexes(meta, column).values())):
                     name = f"{state_table_name(self.owner, self.stream)}_v{index}"
@@ -155,7 +164,7 @@ class StreamState:
         capped at the stream's head); see the module docstring."""
         with conn.transaction():
             start = self.position(conn, lock=True)
-            meta = stream_meta(conn, self.stream)
+            meta = self._meta = stream_meta(conn, self.stream)
             end = min(end, meta.info.head + 1)
             if end <= start:
                 empty = self._raw(conn, meta, sql.SQL("SELECT * FROM {} WHERE false")
@@ -224,7 +233,7 @@ class StreamState:
                    texts: Iterable[str | None]) -> pa.Table:
         """The state's rows whose ``column`` has one of the text values ``texts`` (None
         matches NULL), as raw text rows."""
-        meta = stream_meta(conn, self.stream)
+        meta = self.meta(conn)
         values = set(texts)
         wanted = sorted(v for v in values if v is not None)
         by_version = self._indexes(meta, column)
@@ -244,12 +253,12 @@ class StreamState:
 
     def rows(self, conn: psycopg.Connection[Any]) -> pa.Table:
         """Every row of the state, as raw text rows."""
-        return self._raw(conn, stream_meta(conn, self.stream),
+        return self._raw(conn, self.meta(conn),
                          sql.SQL("SELECT * FROM {}").format(self.table))
 
     def typed(self, conn: psycopg.Connection[Any], raw: pa.Table) -> pa.Table:
         """Raw text rows typed as a changelog read types them (metadata columns first)."""
-        return typed(raw, stream_meta(conn, self.stream))
+        return typed(raw, self.meta(conn))
 
     def raw_column(self, conn: psycopg.Connection[Any], raw: pa.Table,
                    column: str) -> list[str | None]:
@@ -257,7 +266,7 @@ class StreamState:
         layout; None where the version lacks the column)."""
         if raw.num_rows == 0:
             return []
-        by_version = self._indexes(stream_meta(conn, self.stream), column)
+        by_version = self._indexes(self.meta(conn), column)
         out: list[str | None] = [None] * raw.num_rows
         versions = raw.column("_schema_version").to_pylist()
         for version, index in by_version.items():
