@@ -99,7 +99,8 @@ def run(
         help="Processing-time trigger in seconds for every projection (default: each "
              "projection's own).", show_default=False)] = None,
     only: Annotated[list[str] | None, typer.Option(
-        "--only", help="Run only this projection (repeatable).", show_default=False)] = None,
+        "--only", help="Run only this projection (repeatable; a view with the views that read "
+        "it).", show_default=False)] = None,
     as_json: JsonOption = False,
 ) -> None:
     """Run every registered projection: continuously, or up to the current head. At the end,
@@ -220,8 +221,8 @@ def resume(name: Annotated[str, typer.Argument(help="The projection to resume.")
 
 @app.command("status")
 def status(as_json: JsonOption = False) -> None:
-    """Per projection: generation, position, lag, throughput, state, last error; per capture
-    slot: its health."""
+    """Per projection: generation, position, lag, throughput, state, last error; per view
+    input: applied position, head and lag; per capture slot: its health."""
     from lakefold.projections.operations import projection_status, slot_status
 
     settings = _settings()
@@ -243,6 +244,16 @@ def status(as_json: JsonOption = False) -> None:
                       f"{s.lag_seconds:.1f}", f"{s.throughput_per_s:,.0f}", str(s.dead_letters),
                       escape((s.last_error or "")[:60]))
     _out.print(table)
+    inputs = Table(title="view inputs")
+    for column in ("view", "input", "applied", "head", "lag", "lag s"):
+        inputs.add_column(column)
+    for s in statuses:
+        for source in s.sources if s.style == "view" else ():
+            inputs.add_row(escape(s.name), escape(source.source), f"{source.position:,}",
+                           f"{source.head:,}", f"{source.lag_records:,}",
+                           f"{source.lag_seconds:.1f}")
+    if inputs.row_count:
+        _out.print(inputs)
     for s in statuses:  # a paused or stopped projection keeps its streams uncompacted
         for stream, position in s.holds_compaction.items():
             _out.print(f"{escape(s.name)} ({s.state}) holds the compaction of {escape(stream)} "

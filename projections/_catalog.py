@@ -432,33 +432,45 @@ class Catalog:
         Returns the generations whose sinks may now be dropped: every retired or abandoned one
         beyond the newest ``keep_generations`` retired ones.
         """
+        return self.switch_together({name: generation})
+
+    def switch_together(self, generations: Mapping[str, int]) -> list[Generation]:
+        """``switch`` several projections in one transaction (a view and the views that read
+        it: a reader never sees one switched without the others)."""
+        dropped: list[Generation] = []
         with self._tx() as conn:
-            entry = conn.execute("SELECT * FROM lakefold.projections WHERE name = %s FOR UPDATE",
-                                 (name,)).fetchone()
-            if entry is None:
-                raise ProjectionNotFoundError(f"projection {name!r} is not in the catalog")
-            target = conn.execute("SELECT status FROM lakefold.projection_generations "
-                                  "WHERE name = %s AND generation = %s",
-                                  (name, generation)).fetchone()
-            if target is None or target["status"] != "building":
-                raise ProjectionStateError(
-                    f"projection {name}: generation {generation} is not being built "
-                    f"(status {target['status'] if target else 'missing'}); cannot switch to it"
-                )
-            conn.execute("UPDATE lakefold.projection_generations SET status = 'retired' "
-                         "WHERE name = %s AND generation = %s",
-                         (name, entry["current_generation"]))
-            conn.execute("UPDATE lakefold.projection_generations SET status = 'live', "
-                         "switched_at = now() WHERE name = %s AND generation = %s",
-                         (name, generation))
-            conn.execute("UPDATE lakefold.projections SET current_generation = %s, "
-                         "updated_at = now() WHERE name = %s", (generation, name))
-            rows = conn.execute(
-                "SELECT * FROM lakefold.projection_generations WHERE name = %s AND ("
-                "status = 'abandoned' OR (status = 'retired' AND generation NOT IN ("
-                "SELECT generation FROM lakefold.projection_generations WHERE name = %s "
-                "AND status = 'retired' ORDER BY generation DESC LIMIT %s)))",
-                (name, name, entry["keep_generations"])).fetchall()
+            for name, generation in sorted(generations.items()):
+                dropped += self._switch(conn, name, generation)
+        return dropped
+
+    def _switch(self, conn: psycopg.Connection[dict[str, Any]], name: str,
+                generation: int) -> list[Generation]:
+        entry = conn.execute("SELECT * FROM lakefold.projections WHERE name = %s FOR UPDATE",
+                             (name,)).fetchone()
+        if entry is None:
+            raise ProjectionNotFoundError(f"projection {name!r} is not in the catalog")
+        target = conn.execute("SELECT status FROM lakefold.projection_generations "
+                              "WHERE name = %s AND generation = %s",
+                              (name, generation)).fetchone()
+        if target is None or target["status"] != "building":
+            raise ProjectionStateError(
+                f"projection {name}: generation {generation} is not being built "
+                f"(status {target['status'] if target else 'missing'}); cannot switch to it"
+            )
+        conn.execute("UPDATE lakefold.projection_generations SET status = 'retired' "
+                     "WHERE name = %s AND generation = %s",
+                     (name, entry["current_generation"]))
+        conn.execute("UPDATE lakefold.projection_generations SET status = 'live', "
+                     "switched_at = now() WHERE name = %s AND generation = %s",
+                     (name, generation))
+        conn.execute("UPDATE lakefold.projections SET current_generation = %s, "
+                     "updated_at = now() WHERE name = %s", (generation, name))
+        rows = conn.execute(
+            "SELECT * FROM lakefold.projection_generations WHERE name = %s AND ("
+            "status = 'abandoned' OR (status = 'retired' AND generation NOT IN ("
+            "SELECT generation FROM lakefold.projection_generations WHERE name = %s "
+            "AND status = 'retired' ORDER BY generation DESC LIMIT %s)))",
+            (name, name, entry["keep_generations"])).fetchall()
         return [self._generation(row) for row in rows]
 
     def droppable(self, name: str) -> list[Generation]:

@@ -45,6 +45,8 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 READER_PREFIX = "projection:"
+#: A view generation's readers: ``view:NAME@N`` (its inputs) and ``view:NAME@N:target``.
+VIEW_READER_PREFIX = "view:"
 _ACTIVE = ("live", "building")
 
 
@@ -254,9 +256,9 @@ def release_gone(dsn: str, catalog: Catalog, *, keep: Iterable[tuple[str, int]] 
 
 
 def compaction_holders(dsn: str) -> dict[str, dict[str, int]]:
-    """Projection name → {stream: position} for each changelog stream whose compaction one of
-    its generations holds (it has the stream's lowest reader position): what ``lakefold
-    status`` reports, e.g. for a projection paused for days."""
+    """Projection (or view) name → {stream: position} for each changelog stream whose
+    compaction one of its generations holds (it has the stream's lowest reader position):
+    what ``lakefold status`` reports, e.g. for a projection paused for days."""
     with _store(dsn) as store:
         readers = store.readers()
     lowest: dict[str, tuple[str, int]] = {}
@@ -264,7 +266,8 @@ def compaction_holders(dsn: str) -> dict[str, dict[str, int]]:
         lowest.setdefault(held.stream, (held.reader, held.position))
     holders: dict[str, dict[str, int]] = {}
     for stream, (reader, position) in lowest.items():
-        if reader.startswith(READER_PREFIX):
-            name = reader.removeprefix(READER_PREFIX).rsplit("@g", 1)[0]
-            holders.setdefault(name, {})[stream] = position
+        for prefix, separator in ((READER_PREFIX, "@g"), (VIEW_READER_PREFIX, "@")):
+            if reader.startswith(prefix):
+                name = reader.removeprefix(prefix).rsplit(separator, 1)[0]
+                holders.setdefault(name, {})[stream] = position
     return holders

@@ -56,6 +56,7 @@ from lakefold.projections._retry_source import retry_frame
 from lakefold.projections._run_report import RUNNING_STATES, ProjectionReport, RunTally
 from lakefold.projections._targeted import PartReport, rebuild_part
 from lakefold.projections._targets import TargetContext, drop_generation_storage
+from lakefold.projections._view_api import downstream_of
 from lakefold.projections._view_runner import ViewRunner
 from lakefold.projections._view_validation import plan_views
 from lakefold.projections.exceptions import (
@@ -298,15 +299,19 @@ class Runner:
                                 definition=projection.describe())
             keep_history_for(self.config.store_dsn, projection)
         release_gone(self.config.store_dsn, self.catalog)
-        views = {name: v for name, v in self.registry.views.items()
-                 if not self.config.only or name in self.config.only}
-        if views:
+        views = self.registry.views
+        selected_views = set(views) if not self.config.only else {
+            name for chosen in self.config.only if chosen in views
+            for name in (chosen, *downstream_of(views, chosen))}
+        if selected_views:
             checked = plan_views(self.spark, views, self.config.store_dsn,
                                  others=tuple(self.registry.names()))
-            self.views = ViewRunner(self.spark, checked, catalog=self.catalog,
-                                    store_dsn=self.config.store_dsn,
+            self.views = ViewRunner(self.spark, {n: c for n, c in checked.items()
+                                                 if n in selected_views},
+                                    catalog=self.catalog, store_dsn=self.config.store_dsn,
                                     redis_url=self.config.redis_url,
-                                    namespace=self.config.roots.redis_namespace)
+                                    namespace=self.config.roots.redis_namespace,
+                                    drop=self.drop_generations)
             self.views.register()
         self._prepared = True
 
@@ -320,6 +325,8 @@ class Runner:
         trimmed is refused (BehindCompactionError naming the compaction): its rebuild would not
         be the history the live generation built. The new generation holds its changelog
         positions (at 0) from here on."""
+        if name in self.registry.views:
+            return self._rebuild_views(name)
         projection = self.registry.get(name)
         check_rebuild(self.config.store_dsn, projection,
                       self.catalog.current(name).generation + 1)
@@ -335,10 +342,28 @@ class Runner:
         self._health.pop(name, None)  # a failed live generation no longer stops NAME
         return generation
 
+    def _rebuild_views(self, name: str) -> Generation:
+        """Begin a new generation of view NAME and of every view downstream of it: they are
+        built together and switch together (see ``_view_runner``)."""
+        names = [name, *downstream_of(self.registry.views, name)]
+        begun: list[Generation] = []
+        try:
+            for view in names:
+                begun.append(self.catalog.begin_rebuild(view))
+        except BaseException:
+            for generation in begun:
+                self.catalog.abandon(generation.name, generation.generation)
+            raise
+        return begun[0]
+
     def rebuild_part(self, name: str, *, stream: str | None = None,
                      key_from: str | None = None, key_to: str | None = None) -> PartReport:
         """Recompute one stream's part or one key range of NAME's live view in place (see
         ``_targeted``); the projection's queries in this runner are stopped first."""
+        if name in self.registry.views:
+            raise ProjectionStateError(
+                f"{name} is a view: it is rebuilt whole (`lakefold rebuild {name}` without "
+                "--stream, --key-from or --key-to)")
         projection = self.registry.get(name)
         self.prepare()
         self._stop_projection(name)
@@ -372,8 +397,9 @@ class Runner:
                     for projection, caught_up in zip(self.projections, done, strict=True):
                         if caught_up:
                             self.tally.caught_up(projection.name)
-                    if all(done) and views_quiet and (
-                            self.views is None or self.views.caught_up(view_heads)):
+                    if all(done) and views_quiet and (self.views is None or (
+                            self.views.caught_up(view_heads)
+                            and not self.views.rebuilding())):
                         break
                 if deadline is not None and time.monotonic() > deadline:
                     raise ProjectionTimeoutError(f"projections not caught up within {timeout} s")

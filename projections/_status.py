@@ -1,6 +1,7 @@
 """``lakefold status``: per projection its generation, position, lag in records and seconds,
-throughput, state, last error and the changelog streams whose compaction it holds; per capture
-slot its health.
+throughput, state, last error and the changelog streams whose compaction it holds; per view the
+same per input (a captured table's stream, or another view's output); per capture slot its
+health.
 
 Everything is read from the catalog and the stores, so status works from any process, with or
 without the projections module. A projection whose catalog state says ``running`` but whose
@@ -15,6 +16,7 @@ from typing import Any
 
 import psycopg
 
+from lakefold.capture.store._stream_state import StreamState
 from lakefold.core.dsn import mask_dsn
 from lakefold.core.exceptions import LakefoldError
 from lakefold.projections._catalog import (
@@ -25,6 +27,7 @@ from lakefold.projections._catalog import (
 )
 from lakefold.projections._deadletters import DeadLetters
 from lakefold.projections._readers import compaction_holders
+from lakefold.projections._view_maintainer import output_stream, view_owner
 from lakefold.projections.exceptions import ProjectionTerminalError
 from lakefold.spark import _source_reads
 from lakefold.spark._source_inputs import ChangelogSource, EventSource, Source
@@ -64,6 +67,8 @@ class ProjectionStatus:
     sources: list[SourceStatus] = field(default_factory=list)
     #: Changelog streams whose compaction this projection holds (stream → its position).
     holds_compaction: dict[str, int] = field(default_factory=dict)
+    #: ``view`` for a view (its ``sources`` are its inputs), else ``projection``.
+    style: str = "projection"
 
     def as_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -109,6 +114,31 @@ def _lag_seconds(dsn: str, source: Source, next_position: int, head: int) -> flo
     return 0.0
 
 
+def _view_sources(catalog: Catalog, dsn: str, name: str, definition: dict[str, Any],
+                  generation: Generation) -> list[SourceStatus]:
+    """A view's inputs: the position its generation has applied of each input's stream."""
+    owner = view_owner(name, generation.generation)
+    result = []
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        for alias, entry in (definition.get("inputs") or {}).items():
+            if entry.get("table") is not None:
+                stream = str(entry["table"])
+            else:
+                upstream = str(entry["view"])
+                stream = output_stream(upstream, catalog.current(upstream).generation)
+            try:
+                applied = StreamState(owner, stream).position(conn)
+                head = _source_reads.head(dsn, ChangelogSource(table=stream, alias=alias))
+            except (LakefoldError, psycopg.errors.UndefinedTable):
+                continue  # not started yet
+            lag = max(0, head - applied + 1)
+            seconds = _lag_seconds(dsn, ChangelogSource(table=stream, alias=alias), applied,
+                                   head) if lag else 0.0
+            result.append(SourceStatus(f"{alias} ({stream})", applied - 1, head, lag,
+                                       round(seconds, 3)))
+    return result
+
+
 def _locked(dsn: str, name: str, generation: int) -> bool:
     with psycopg.connect(dsn, autocommit=True) as conn:
         row = conn.execute(
@@ -145,7 +175,10 @@ def projection_status(catalog: Catalog, dsn: str, names: list[str] | None = None
             continue
         current = catalog.current(row.name)
         building = catalog.building(row.name)
-        sources = _source_status(dsn, _sources(catalog.definition(row.name)), current)
+        definition = catalog.definition(row.name) or {}
+        style = "view" if definition.get("style") == "view" else "projection"
+        sources = _view_sources(catalog, dsn, row.name, definition, current) \
+            if style == "view" else _source_status(dsn, _sources(definition), current)
         state = row.state
         if state in ("running", "rebuilding", "retrying") and not _locked(
                 dsn, row.name, current.generation):
@@ -163,7 +196,7 @@ def projection_status(catalog: Catalog, dsn: str, names: list[str] | None = None
             rebuilding_generation=building.generation if building else None,
             rebuild_position={a: max(0, p - 1) for a, p in building.position.items()}
             if building else {},
-            sources=sources, holds_compaction=holders.get(row.name, {})))
+            sources=sources, holds_compaction=holders.get(row.name, {}), style=style))
     return statuses
 
 

@@ -62,6 +62,11 @@ def output_stream(view: str, generation: int) -> str:
     return f"lakefold_views.{view}_g{generation}"
 
 
+def view_owner(view: str, generation: int) -> str:
+    """What a generation of ``view`` owns its input states and durable readers as."""
+    return f"view:{view}@{generation}"
+
+
 @dataclass(frozen=True)
 class BatchResult:
     """What one batch did."""
@@ -108,7 +113,7 @@ class ViewMaintainer:
                  inputs: Mapping[str, str], query: Query, plan: ViewPlan) -> None:
         self.view = view
         self.generation = generation
-        self.owner = f"view:{view}@{generation}"
+        self.owner = view_owner(view, generation)
         self.dsn = store_dsn
         self.inputs = dict(inputs)  # name in the query → stream
         self.query = query

@@ -8,20 +8,33 @@ leaves it alone. A view whose step fails with a terminal error (a key that is no
 query that fails on the data, an input whose compaction passed it) is marked ``failed`` in the
 catalog with the error and left alone for the rest of the run, while every other view and
 projection carries on; a transient error (the store unreachable) is tried again next tick.
+
+**Rebuild.** ``lakefold rebuild X`` begins a new generation of X and of every view downstream of
+it (``Runner.request_rebuild``). The runner that runs a view's live generation also runs its
+new one, from the start of every input: a new generation reads the new generation of an
+upstream view being rebuilt with it, and the live one of any other. A *group* (new generations
+linked by what they read) switches in one catalog transaction once each of its members has
+applied at least what its live generation has, and everything of the new upstream generations
+it reads, and its target holds all of its output. Live and new generations step in this one
+thread, so nothing moves between that check and the switch: readers see the old pair before
+and the new pair after, never a new view over an old one, and no view goes back in time. The
+retired generations' input states go at once, and with them their hold on compaction; their
+targets' storage is kept as ``keep_generations`` says.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import psycopg
 
+from lakefold.capture.store import ChangelogStore
 from lakefold.core.exceptions import TerminalError, TransientError
-from lakefold.projections._catalog import Catalog, hold_generation
+from lakefold.projections._catalog import Catalog, Generation, hold_generation
 from lakefold.projections._deadletters import DeadLetters, NewDeadLetter
 from lakefold.projections._targets import TargetContext
 from lakefold.projections._view_maintainer import ViewMaintainer, output_stream
@@ -49,18 +62,17 @@ class ViewRun:
     """The live generation of one view, run by this process (see the module docstring)."""
 
     def __init__(self, spark: SparkSession, checked: CheckedView, *, catalog: Catalog,
-                 store_dsn: str, redis_url: str | None, namespace: str) -> None:
+                 generation: Generation, inputs: Mapping[str, str], store_dsn: str,
+                 redis_url: str | None, namespace: str) -> None:
         view = checked.view
         self.name = view.name
         self.catalog = catalog
         self.dsn = store_dsn
-        generation = catalog.current(view.name)
         self.generation = generation.generation
-        inputs = {alias: source.table if source.table is not None else
-                  output_stream(str(source.view), catalog.current(str(source.view)).generation)
-                  for alias, source in view.inputs.items()}
+        #: Input name → the stream it reads (a table's, or a generation of another view's).
+        self.inputs = dict(inputs)
         self.maintainer = ViewMaintainer(spark, store_dsn, view=view.name,
-                                         generation=self.generation, inputs=inputs,
+                                         generation=self.generation, inputs=self.inputs,
                                          query=view.query, plan=checked.plan)
         self.maintainer.install(checked.output)
         target = view.target.open(
@@ -80,6 +92,19 @@ class ViewRun:
         """Each input's first position the view has not applied yet."""
         conn = self.maintainer.connection()
         return {alias: state.position(conn) for alias, state in self.maintainer.states.items()}
+
+    def holds(self, heads: Mapping[str, int], live: ViewRun) -> bool:
+        """True when this (new) generation holds at least what ``live`` holds: of an input both
+        read, as much as ``live`` has applied; of an input only this one reads (a new
+        upstream generation), everything up to ``heads``; and its target holds all its
+        output."""
+        mine, theirs = self.applied(), live.applied()
+        for name, stream in self.inputs.items():
+            done = theirs.get(name, 1) if live.inputs.get(name) == stream else \
+                heads.get(stream, 0) + 1
+            if mine[name] < done:
+                return False
+        return (self.writer.target.checkpoint() or 0) >= heads.get(self.writer.stream, 0)
 
     def acquire(self) -> bool:
         """Take the generation's lock (False: another process runs it)."""
@@ -137,20 +162,34 @@ class ViewRun:
             self._lock.close()
             self._lock = None
 
+    def retire(self) -> None:
+        """Close, and delete what only this generation used: its input states and its own,
+        and its durable readers (they no longer hold the compaction of their streams)."""
+        self.close()
+        with ChangelogStore(self.dsn) as store:
+            conn = store.connection()
+            for state in (*self.maintainer.states.values(), self.maintainer.own):
+                state.drop(conn)
+            store.release_reader(self.maintainer.owner)
+            store.release_reader(self.writer.reader)
+
 
 class ViewRunner:
     """Every view of a registry, run in order (see the module docstring)."""
 
     def __init__(self, spark: SparkSession, checked: Mapping[str, CheckedView], *,
-                 catalog: Catalog, store_dsn: str, redis_url: str | None,
-                 namespace: str) -> None:
+                 catalog: Catalog, store_dsn: str, redis_url: str | None, namespace: str,
+                 drop: Callable[[Iterable[Generation]], None] = lambda dropped: None) -> None:
         self.spark = spark
         self.checked = dict(checked)
         self.catalog = catalog
         self.dsn = store_dsn
         self.redis_url = redis_url
         self.namespace = namespace
+        #: Deletes the storage of generations a switch retired beyond ``keep_generations``.
+        self.drop = drop
         self.runs: dict[str, ViewRun] = {}
+        self.building: dict[str, ViewRun] = {}
         self.failed: set[str] = set()
 
     def register(self) -> None:
@@ -162,9 +201,29 @@ class ViewRunner:
                                 keep_generations=view.options.keep_generations,
                                 definition=view.describe())
 
+    def _open(self, name: str, generation: Generation, inputs: Mapping[str, str]) -> ViewRun:
+        return ViewRun(self.spark, self.checked[name], catalog=self.catalog,
+                       generation=generation, inputs=inputs, store_dsn=self.dsn,
+                       redis_url=self.redis_url, namespace=self.namespace)
+
+    def _inputs(self, name: str, *, new: bool) -> dict[str, str]:
+        """The streams a generation of ``name`` reads: a new generation reads the new
+        generation of an upstream view being rebuilt, anything else the live one."""
+        streams = {}
+        for alias, source in self.checked[name].view.inputs.items():
+            if source.table is not None:
+                streams[alias] = source.table
+                continue
+            upstream = str(source.view)
+            generation = (self.catalog.building(upstream) if new else None) or \
+                self.catalog.current(upstream)
+            streams[alias] = output_stream(upstream, generation.generation)
+        return streams
+
     def tick(self) -> bool:
-        """Step every view once, in order; True when none moved (all caught up, paused, or
-        failed)."""
+        """Step every view once, in order, and its new generation after it while it is
+        rebuilt; switch the rebuilt groups that caught up. True when none moved (all caught
+        up, paused, or failed)."""
         quiet = True
         for name in self.checked:
             if name in self.failed:
@@ -174,29 +233,92 @@ class ViewRunner:
                 continue
             run = self.runs.get(name)
             if run is None:
-                run = self.runs[name] = ViewRun(
-                    self.spark, self.checked[name], catalog=self.catalog, store_dsn=self.dsn,
-                    redis_url=self.redis_url, namespace=self.namespace)
+                run = self.runs[name] = self._open(name, self.catalog.current(name),
+                                                   self._inputs(name, new=False))
                 if not run.acquire():
                     self._stop(name)
                     continue
                 run.publish()
                 self.catalog.set_state(name, "running")
-            try:
-                if run.step():
+            for step in (run, self._new_generation(name)):
+                if step is None:
+                    continue
+                try:
+                    if step.step():
+                        quiet = False
+                except TerminalError:
+                    self.failed.add(name)
+                    self._stop(name)
+                    break
+                except TransientError:
                     quiet = False
-            except TerminalError:
-                self.failed.add(name)
-                self._stop(name)
-            except TransientError:
-                quiet = False
-        return quiet
+        self._switch_caught_up()
+        return quiet and not self.building
+
+    def _new_generation(self, name: str) -> ViewRun | None:
+        """The run of the generation of ``name`` being built, if any (opened here)."""
+        building = self.catalog.building(name)
+        run = self.building.get(name)
+        if building is None:
+            if run is not None:  # abandoned (`lakefold rebuild --abandon`)
+                self.building.pop(name).retire()
+            return None
+        inputs = self._inputs(name, new=True)
+        if run is not None and run.generation == building.generation and run.inputs == inputs:
+            return run
+        if run is not None:
+            self.building.pop(name).retire()
+            if run.generation == building.generation:  # an upstream rebuild was abandoned
+                self.catalog.abandon(name, building.generation)
+                log.warning("view %s: generation %d read a new generation of a view that is "
+                            "no longer being built; abandoned (rebuild it again)",
+                            name, building.generation)
+                return None
+        run = self._open(name, building, inputs)
+        if not run.acquire():
+            run.close()
+            return None
+        self.building[name] = run
+        self.catalog.set_state(name, "rebuilding")
+        return run
+
+    def _switch_caught_up(self) -> None:
+        """Switch every group of new generations whose members all caught up (see the
+        module docstring)."""
+        if not self.building:
+            return
+        groups: list[set[str]] = []
+        for name in self.building:  # in run order: upstream first
+            linked = {u for u in self.checked[name].view.upstream if u in self.building}
+            joined = [g for g in groups if g & linked]
+            group = {name}.union(*joined)
+            groups = [g for g in groups if g not in joined] + [group]
+        with ChangelogStore(self.dsn) as store:
+            heads = {s.name: s.head for s in store.streams()}
+        for group in groups:
+            if all(n in self.runs and self.building[n].holds(heads, self.runs[n])
+                   for n in group):
+                self._switch(group)
+
+    def _switch(self, group: set[str]) -> None:
+        dropped = self.catalog.switch_together(
+            {name: self.building[name].generation for name in group})
+        for name in [n for n in self.checked if n in group]:
+            self.runs.pop(name).retire()
+            run = self.runs[name] = self.building.pop(name)
+            run.publish()
+            self.catalog.set_state(name, "running")
+            log.info("view %s switched to generation %d", name, run.generation)
+        self.drop(dropped)
+
+    def rebuilding(self) -> bool:
+        """True while a view this runner runs has a new generation that has not switched."""
+        return any(name in self.runs and self.catalog.building(name) is not None
+                   for name in self.checked if name not in self.failed)
 
     def heads(self) -> dict[str, dict[str, int]]:
         """View → each captured table it reads → that stream's head now (the views are caught
         up when they have applied these and a tick moves nothing)."""
-        from lakefold.capture.store import ChangelogStore
-
         with ChangelogStore(self.dsn) as store:
             return {name: {alias: store.head(str(source.table))
                            for alias, source in checked.view.inputs.items()
@@ -216,13 +338,16 @@ class ViewRunner:
         return True
 
     def _stop(self, name: str) -> None:
-        run = self.runs.pop(name, None)
-        if run is not None:
-            run.close()
+        for runs in (self.runs, self.building):
+            run = runs.pop(name, None)
+            if run is not None:
+                run.close()
 
     def close(self) -> None:
         """Stop every view this runner runs; they are left ``stopped`` in the catalog."""
         for name in list(self.runs):
             self._stop(name)
-            if self.catalog.projection(name).state == "running":
+            if self.catalog.projection(name).state in ("running", "rebuilding"):
                 self.catalog.set_state(name, "stopped", keep_error=True)
+        for name in list(self.building):
+            self._stop(name)
