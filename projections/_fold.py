@@ -8,7 +8,7 @@ Plan of one fold projection:
    Records queued for a dead-letter retry join as rows whose ``_retry`` holds the record.
 2. Spark groups by ``_fkey``; for each key the Python function below loads the key's state
    from Spark's state store (tagged JSON, see ``_codec``), applies the handlers to the key's
-   records in position order, and stores the new state. Spark's checkpoint keeps the state
+   records in commit order (``_in_commit_order``), and stores the new state. Spark's checkpoint keeps the state
    and the offsets together, so after a crash the state is exactly as of the last committed
    batch, and the replayed batch recomputes the same output.
 3. Each key with a changed state emits one row: the state's columns, ``_position`` (the
@@ -55,6 +55,8 @@ if TYPE_CHECKING:
     from pyspark.sql.types import StructType
 
 DEAD_LETTER_COLUMN = "_dead_letter"
+#: A change's commit LSN and its place in its source transaction (null for events).
+COMMIT_COLUMNS = ("_commit_lsn", "_ordinal")
 META_COLUMNS = ("_source", "_position", "_ts", "_type", "_stream")
 #: Metadata columns of a source frame that are not part of a record's data.
 FRAME_META = frozenset({*META_COLUMNS, DELETED_COLUMN, "_before", FAN_KEY_COLUMN,
@@ -74,6 +76,8 @@ class FoldRuntime:
     initial: Callable[[object], dict[str, Any]] | None
     columns: tuple[str, ...]
     options: ProjectionOptions
+    #: How records of different sources are ordered (see ``_in_commit_order``).
+    order: str = "position"
 
     @classmethod
     def of(cls, projection: Projection, columns: tuple[str, ...]) -> FoldRuntime:
@@ -85,7 +89,17 @@ class FoldRuntime:
         return cls(name=projection.name, key_fields=key_fields, key_column=fold.key_column,
                    source_kinds={s.alias: s.kind for s in projection.sources},
                    handlers=dict(fold.handlers), initial=fold.initial, columns=columns,
-                   options=projection.options)
+                   options=projection.options, order=_order_of(projection))
+
+
+def _order_of(projection: Projection) -> str:
+    """``position`` for events only (the event store's global position is its commit order),
+    ``commit`` for changelogs only (the source's commit LSN, then the change's place in its
+    transaction), ``time`` when a fold mixes them (the two stores share no log: commit time)."""
+    kinds = {s.kind for s in projection.sources}
+    if kinds == {"events"}:
+        return "position"
+    return "commit" if kinds == {"changelog"} else "time"
 
 
 def output_schema(fold: FoldLogic, *, track_keys: bool = False) -> StructType:
@@ -138,6 +152,8 @@ def fold_input(projection: Projection, frames: Mapping[str, DataFrame],
             F.col("_ts").cast("timestamp").alias("_ts"),
             F.col("_type").cast("string").alias("_type"),
             F.col("_stream").cast("string").alias("_stream"),
+            *[(F.col(c).cast("long") if c in frame.columns else F.lit(None).cast("long"))
+              .alias(c) for c in COMMIT_COLUMNS],
             key.alias("_fkey"),
             F.lit(None).cast("string").alias("_retry"),
             (F.col(TRUNCATED_AT_COLUMN) if TRUNCATED_AT_COLUMN in frame.columns
@@ -215,10 +231,7 @@ def make_fold_function(runtime: FoldRuntime) -> Callable[..., Iterator[Any]]:
         rows: list[dict[str, Any]] = []
         for frame in frames:
             rows.extend(frame.to_dict("records"))
-        rows += _truncates_to_add(rows)
-        # New records in position order; retried records after them (they are old records
-        # applied late, by request).
-        rows.sort(key=lambda r: (r.get("_retry") is not None, int(r["_position"])))
+        rows = _in_commit_order(rows + _truncates_to_add(rows), runtime.order)
         if state.exists:
             text, position = state.get
             current: dict[str, Any] | None = _codec.loads(text)
@@ -288,6 +301,47 @@ def make_fold_function(runtime: FoldRuntime) -> Callable[..., Iterator[Any]]:
                                columns=list(runtime.columns), dtype=object)
 
     return fold
+
+
+def _in_commit_order(rows: list[dict[str, Any]], order: str) -> list[dict[str, Any]]:
+    """A key's new records in the order their sources committed them; retried records after
+    them (old records applied late, by request).
+
+    Each source's records stay in their position order. Across sources (``FoldRuntime.order``):
+    events by global position; changes by commit LSN, then their place in the transaction, so
+    an order inserted after its customer moved city, in the source, is folded after the move
+    whatever the two streams' positions are; a fold over both by commit time. A record without
+    a commit point (a truncate added for this key) follows the record before it in its
+    source."""
+    import pandas as pd
+
+    def number(value: Any) -> int | None:
+        return None if value is None or pd.isna(value) else int(value)
+
+    new = [r for r in rows if r.get("_retry") is None]
+    retried = [r for r in rows if r.get("_retry") is not None]
+    if order == "position":
+        return sorted(new, key=lambda r: int(r["_position"])) + retried
+    by_source: dict[str, list[dict[str, Any]]] = {}
+    for row in sorted(new, key=lambda r: int(r["_position"])):
+        by_source.setdefault(str(row["_source"]), []).append(row)
+    keyed: list[tuple[tuple[Any, ...], int, dict[str, Any]]] = []
+    for part in by_source.values():
+        last: tuple[Any, ...] = ()
+        for row in part:
+            lsn, ordinal = number(row.get("_commit_lsn")), number(row.get("_ordinal"))
+            raw_ts = row.get("_ts")
+            when = None if raw_ts is None or pd.isna(raw_ts) else _timestamp(raw_ts)
+            if order == "commit":
+                point = None if lsn is None else (lsn, ordinal or 0)
+            else:
+                point = None if when is None else (
+                    when.timestamp(), lsn if lsn is not None else int(row["_position"]),
+                    ordinal or 0)
+            last = point if point is not None else last
+            keyed.append((last, int(row["_position"]), row))
+    keyed.sort(key=lambda k: (k[0], k[1]))
+    return [row for _, _, row in keyed] + retried
 
 
 def _truncates_to_add(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -1,0 +1,84 @@
+"""A fold over several changelogs applies a key's records in the source's commit order, not in
+the order of each stream's own positions: an order inserted after its customer moved city is
+folded after the move, although the customers' stream is far ahead of the orders' in
+positions."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+from deltalake import DeltaTable
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from lakefold.capture import CaptureConfig
+from lakefold.projections import Fold, Runner, RunnerConfig, changelog, delta_table
+from lakefold.projections._api import Registry, registering_into
+from lakefold.projections._fold import _in_commit_order
+from lakefold.projections.operations import Catalog, SinkRoots
+from tests.capture.conftest import capture_now
+
+pytestmark = pytest.mark.timeout(300)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.lists(st.sampled_from(["a", "b"]), min_size=1, max_size=4),
+                min_size=1, max_size=12), st.randoms(use_true_random=False))
+def test_records_of_several_streams_come_out_in_commit_order(
+        transactions: list[list[str]], rng: random.Random) -> None:
+    """Transactions touch two streams in any mix; each stream numbers its own records; the
+    rows arrive shuffled: they come out as the source committed them."""
+    committed, positions = [], {"a": 0, "b": 0}
+    for t, sources in enumerate(transactions):
+        for ordinal, source in enumerate(sources, start=1):
+            positions[source] += 1
+            committed.append({"_source": source, "_position": positions[source] * 7,
+                              "_commit_lsn": 1000 + 16 * t, "_ordinal": ordinal, "_ts": None,
+                              "_retry": None})
+    shuffled = rng.sample(committed, len(committed))
+    assert _in_commit_order(shuffled, "commit") == committed
+
+
+def _registry() -> Registry:
+    registry = Registry()
+    with registering_into(registry):
+        fold = Fold("ordered_from", key={"customers": "id", "orders": "customer_id"},
+                    sources=[changelog("public.customers"), changelog("public.orders")],
+                    schema="id bigint, city string, ordered_from string", key_column="id",
+                    target=delta_table("upsert", keys=["id"]))
+
+        @fold.on("insert", "update", "truncate")
+        def _change(state: dict[str, Any], record: Any) -> dict[str, Any]:
+            if record.type == "truncate":
+                return state
+            if record.source == "customers":
+                return {**state, "city": record.data["city"]}
+            return {**state, "ordered_from": state.get("city")}  # where the order came from
+    return registry
+
+
+def test_a_fold_over_two_tables_sees_their_changes_in_commit_order(
+        spark: Any, shop: CaptureConfig, tmp_path: Path) -> None:
+    dsn = shop.source_dsn
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        for i in range(30):  # the customers' stream runs far ahead of the orders'
+            conn.execute("UPDATE customers SET name = %s WHERE id = 2", (f"n{i}",))
+        conn.execute("UPDATE customers SET city = 'Pune' WHERE id = 1")
+        conn.execute("INSERT INTO orders VALUES (100, 1, 1, 10)")  # ordered from Pune
+        with conn.transaction():  # one transaction: the move, then an order, then back
+            conn.execute("UPDATE customers SET city = 'Rome' WHERE id = 3")
+            conn.execute("INSERT INTO orders VALUES (101, 3, 1, 10)")
+            conn.execute("UPDATE customers SET city = 'Oslo' WHERE id = 3")
+    capture_now(shop)
+    config = RunnerConfig(store_dsn=dsn, roots=SinkRoots.under(tmp_path), poll_seconds=0.1)
+    with Runner(spark, _registry(), config) as runner, Catalog(dsn) as catalog:
+        runner.run(until_caught_up=True, timeout=180)
+        rows = DeltaTable(catalog.current("ordered_from").location("delta")) \
+            .to_pyarrow_table().to_pylist()
+    folded = {row["id"]: row for row in rows}
+    assert (folded[1]["city"], folded[1]["ordered_from"]) == ("Pune", "Pune")
+    assert (folded[3]["city"], folded[3]["ordered_from"]) == ("Oslo", "Rome")
