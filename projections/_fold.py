@@ -8,9 +8,9 @@ Plan of one fold projection:
    Records queued for a dead-letter retry join as rows whose ``_retry`` holds the record.
 2. Spark groups by ``_fkey``; for each key the Python function below loads the key's state
    from Spark's state store (tagged JSON, see ``_codec``), applies the handlers to the key's
-   records in commit order (``_in_commit_order``), and stores the new state. Spark's checkpoint keeps the state
-   and the offsets together, so after a crash the state is exactly as of the last committed
-   batch, and the replayed batch recomputes the same output.
+   records in commit order (``_in_commit_order``), and stores the new state. Spark's
+   checkpoint keeps the state and the offsets together, so after a crash the state is exactly
+   as of the last committed batch, and the replayed batch recomputes the same output.
 3. Each key with a changed state emits one row: the state's columns, ``_position`` (the
    highest position folded into it), ``_deleted`` (the handler returned None: the key and its
    state are gone; or the state has ``"_deleted": True``: the row is removed from the target
@@ -332,6 +332,7 @@ def _in_commit_order(rows: list[dict[str, Any]], order: str) -> list[dict[str, A
             lsn, ordinal = number(row.get("_commit_lsn")), number(row.get("_ordinal"))
             raw_ts = row.get("_ts")
             when = None if raw_ts is None or pd.isna(raw_ts) else _timestamp(raw_ts)
+            point: tuple[Any, ...] | None
             if order == "commit":
                 point = None if lsn is None else (lsn, ordinal or 0)
             else:
