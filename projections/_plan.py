@@ -34,6 +34,7 @@ from lakefold.projections.exceptions import (
     ProjectionDefinitionError,
 )
 from lakefold.spark import _source_reads
+from lakefold.spark._source_cuts import CutGroup
 from lakefold.spark._source_inputs import ChangelogSource, EventSource
 from lakefold.spark._source_live import LIVE_READ_MAX, live_frame
 from lakefold.spark._source_records import TruncateOptions, source_frame, spark_schema
@@ -87,8 +88,11 @@ def build(spark: SparkSession, projection: Projection, dsn: str, *, max_records:
     columns = event_columns_read(
         spark, projection, {s.alias: spark_schema(dsn, s) for s in projection.sources},
         _call_transform, _source_reads.event_columns()) if rebuild else {}
+    tables = tuple(s.table for s in projection.sources if isinstance(s, ChangelogSource))
+    cuts = CutGroup.new(projection.name, tables) \
+        if projection.fold is not None and len(tables) > 1 else None
     truncates = TruncateOptions(mode=source_mode(projection), fold=projection.name,
-                                generation=generation)
+                                generation=generation, cuts=cuts)
     if rebuild or max_records > LIVE_READ_MAX:
         frames = {s.alias: source_frame(spark, dsn, s, max_records=max_records,
                                         columns=columns.get(s.alias), truncates=truncates)

@@ -67,6 +67,11 @@ class PositionQuery(Protocol):
         """The records at ``positions`` as batches of ``schema`` (runs in a task)."""
         ...
 
+    def cut(self, start: int, end: int, round_: int) -> int:
+        """The end of planning round ``round_``'s batch ``[start, end)``, lowered to a cut
+        shared with other sources (``RangeQuery``: none)."""
+        ...
+
 
 class RangeQuery:
     """A query's defaults: offsets with the position only, a batch split by ``split_range``."""
@@ -76,6 +81,9 @@ class RangeQuery:
 
     def ranges(self, start: int, end: int, options: ReadOptions) -> list[PositionRange]:
         return split_range(start, end, options)
+
+    def cut(self, start: int, end: int, round_: int) -> int:
+        return end
 
 
 def partition_range(partition: InputPartition) -> PositionRange:
@@ -103,6 +111,7 @@ class PositionStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self.options = options
         self.schema = schema
         self.target_head: int | None = None
+        self.rounds = 0  # plannings so far (see ``PositionQuery.cut``)
 
     def _offset(self, position: int) -> dict[str, Any]:
         return {**self.query.offset_tag(), **offset(position)}
@@ -121,7 +130,10 @@ class PositionStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return self.target_head if self.target_head is not None else self.query.head()
 
     def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, Any]:
-        return self._offset(capped_end(position_of(start), self._head(), limit_rows(limit)))
+        begin = position_of(start)
+        end = capped_end(begin, self._head(), limit_rows(limit))
+        round_, self.rounds = self.rounds, self.rounds + 1
+        return self._offset(self.query.cut(begin, end, round_))
 
     def reportLatestOffset(self) -> dict[str, Any]:
         return self._offset(self._head() + 1)

@@ -45,6 +45,7 @@ from pyspark.sql.datasource import DataSource, DataSourceReader, DataSourceStrea
 
 from lakefold.schemas.arrow import conform_batch
 from lakefold.spark import _source_reads
+from lakefold.spark._source_cuts import CutGroup, cut_end
 from lakefold.spark._source_formats import (
     PositionBatchReader,
     PositionStreamReader,
@@ -94,6 +95,8 @@ class InputQuery:
     truncates: Mode = "keep"
     #: A fold's (name, generation), whose keys a ``fanout`` truncate reaches.
     fold: tuple[str, int] | None = None
+    #: The sources whose batches end at one source commit (``_source_cuts``).
+    cuts: CutGroup | None = None
 
     @classmethod
     def parse(cls, options: dict[str, str]) -> InputQuery:
@@ -107,13 +110,19 @@ class InputQuery:
         return cls(dsn=options["dsn"], source=source,
                    columns=tuple(columns.split(",")) if columns else None,
                    truncates=truncates,
-                   fold=(str(fold["name"]), int(fold["generation"])) if fold else None)
+                   fold=(str(fold["name"]), int(fold["generation"])) if fold else None,
+                   cuts=CutGroup.from_json(options["cuts"]) if options.get("cuts") else None)
 
     def offset_tag(self) -> dict[str, Any]:
         return {"source": self.source.alias}
 
     def head(self) -> int:
         return _source_reads.head(self.dsn, self.source)
+
+    def cut(self, start: int, end: int, round_: int) -> int:
+        if self.cuts is None or not isinstance(self.source, ChangelogSource):
+            return end
+        return cut_end(self.dsn, self.cuts, self.source.table, round_, start, end)
 
     def arrow_schema(self) -> pa.Schema:
         return _source_reads.arrow_schema(self.dsn, self.source)
@@ -204,14 +213,19 @@ def spark_schema(dsn: str, source: Source, *, truncates: Mode = "keep") -> Struc
 @dataclass(frozen=True)
 class TruncateOptions:
     """How a frame's changelog source hands over truncate records (see ``_source_truncates``):
-    ``mode``, and for a fold's ``fanout`` the generation whose keys to fan out to."""
+    ``mode``, and for a fold's ``fanout`` the generation whose keys to fan out to; and, for a
+    fold over several changelogs, the group whose batches end at one source commit."""
 
     mode: Mode = "keep"
     fold: str | None = None
     generation: int | None = None
+    #: A fold's changelog sources end their batches at one source commit (``_source_cuts``).
+    cuts: CutGroup | None = None
 
     def apply(self, reader: Any) -> Any:
         reader = reader.option("truncates", self.mode)
+        if self.cuts is not None:
+            reader = reader.option("cuts", self.cuts.to_json())
         if self.fold is not None and self.generation is not None:
             reader = reader.option("fold", json.dumps({"name": self.fold,
                                                        "generation": self.generation}))

@@ -1,7 +1,7 @@
 """A fold over several changelogs applies a key's records in the source's commit order, not in
 the order of each stream's own positions: an order inserted after its customer moved city is
 folded after the move, although the customers' stream is far ahead of the orders' in
-positions."""
+positions; and its sources end every micro-batch at one source commit."""
 
 from __future__ import annotations
 
@@ -10,16 +10,23 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
+import pyarrow as pa
 import pytest
 from deltalake import DeltaTable
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from lakefold.capture import CaptureConfig
+from lakefold.capture.store import ChangelogStore
 from lakefold.projections import Fold, Runner, RunnerConfig, changelog, delta_table
 from lakefold.projections._api import Registry, registering_into
 from lakefold.projections._fold import _in_commit_order
 from lakefold.projections.operations import Catalog, SinkRoots
+from lakefold.spark._source_cuts import CutGroup
+from lakefold.spark._source_formats import PositionStreamReader
+from lakefold.spark._source_inputs import ChangelogSource
+from lakefold.spark._source_positions import ReadOptions, offset, position_of
+from lakefold.spark._source_records import InputQuery
 from tests.capture.conftest import capture_now
 
 pytestmark = pytest.mark.timeout(300)
@@ -82,3 +89,34 @@ def test_a_fold_over_two_tables_sees_their_changes_in_commit_order(
     folded = {row["id"]: row for row in rows}
     assert (folded[1]["city"], folded[1]["ordered_from"]) == ("Pune", "Pune")
     assert (folded[3]["city"], folded[3]["ordered_from"]) == ("Oslo", "Rome")
+
+
+def test_the_changelog_sources_of_a_fold_end_their_batches_at_one_source_commit(
+        shop: CaptureConfig) -> None:
+    """Spark asks each source in turn where its batch ends; a transaction the capture stores
+    between the two questions goes to neither source's batch, then to both."""
+    dsn = shop.source_dsn
+    group = CutGroup.new("ordered_from", ("public.customers", "public.orders"))
+
+    def reader(table: str, cuts: CutGroup | None) -> PositionStreamReader:
+        query = InputQuery(dsn, ChangelogSource(table, table.split(".")[1]), cuts=cuts)
+        return PositionStreamReader(query, ReadOptions(max_records_per_trigger=10_000),
+                                    pa.schema([]))
+
+    def end(source: PositionStreamReader, start: int) -> int:
+        return position_of(source.latestOffset(
+            {**source.query.offset_tag(), **offset(start)}, source.getDefaultReadLimit()))
+
+    with ChangelogStore(dsn) as store:
+        before = {t: store.head(t) for t in group.streams}
+    customers, orders = reader("public.customers", group), reader("public.orders", group)
+    uncut = reader("public.orders", None)
+    assert end(customers, 0) == before["public.customers"] + 1  # round 0 asks customers first
+    with psycopg.connect(dsn) as conn, conn.transaction():
+        conn.execute("UPDATE customers SET city = 'Rome' WHERE id = 1")
+        conn.execute("INSERT INTO orders VALUES (200, 1, 1, 10)")
+    capture_now(shop)
+    assert end(uncut, 0) == before["public.orders"] + 2  # without the cut: half of it
+    assert end(orders, 0) == before["public.orders"] + 1  # the same round: none of it
+    assert end(customers, 0) == before["public.customers"] + 2  # round 1: all of it
+    assert end(orders, 0) == before["public.orders"] + 2
