@@ -122,9 +122,17 @@ def _json_default(value: object) -> object:
     raise ProjectionTypeError(f"cannot encode {type(value).__name__} as JSON")
 
 
-def key_text(value: object) -> str:
-    """The text form of a key value, as used in Redis keys and search document ids."""
+#: The text of a NULL key where a target takes them (a view's group of NULLs, as SQL has it):
+#: PostgreSQL text never holds a NUL character, so no text key reads the same.
+NULL_KEY = "\x00"
+
+
+def key_text(value: object, *, nulls: bool = False) -> str:
+    """The text form of a key value, as used in Redis keys and search document ids; a NULL
+    key is ``NULL_KEY`` with ``nulls`` (a view's target, and readers), else an error."""
     if value is None:
+        if nulls:
+            return NULL_KEY
         raise TargetError("a row has a null key; the key column must never be null")
     return _scalar(value)
 
@@ -143,9 +151,12 @@ class RedisCacheWriter:
     """Writes batches of rows into one generation's key prefix, exactly once per batch."""
 
     def __init__(self, url: str, prefix: str, *, key: str,
-                 format: Literal["hash", "json"] = "hash", checkpoint: str = "_ckpt") -> None:
+                 format: Literal["hash", "json"] = "hash", checkpoint: str = "_ckpt",
+                 null_keys: bool = False) -> None:
         """``checkpoint`` names the batch checkpoint (a targeted rebuild keeps its own, so
-        the live batch sequence is untouched)."""
+        the live batch sequence is untouched); ``null_keys``: a NULL key is a key
+        (``NULL_KEY``), not a bad row."""
+        self.null_keys = null_keys
         self._url = url
         self.prefix = prefix
         self._checkpoint = prefix + checkpoint
@@ -170,7 +181,7 @@ class RedisCacheWriter:
 
     def encode(self, row: Mapping[str, Any], position: int) -> list[str | int]:
         """The script arguments for one row: key, position, op, field count, fields."""
-        key = key_text(row.get(self.key))
+        key = key_text(row.get(self.key), nulls=self.null_keys)
         if row.get(DELETED_COLUMN):
             return [key, position, "d", 0]
         values = {c: v for c, v in row.items()
@@ -262,7 +273,7 @@ def read_value(client: redis.Redis, prefix: str, format: str, key: object
                ) -> dict[str, Any] | None:
     """The value of ``key`` under a generation's ``prefix`` (a client that decodes
     responses), or None when the key is absent."""
-    full = f"{prefix}k:{key_text(key)}"
+    full = f"{prefix}k:{key_text(key, nulls=True)}"
     if format == "json":
         raw = client.get(full)
         return None if raw is None else dict(json.loads(raw))
@@ -338,7 +349,7 @@ class RedisCacheReader:
     def position(self, view: str, key: object) -> int | None:
         """The source position the stored value of ``key`` reflects."""
         pointer = self.pointer(view)
-        raw = self._client.hget(pointer["prefix"] + "_pos", key_text(key))
+        raw = self._client.hget(pointer["prefix"] + "_pos", key_text(key, nulls=True))
         return None if raw is None else int(raw)
 
     def keys(self, view: str) -> Iterable[str]:
@@ -365,7 +376,8 @@ class RedisGenerationTarget(GenerationTarget):
             )
         self.spec = spec
         self.url = context.redis_url
-        self.writer = RedisCacheWriter(self.url, location, key=spec.key, format=spec.format)
+        self.writer = RedisCacheWriter(self.url, location, key=spec.key, format=spec.format,
+                                       null_keys=context.null_keys)
         self._reader: redis.Redis | None = None
 
     @property
@@ -389,7 +401,7 @@ class RedisGenerationTarget(GenerationTarget):
         for key in keys:
             value = read_value(self._client(), self.location, self.spec.format, key)
             if value is not None:
-                found[key_text(key)] = value
+                found[key_text(key, nulls=True)] = value
         return found
 
     def stored_keys(self) -> list[object]:

@@ -175,9 +175,12 @@ class SearchWriteResult:
 class SearchIndexWriter:
     """Writes batches into one generation's index directory: one commit per batch."""
 
-    def __init__(self, path: str | Path, layout: IndexLayout) -> None:
+    def __init__(self, path: str | Path, layout: IndexLayout, *, null_keys: bool = False
+                 ) -> None:
+        """``null_keys``: a NULL key is a document id (``NULL_KEY``), not a bad row."""
         self.path = Path(path)
         self.layout = layout
+        self.null_keys = null_keys
         self._index = _open_or_create(self.path, layout)
         self._writer = self._index.writer(heap_size=_WRITER_HEAP, num_threads=1)
         self._last = committed_batch(self._index)
@@ -205,7 +208,7 @@ class SearchIndexWriter:
             rows = rows.sort_by([(POSITION_COLUMN, "ascending")])
         for row in _rows(rows):  # the last row of a key (by position) in the batch wins
             try:
-                latest[key_text(row.get(self.layout.key))] = row
+                latest[key_text(row.get(self.layout.key), nulls=self.null_keys)] = row
             except TargetError as e:
                 if rejected is None:
                     raise
@@ -340,7 +343,7 @@ def read_document(index: tantivy.Index, key: object) -> dict[str, Any] | None:
     """The document with id ``key`` in ``index`` (reloaded first), or None."""
     index.reload()
     searcher = index.searcher()
-    query = tantivy.Query.term_query(index.schema, KEY_FIELD, key_text(key))
+    query = tantivy.Query.term_query(index.schema, KEY_FIELD, key_text(key, nulls=True))
     hits = searcher.search(query, limit=1).hits
     return _plain(searcher.doc(hits[0][1])) if hits else None
 
@@ -387,7 +390,8 @@ class SearchGenerationTarget(GenerationTarget):
     def _opened(self, rows: pa.Table) -> SearchIndexWriter:
         if self._writer is None:
             self._writer = SearchIndexWriter(
-                self.location, self._layout(self.context.schema or rows.schema))
+                self.location, self._layout(self.context.schema or rows.schema),
+                null_keys=self.context.null_keys)
         return self._writer
 
     def write(self, rows: pa.Table, batch: TargetBatch, *,
@@ -409,7 +413,7 @@ class SearchGenerationTarget(GenerationTarget):
         for key in keys:
             document = read_document(index, key)
             if document is not None:
-                found[key_text(key)] = document
+                found[key_text(key, nulls=True)] = document
         return found
 
     def stored_keys(self) -> list[object]:

@@ -66,6 +66,8 @@ class TargetContext:
     redis_url: str | None = None
     redis_namespace: str = "lf"
     schema: pa.Schema | None = None
+    #: A NULL key is a key (a view's group of NULLs), not a bad row (Redis, search).
+    null_keys: bool = False
 
 
 @dataclass(frozen=True)

@@ -78,7 +78,7 @@ class ViewRun:
         target = view.target.open(
             generation.location(view.target.kind),
             TargetContext(view.name, self.generation, redis_url=redis_url,
-                          redis_namespace=namespace))
+                          redis_namespace=namespace, null_keys=True))
         self.writer = ViewTargetWriter(store_dsn, self.maintainer.output.name, target,
                                        reader=f"{self.maintainer.owner}:target")
         self.progress = ViewProgress()

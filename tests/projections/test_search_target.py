@@ -69,6 +69,27 @@ def test_upsert_delete_query_and_checkpoint(tmp_path, layout):
     again.close()
 
 
+def test_a_null_key_is_a_document_only_where_the_target_takes_null_keys(tmp_path):
+    """A view's group of NULLs is a document of its own (read back by the key None); a
+    projection's row with a NULL key is a bad row."""
+    layout = IndexLayout.from_arrow(SCHEMA, key="sku", text=("name",))
+    writer = SearchIndexWriter(tmp_path / "views", layout, null_keys=True)
+    writer.write(table({**product(1, "no sku", "x"), "sku": None},
+                       product(2, "with sku", "y")), batch_id=0)
+    reader = SearchIndexReader(lambda view: str(tmp_path / "views"))
+    assert (reader.get("v", None) or {})["name"] == "no sku"
+    assert (reader.get("v", "SKU-2") or {})["name"] == "with sku"
+    writer.write(table({**product(1, "", "", deleted=True), "sku": None}), batch_id=1)
+    assert reader.get("v", None) is None and reader.count("v") == 1
+    writer.close()
+    rejected: list[tuple[dict[str, object], str]] = []
+    strict = SearchIndexWriter(tmp_path / "projection", layout)
+    strict.write(table({**product(1, "no sku", "x"), "sku": None}), batch_id=0,
+                 rejected=rejected)
+    assert len(rejected) == 1 and "null key" in rejected[0][1]
+    strict.close()
+
+
 def test_uncommitted_batch_leaves_nothing(tmp_path, layout):
     path = tmp_path / "idx"
     writer = SearchIndexWriter(path, layout)

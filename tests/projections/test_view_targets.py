@@ -12,6 +12,7 @@ import pytest
 from deltalake import DeltaTable
 
 from lakefold.capture import CaptureConfig
+from lakefold.projections._redis import NULL_KEY, key_text
 from lakefold.projections._target_specs import delta_table, redis_cache, search_index
 from lakefold.projections._targets import GenerationTarget, TargetContext
 from lakefold.projections._view_maintainer import ViewMaintainer
@@ -34,7 +35,7 @@ def test_targets_follow_the_views_exactly_once(
         redis_url: str) -> None:
     dsn = shop.source_dsn
     context = TargetContext("views", 1, redis_url=redis_url,
-                            redis_namespace=f"t{uuid.uuid4().hex[:8]}")
+                            redis_namespace=f"t{uuid.uuid4().hex[:8]}", null_keys=True)
     lines, revenue = shop_views["order_lines"], shop_views["revenue_by_city"]
     delta = delta_table("upsert", keys=["order_id"]).open(str(tmp_path / "lines"), context)
     search = search_index("order_id", text=["city"]).open(str(tmp_path / "search"), context)
@@ -44,6 +45,7 @@ def test_targets_follow_the_views_exactly_once(
                ViewTargetWriter(dsn, revenue.output.name, cache, reader="cache")]
     changes = [
         "UPDATE customers SET city = 'Pune' WHERE id = 3",  # a row moves between groups
+        "UPDATE customers SET city = NULL WHERE id = 1",  # the group of NULLs, as SQL has it
         "DELETE FROM orders WHERE id IN (4, 5)",
         "UPDATE orders SET customer_id = 1 WHERE id = 8",  # a join key changes
         "DELETE FROM customers WHERE id = 2",  # its orders leave the inner join
@@ -68,14 +70,17 @@ def test_targets_follow_the_views_exactly_once(
             assert sorted(int(str(k)) for k in search.stored_keys()) == sorted(
                 k[0] for k in expected)
             by_city = oracle(dsn, "revenue_by_city")
+            cities_now = sorted(key_text(k[0], nulls=True) for k in by_city)
             cached = cache.read([k[0] for k in by_city])
             assert {city: int(row["orders"]) for city, row in cached.items()} == {
-                k[0]: row["orders"] for k, row in by_city.items()}, change
-            assert sorted(map(str, cache.stored_keys())) == sorted(k[0] for k in by_city)
+                key_text(k[0], nulls=True): row["orders"] for k, row in by_city.items()}, change
+            assert sorted(map(str, cache.stored_keys())) == cities_now
         # Nothing is left: each target's checkpoint is the stream's head.
         assert all(writer.step() is None for writer in writers)
         assert delta.checkpoint() == lines.store.head(lines.output.name)
         assert Decimal(str(cached["Pune"]["revenue"])) > 0
+        assert int(cached[NULL_KEY]["orders"]) == oracle(dsn, "revenue_by_city")[(None,)][
+            "orders"] > 0
     finally:
         for writer in writers:
             writer.close()
