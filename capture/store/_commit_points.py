@@ -5,8 +5,9 @@ The capture stores a source's transactions in commit order and moves the heads o
 a transaction touched in one store transaction (with the slot's ``commit_lsn``). So every
 record whose commit LSN is at most the slot's stored commit LSN (less one while the slot's last
 transaction is only partly stored), or at most the newest commit LSN at a stream's head, is
-visible in its stream, now and for every later reader: ``frontier``. A reader that ends a range at ``first_after`` of such a frontier holds, of every
-source transaction, all of its records in that stream or none of them.
+visible in its stream, now and for every later reader: ``frontier``. A reader that ends a
+range at ``first_after`` of such a frontier holds, of every source transaction, all of its
+records in that stream or none of them.
 """
 
 from __future__ import annotations
