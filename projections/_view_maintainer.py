@@ -46,6 +46,7 @@ from lakefold.capture.store._arrow_columns import typed_array
 from lakefold.capture.store._changelog_store import ChangelogStore, stream_meta
 from lakefold.capture.store._derived_streams import DerivedStream, column_for, texts
 from lakefold.capture.store._stream_state import StateChanges, StreamState
+from lakefold.projections._view_aggregates import AggregateState
 from lakefold.projections._view_plan import Query, ViewPlan, analyze, view_frame
 from lakefold.projections.exceptions import MissingKeyError, ProjectionStateError
 
@@ -122,6 +123,8 @@ class ViewMaintainer:
         self.states = {name: StreamState(self.owner, stream) for name, stream in inputs.items()}
         self.output = DerivedStream(output_stream(view, generation))
         self.own = StreamState(self.owner, self.output.name)
+        self.aggregates = None if plan.aggregate is None else AggregateState(
+            self.owner, plan.aggregate, self.states[plan.aggregate.input])
         self.store = ChangelogStore(store_dsn)
         self._schema: Any = None
 
@@ -145,6 +148,18 @@ class ViewMaintainer:
             self.store.commit_reader(self.owner, self.inputs[name], state.position(conn) - 1)
         self._schema = self.output.create(conn, output_schema, self.plan.key)
         self.own.create(conn, self.plan.partition)
+        if self.aggregates is not None:
+            self.aggregates.create(conn)
+
+    def drop(self) -> None:
+        """Delete what this generation keeps in the store (its input states, its own state,
+        its aggregates); its output stream stays."""
+        conn = self.connection()
+        for state in (*self.states.values(), self.own):
+            state.drop(conn)
+        if self.aggregates is not None:
+            with conn.transaction():
+                self.aggregates.drop(conn)
 
     # ------------------------------------------------------------------ one batch
 
@@ -169,7 +184,13 @@ class ViewMaintainer:
             affected = None if everything else self._affected(conn, changes)
             if affected is not None and not affected:
                 return BatchResult({n: c.end for n, c in changes.items()}, 0, 0, 0, (0, 0))
-            rows, failed, computed = self._recompute(conn, affected)
+            failed: dict[Partition, str] = {}
+            if self.aggregates is not None:
+                images = None if affected is None else changes[self.aggregates.plan.input]
+                rows = self.aggregates.apply(conn, images, self._output_schema())
+                computed = affected
+            else:
+                rows, failed, computed = self._recompute(conn, affected)
             old = self._old_rows(conn, computed)
             upserts, previous, deletes = self._diff(old, rows)
             commit_lsn, commit_ts = self._commit_point(conn, changes)

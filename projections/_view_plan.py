@@ -33,6 +33,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
+from lakefold.projections._view_aggregates import AggregatePlan, aggregate_plan
 from lakefold.projections.exceptions import MissingKeyError, NotMaintainableError
 
 if TYPE_CHECKING:
@@ -101,6 +102,8 @@ class ViewPlan:
     direct: Mapping[str, tuple[str, ...]]
     #: Lookup input → how its rows are found, in the order they must be found.
     lookups: Mapping[str, Lookup]
+    #: Set when the view is one GROUP BY kept by its changes (``_view_aggregates``).
+    aggregate: AggregatePlan | None = None
 
     @property
     def inputs(self) -> tuple[str, ...]:
@@ -119,6 +122,8 @@ class ViewPlan:
         parts += [f"{name} direct by {', '.join(cols)}" for name, cols in self.direct.items()]
         parts += [f"{name} looked up by {lookup.column} = {lookup.via}.{lookup.via_column}"
                   for name, lookup in self.lookups.items()]
+        if self.aggregate is not None:
+            parts.append("aggregates kept by their changes")
         return "; ".join(parts)
 
 
@@ -385,7 +390,8 @@ def analyze_plan(view: str, plan_json: str, key: Sequence[str],
     """The maintenance of a view whose analyzed plan is ``plan_json`` (see the module
     docstring); ``inputs`` are the names the view declares."""
     analysis = _Analysis(view)
-    scope = analysis.scope(_tree(json.loads(plan_json)))
+    tree = _tree(json.loads(plan_json))
+    scope = analysis.scope(tree)
     names = [scope.columns[i].name for i in scope.output]
     unused = [name for name in inputs if name not in scope.inputs]
     if unused:
@@ -407,6 +413,10 @@ def analyze_plan(view: str, plan_json: str, key: Sequence[str],
     plan = _choose(view, scope, tuple(key))
     if plan is None:
         raise _unreachable(view, scope, tuple(key))
+    aggregate = aggregate_plan(tree)
+    if aggregate is not None and not plan.lookups and list(plan.direct) == [aggregate.input] \
+            and set(plan.partition) == {name for name, _ in aggregate.groups}:
+        plan = replace(plan, aggregate=aggregate)
     return plan
 
 

@@ -165,11 +165,9 @@ class ViewRun:
     def retire(self) -> None:
         """Close, and delete what only this generation used: its input states and its own,
         and its durable readers (they no longer hold the compaction of their streams)."""
+        self.maintainer.drop()
         self.close()
         with ChangelogStore(self.dsn) as store:
-            conn = store.connection()
-            for state in (*self.maintainer.states.values(), self.maintainer.own):
-                state.drop(conn)
             store.release_reader(self.maintainer.owner)
             store.release_reader(self.writer.reader)
 
