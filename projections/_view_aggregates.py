@@ -41,6 +41,7 @@ from dataclasses import dataclass
 from decimal import Context, Decimal
 from typing import Any
 
+import numpy as np
 import psycopg
 import pyarrow as pa
 import pyarrow.csv as pacsv
@@ -260,9 +261,8 @@ class AggregateState:
         for sign, raw in signed:
             if raw.num_rows == 0:
                 continue
-            arrays = [pa.array([sign] * raw.num_rows, pa.int32())]
-            arrays += [pa.array(self.state.raw_column(conn, raw, c), pa.string())
-                       for c in columns]
+            arrays = [pa.array(np.full(raw.num_rows, sign, dtype=np.int32))]
+            arrays += [self.state.raw_array(conn, raw, c) for c in columns]
             parts.append(pa.Table.from_arrays(arrays, names=names))
         if not parts:
             return

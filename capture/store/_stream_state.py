@@ -41,6 +41,7 @@ from typing import Any, Final
 
 import psycopg
 import pyarrow as pa
+import pyarrow.compute as pc
 from psycopg import sql
 
 from lakefold.capture.store import _snapshot_segments
@@ -264,16 +265,21 @@ class StreamState:
                    column: str) -> list[str | None]:
         """The text values of ``column`` in raw rows (each row read in its schema version's
         layout; None where the version lacks the column)."""
-        if raw.num_rows == 0:
-            return []
+        values: list[str | None] = self.raw_array(conn, raw, column).to_pylist()
+        return values
+
+    def raw_array(self, conn: psycopg.Connection[Any], raw: pa.Table,
+                  column: str) -> pa.Array:
+        """``raw_column`` as an Arrow string array (no Python objects per value)."""
         by_version = self._indexes(self.meta(conn), column)
-        out: list[str | None] = [None] * raw.num_rows
-        versions = raw.column("_schema_version").to_pylist()
+        out: pa.Array | pa.ChunkedArray = pa.nulls(raw.num_rows, pa.string())
+        if raw.num_rows == 0:
+            return out
+        versions = raw.column("_schema_version")
         for version, index in by_version.items():
-            values = raw.column(f"v{index}").to_pylist()
-            for i, v in enumerate(versions):
-                if v == version:
-                    out[i] = values[i]
+            out = pc.if_else(pc.equal(versions, version), raw.column(f"v{index}"), out)
+        if isinstance(out, pa.ChunkedArray):
+            return out.combine_chunks()
         return out
 
     def _indexes(self, meta: StreamMeta, column: str) -> dict[int, int]:
