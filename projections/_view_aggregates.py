@@ -49,6 +49,7 @@ from psycopg import sql
 
 from lakefold.capture.store._arrow_columns import typed_array
 from lakefold.capture.store._stream_state import STATE_SCHEMA, StateChanges, StreamState
+from lakefold.projections._plan_trees import expression_trees, walk
 
 _INTEGRAL = {"tinyint", "smallint", "int", "bigint", "byte", "short", "integer", "long"}
 _DECIMAL = re.compile(r"decimal\((\d+),(\d+)\)")
@@ -108,10 +109,9 @@ def _supported(function: str, kind: str) -> bool:
 
 
 def aggregate_plan(root: Any) -> AggregatePlan | None:
-    """The plan of a view kept by its changes, from its analyzed plan's tree (``_view_plan``'s
-    ``_Node``); None when the view does not qualify (it is recomputed by partitions)."""
-    from lakefold.projections._view_plan import _expressions, _walk
-
+    """The plan of a view kept by its changes, from its analyzed plan's tree (a
+    ``_plan_trees.Node``); None when the view does not qualify (it is recomputed by
+    partitions)."""
     if root.cls != "Aggregate":
         return None
     below = root.children[0]
@@ -120,12 +120,12 @@ def aggregate_plan(root: Any) -> AggregatePlan | None:
     if below.cls != "View":
         return None
     name = str(below.fields["desc"]["identifier"]["table"])
-    grouping = _expressions(root.fields["groupingExpressions"])
+    grouping = expression_trees(root.fields["groupingExpressions"])
     if not grouping or any(g.cls != "AttributeReference" for g in grouping):
         return None
     group_ids = {int(g.fields["exprId"]["id"]) for g in grouping}
     groups, measures = [], []
-    for expression in _expressions(root.fields["aggregateExpressions"]):
+    for expression in expression_trees(root.fields["aggregateExpressions"]):
         inner = expression.children[0] if expression.cls == "Alias" else expression
         out = str(expression.fields.get("name", ""))
         if inner.cls == "AttributeReference" and int(inner.fields["exprId"]["id"]) in group_ids:
@@ -151,7 +151,7 @@ def aggregate_plan(root: Any) -> AggregatePlan | None:
                 and _decimal(kind) is None):
             return None
         measures.append(Measure(out, chosen, column, kind))
-    for node in _walk(root):
+    for node in walk(root):
         if node.cls in ("ScalarSubquery", "Exists", "ListQuery"):
             return None
     return AggregatePlan(name, tuple(groups), tuple(measures)) if measures else None

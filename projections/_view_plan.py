@@ -29,10 +29,18 @@ from __future__ import annotations
 
 import itertools
 import json
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from lakefold.projections._plan_trees import (
+    Node,
+    conjuncts,
+    expr_id,
+    expression_trees,
+    plan_tree,
+    walk,
+)
 from lakefold.projections._view_aggregates import AggregatePlan, aggregate_plan
 from lakefold.projections.exceptions import MissingKeyError, NotMaintainableError
 
@@ -127,56 +135,6 @@ class ViewPlan:
         return "; ".join(parts)
 
 
-# ---------------------------------------------------------------------------------- trees
-
-
-@dataclass
-class _Node:
-    cls: str
-    fields: dict[str, Any]
-    children: list[_Node] = field(default_factory=list)
-
-
-def _tree(items: list[dict[str, Any]]) -> _Node:
-    """A tree from Spark's pre-order JSON (each item says how many children follow)."""
-    nodes = iter(items)
-
-    def take() -> _Node:
-        item = next(nodes)
-        node = _Node(item["class"].rsplit(".", 1)[-1], item)
-        node.children = [take() for _ in range(int(item.get("num-children", 0)))]
-        return node
-
-    return take()
-
-
-def _walk(node: _Node) -> Iterator[_Node]:
-    yield node
-    for child in node.children:
-        yield from _walk(child)
-
-
-def _expr_id(node: _Node) -> int:
-    return int(node.fields["exprId"]["id"])
-
-
-def _expressions(value: Any) -> list[_Node]:
-    """The expression trees of a plan field (one pre-order list, or a list of them)."""
-    if not value:
-        return []
-    if isinstance(value, list) and value and isinstance(value[0], list):
-        return [_tree(v) for v in value]
-    if isinstance(value, list) and value and isinstance(value[0], dict) and "class" in value[0]:
-        return [_tree(value)]
-    return []
-
-
-def _conjuncts(expression: _Node) -> list[_Node]:
-    if expression.cls == "And":
-        return [c for child in expression.children for c in _conjuncts(child)]
-    return [expression]
-
-
 # ---------------------------------------------------------------------------------- analysis
 
 
@@ -202,8 +160,8 @@ class _Analysis:
     def refuse(self, what: str, why: str) -> NotMaintainableError:
         return NotMaintainableError(f"view {self.view}: {what}: {why}")
 
-    def check_expression(self, expression: _Node, where: str) -> None:
-        for node in _walk(expression):
+    def check_expression(self, expression: Node, where: str) -> None:
+        for node in walk(expression):
             if node.cls in _SUBQUERIES:
                 raise self.refuse(f"a subquery in {where}",
                                   "subqueries are not maintained; write them as joins "
@@ -214,12 +172,12 @@ class _Analysis:
                                   "differ from the rows it replaces, and a rebuild from the "
                                   "live run")
 
-    def scope(self, node: _Node) -> _Scope:
+    def scope(self, node: Node) -> _Scope:
         if node.cls in _REFUSED_NODES and _REFUSED_NODES[node.cls] is not None:
             raise self.refuse(node.cls, str(_REFUSED_NODES[node.cls]))
         for name in ("condition", "projectList", "groupingExpressions",
                      "aggregateExpressions", "order"):
-            for expression in _expressions(node.fields.get(name)):
+            for expression in expression_trees(node.fields.get(name)):
                 self.check_expression(expression, node.cls)
         if node.cls == "View":
             return self.leaf(node)
@@ -227,7 +185,7 @@ class _Analysis:
             return self.scope(node.children[0])
         if node.cls == "Project":
             return self.project(node, self.scope(node.children[0]),
-                                _expressions(node.fields["projectList"]))
+                                expression_trees(node.fields["projectList"]))
         if node.cls == "Aggregate":
             return self.aggregate(node, self.scope(node.children[0]))
         if node.cls == "Join":
@@ -237,7 +195,7 @@ class _Analysis:
         raise self.refuse(f"the plan step {node.cls}",
                           "lakefold does not know how to maintain it incrementally")
 
-    def leaf(self, node: _Node) -> _Scope:
+    def leaf(self, node: Node) -> _Scope:
         name = str(node.fields["desc"]["identifier"]["table"])
         self.seen[name] = self.seen.get(name, 0) + 1
         if self.seen[name] > 1:
@@ -248,53 +206,53 @@ class _Analysis:
         while leaf.children:
             leaf = leaf.children[0]
         output, columns = [], {}
-        for expression in _expressions(leaf.fields.get("output")):
-            eid = _expr_id(expression)
+        for expression in expression_trees(leaf.fields.get("output")):
+            eid = expr_id(expression)
             output.append(eid)
             columns[eid] = Column(expression.fields["name"],
                                   frozenset({(name, expression.fields["name"])}))
         return _Scope(output, columns, {name})
 
     @staticmethod
-    def _derived(expression: _Node, below: _Scope) -> Column:
+    def _derived(expression: Node, below: _Scope) -> Column:
         """The column an expression computes: an attribute keeps what it was; the COALESCE
         of a full outer join's two keys never is NULL for lack of a side; anything else
         equals no input column."""
         name = expression.fields.get("name", "")
         inner = expression.children[0] if expression.cls == "Alias" else expression
         if inner.cls == "AttributeReference":
-            return replace(below.columns[_expr_id(inner)], name=name)
+            return replace(below.columns[expr_id(inner)], name=name)
         if inner.cls == "Coalesce" and all(c.cls == "AttributeReference"
                                            for c in inner.children):
-            ids = [_expr_id(c) for c in inner.children]
+            ids = [expr_id(c) for c in inner.children]
             if any(frozenset(pair) in below.full_pairs
                    for pair in itertools.combinations(ids, 2)):
                 sources = frozenset().union(*(below.columns[i].sources for i in ids))
                 return Column(name, sources, False)
         return Column(name)
 
-    def project(self, node: _Node, below: _Scope, expressions: list[_Node]) -> _Scope:
+    def project(self, node: Node, below: _Scope, expressions: list[Node]) -> _Scope:
         output, columns = [], {}
         for expression in expressions:
-            eid = _expr_id(expression)
+            eid = expr_id(expression)
             output.append(eid)
             columns[eid] = self._derived(expression, below)
         return replace(below, output=output, columns={**below.columns, **columns})
 
-    def aggregate(self, node: _Node, below: _Scope) -> _Scope:
-        grouping = {_expr_id(g) for g in _expressions(node.fields["groupingExpressions"])
+    def aggregate(self, node: Node, below: _Scope) -> _Scope:
+        grouping = {expr_id(g) for g in expression_trees(node.fields["groupingExpressions"])
                     if g.cls == "AttributeReference"}
         output, columns = [], {}
-        for expression in _expressions(node.fields["aggregateExpressions"]):
-            eid = _expr_id(expression)
+        for expression in expression_trees(node.fields["aggregateExpressions"]):
+            eid = expr_id(expression)
             output.append(eid)
             inner = expression.children[0] if expression.cls == "Alias" else expression
-            keeps = inner.cls == "AttributeReference" and _expr_id(inner) in grouping
+            keeps = inner.cls == "AttributeReference" and expr_id(inner) in grouping
             columns[eid] = self._derived(expression, below) if keeps else \
                 Column(expression.fields.get("name", ""))
         return replace(below, output=output, columns={**below.columns, **columns})
 
-    def join(self, node: _Node, left: _Scope, right: _Scope) -> _Scope:
+    def join(self, node: Node, left: _Scope, right: _Scope) -> _Scope:
         kind = str(node.fields["joinType"].get("object", "")).rsplit(".", 1)[-1].rstrip("$")
         if kind not in ("Inner", "LeftOuter", "RightOuter", "FullOuter", "LeftSemi",
                         "LeftAnti", "Cross"):
@@ -302,11 +260,11 @@ class _Analysis:
                               "on equal keys are maintained")
         columns = {**left.columns, **right.columns}
         pairs: list[tuple[int, int]] = []
-        for condition in _expressions(node.fields.get("condition")):
-            for part in _conjuncts(condition):
+        for condition in expression_trees(node.fields.get("condition")):
+            for part in conjuncts(condition):
                 if part.cls in ("EqualTo", "EqualNullSafe") and all(
                         c.cls == "AttributeReference" for c in part.children):
-                    a, b = (_expr_id(c) for c in part.children)
+                    a, b = (expr_id(c) for c in part.children)
                     if a in right.columns and b in left.columns:
                         a, b = b, a
                     if a in left.columns and b in right.columns:
@@ -390,7 +348,7 @@ def analyze_plan(view: str, plan_json: str, key: Sequence[str],
     """The maintenance of a view whose analyzed plan is ``plan_json`` (see the module
     docstring); ``inputs`` are the names the view declares."""
     analysis = _Analysis(view)
-    tree = _tree(json.loads(plan_json))
+    tree = plan_tree(json.loads(plan_json))
     scope = analysis.scope(tree)
     names = [scope.columns[i].name for i in scope.output]
     unused = [name for name in inputs if name not in scope.inputs]
