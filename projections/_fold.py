@@ -93,11 +93,12 @@ class FoldRuntime:
 
 
 def _order_of(projection: Projection) -> str:
-    """``position`` for events only (the event store's global position is its commit order),
-    ``commit`` for changelogs only (the source's commit LSN, then the change's place in its
-    transaction), ``time`` when a fold mixes them (the two stores share no log: commit time)."""
+    """``position`` for one source, or events only (a stream's positions, and the event
+    store's global position, are their commit order), ``commit`` for several changelogs (the
+    source's commit LSN, then the change's place in its transaction), ``time`` when a fold
+    mixes changelogs and events (the two stores share no log: commit time)."""
     kinds = {s.kind for s in projection.sources}
-    if kinds == {"events"}:
+    if kinds == {"events"} or len(projection.sources) == 1:
         return "position"
     return "commit" if kinds == {"changelog"} else "time"
 
