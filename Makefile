@@ -17,10 +17,8 @@ $(STAMP): pyproject.toml requirements.lock
 demo: $(STAMP)
 	$(BIN)/lakefold demo
 
-# Two workers, one test file each at a time: the suite mostly waits on JVMs, servers and child
-# processes starting, so two share the machine's cores well (36 min serial, see BENCHMARKS).
 test: $(STAMP)
-	$(BIN)/python -m pytest -n 2 --dist loadfile
+	$(BIN)/python -m pytest
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
