@@ -465,12 +465,17 @@ class Catalog:
                      (name, generation))
         conn.execute("UPDATE lakefold.projections SET current_generation = %s, "
                      "updated_at = now() WHERE name = %s", (generation, name))
+        return self._droppable(conn, name, int(entry["keep_generations"]))
+
+    def _droppable(self, conn: psycopg.Connection[dict[str, Any]], name: str,
+                   keep: int) -> list[Generation]:
+        """NAME's abandoned generations and its retired ones beyond the newest ``keep``."""
         rows = conn.execute(
             "SELECT * FROM lakefold.projection_generations WHERE name = %s AND ("
             "status = 'abandoned' OR (status = 'retired' AND generation NOT IN ("
             "SELECT generation FROM lakefold.projection_generations WHERE name = %s "
             "AND status = 'retired' ORDER BY generation DESC LIMIT %s)))",
-            (name, name, entry["keep_generations"])).fetchall()
+            (name, name, keep)).fetchall()
         return [self._generation(row) for row in rows]
 
     def droppable(self, name: str) -> list[Generation]:
@@ -480,13 +485,7 @@ class Catalog:
                                 "WHERE name = %s", (name,)).fetchone()
             if keep is None:
                 return []
-            rows = conn.execute(
-                "SELECT * FROM lakefold.projection_generations WHERE name = %s AND ("
-                "status = 'abandoned' OR (status = 'retired' AND generation NOT IN ("
-                "SELECT generation FROM lakefold.projection_generations WHERE name = %s "
-                "AND status = 'retired' ORDER BY generation DESC LIMIT %s)))",
-                (name, name, keep["keep_generations"])).fetchall()
-        return [self._generation(row) for row in rows]
+            return self._droppable(conn, name, int(keep["keep_generations"]))
 
     def mark_dropped(self, name: str, generation: int) -> None:
         with self._tx() as conn:
