@@ -45,6 +45,7 @@ from lakefold.projections._model import (
 )
 from lakefold.projections._targets import Target
 from lakefold.projections._truncate import check_truncatable
+from lakefold.projections._view_api import Input as ViewInputs
 from lakefold.projections._view_api import View, define_view, view_decorator
 from lakefold.projections._view_plan import Query
 from lakefold.projections.exceptions import (
@@ -53,6 +54,7 @@ from lakefold.projections.exceptions import (
     ProjectionDefinitionError,
     ProjectionNotFoundError,
 )
+from lakefold.schemas import EventRegistry
 from lakefold.spark._source_inputs import ChangelogSource, EventSource, Source
 
 Handler = Callable[[dict[str, Any], Any], dict[str, Any] | None]
@@ -277,32 +279,36 @@ def projection(
 
 
 @overload
-def view(name: str, *, inputs: Mapping[str, ChangelogSource | str | View],
+def view(name: str, *, inputs: Mapping[str, ViewInputs],
          key: str | list[str] | tuple[str, ...], target: Target, query: Query,
-         options: ProjectionOptions | None = None) -> View: ...
+         options: ProjectionOptions | None = None,
+         registry: EventRegistry | None = None) -> View: ...
 
 
 @overload
-def view(name: str, *, inputs: Mapping[str, ChangelogSource | str | View],
+def view(name: str, *, inputs: Mapping[str, ViewInputs],
          key: str | list[str] | tuple[str, ...], target: Target, query: None = None,
-         options: ProjectionOptions | None = None) -> Callable[[Callable[..., Any]], View]: ...
+         options: ProjectionOptions | None = None,
+         registry: EventRegistry | None = None) -> Callable[[Callable[..., Any]], View]: ...
 
 
-def view(name: str, *, inputs: Mapping[str, ChangelogSource | str | View],
+def view(name: str, *, inputs: Mapping[str, ViewInputs],
          key: str | list[str] | tuple[str, ...], target: Target, query: Query | None = None,
-         options: ProjectionOptions | None = None
+         options: ProjectionOptions | None = None, registry: EventRegistry | None = None
          ) -> View | Callable[[Callable[..., Any]], View]:
     """Register a view: ``query`` is Spark SQL over the inputs' names; without it, ``view``
     decorates a function taking the inputs' DataFrames by name (see ``_view_api``)."""
     if query is None:
-        define = view_decorator(name, inputs=inputs, key=key, target=target, options=options)
+        define = view_decorator(name, inputs=inputs, key=key, target=target, options=options,
+                                registry=registry)
 
         def register(function: Callable[..., Any]) -> View:
             return current_registry().add_view(define(function))
 
         return register
     return current_registry().add_view(define_view(
-        name, inputs=inputs, query=query, key=key, target=target, options=options))
+        name, inputs=inputs, query=query, key=key, target=target, options=options,
+        registry=registry))
 
 
 class Fold:

@@ -13,7 +13,10 @@ to the same query over the inputs' current rows (see ``_view_plan`` and ``_view_
     def order_lines(orders, customers):
         return orders.join(customers, orders.customer_id == customers.id).select(...)
 
-An input is a captured table (``changelog(...)``) or another view (its name, or the ``View``).
+An input is a captured table (``changelog(...)``), events of the event store (``events(...)``:
+a category, optionally some types; rows keyed by ``position``, see ``_view_events``) or another
+view (its name, or the ``View``). With ``registry=`` (an ``EventRegistry``), event inputs have
+their payload's fields as columns, typed and upcast; without it, ``data`` as JSON text.
 Checks, each raising a ``ProjectionDefinitionError`` that says what to fix:
 
 - when defined: the names, the inputs' kinds, a key, a target keyed by that key that does not
@@ -32,6 +35,7 @@ from typing import Any
 
 from lakefold.projections._model import ProjectionOptions, check_name, fingerprint
 from lakefold.projections._targets import Target
+from lakefold.projections._view_events import EventInput
 from lakefold.projections._view_plan import Query
 from lakefold.projections._view_targets import check_view_target
 from lakefold.projections.exceptions import (
@@ -40,19 +44,29 @@ from lakefold.projections.exceptions import (
     ProjectionDefinitionError,
     UnknownSourceError,
 )
-from lakefold.spark._source_inputs import ChangelogSource
+from lakefold.schemas import EventRegistry
+from lakefold.spark._source_inputs import ChangelogSource, EventSource
 
 
 @dataclass(frozen=True)
 class ViewInput:
-    """One input of a view: a captured table's stream, or another view (by name)."""
+    """One input of a view: a captured table's stream, events, or another view (by name)."""
 
     table: str | None = None
     view: str | None = None
+    events: EventInput | None = None
 
     @property
     def label(self) -> str:
+        if self.events is not None:
+            return self.events.label
         return f"changelog {self.table}" if self.table is not None else f"view {self.view}"
+
+    def describe(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"table": self.table, "view": self.view}
+        if self.events is not None:
+            out["events"] = {"category": self.events.category, "types": list(self.events.types)}
+        return out
 
 
 @dataclass
@@ -65,6 +79,8 @@ class View:
     key: tuple[str, ...]
     target: Target
     options: ProjectionOptions
+    #: Types the payload columns of event inputs (None: ``data`` as JSON text).
+    registry: EventRegistry | None = None
 
     @property
     def upstream(self) -> list[str]:
@@ -75,12 +91,20 @@ class View:
         """A JSON-able description (the catalog fingerprints it)."""
         return {
             "name": self.name, "style": "view",
-            "inputs": {k: vars(v) for k, v in self.inputs.items()},
+            "inputs": {k: v.describe() for k, v in self.inputs.items()},
             "query": self.query if isinstance(self.query, str) else
             f"{getattr(self.query, '__module__', '?')}.{getattr(self.query, '__qualname__', '?')}",
             "key": list(self.key),
             "target": vars(self.target) | {"kind": self.target.kind},
-        }
+        } | ({} if self.registry is None else {"registry": self._payloads()})
+
+    def _payloads(self) -> dict[str, Any]:
+        """The registry's types and versions of the event inputs (a new version of one, or
+        a new upcaster's type, is a new definition)."""
+        assert self.registry is not None  # noqa: S101 - only asked with one
+        wanted = {t for i in self.inputs.values() if i.events is not None
+                  for t in (i.events.types or self.registry.names)}
+        return {t: self.registry.get(t).version for t in sorted(wanted) if t in self.registry}
 
     def fingerprint(self) -> str:
         return fingerprint(self.describe())
@@ -96,14 +120,16 @@ def _inputs(name: str, inputs: object) -> dict[str, ViewInput]:
         check_name(f"view {name}'s input", alias)
         if isinstance(value, ChangelogSource):
             checked[alias] = ViewInput(table=value.table)
+        elif isinstance(value, EventSource):
+            checked[alias] = ViewInput(events=EventInput(value.category, value.types))
         elif isinstance(value, View):
             checked[alias] = ViewInput(view=value.name)
         elif isinstance(value, str):
             checked[alias] = ViewInput(view=check_name("view", value))
         else:
             raise ProjectionDefinitionError(
-                f"view {name}: input {alias}={value!r} is not a changelog(...) table, a view's "
-                "name or a view")
+                f"view {name}: input {alias}={value!r} is not a changelog(...) table, "
+                "events(...), a view's name or a view")
     return checked
 
 
@@ -117,9 +143,13 @@ def _key(name: str, key: object) -> tuple[str, ...]:
     return tuple(key)
 
 
-def define_view(name: str, *, inputs: Mapping[str, ChangelogSource | str | View],
+Input = ChangelogSource | EventSource | str | View
+
+
+def define_view(name: str, *, inputs: Mapping[str, Input],
                 query: Query, key: str | Sequence[str], target: Target,
-                options: ProjectionOptions | None = None) -> View:
+                options: ProjectionOptions | None = None,
+                registry: EventRegistry | None = None) -> View:
     """A view, checked as far as it can be without the stores and Spark."""
     check_name("view", name)
     checked_inputs = _inputs(name, inputs)
@@ -135,18 +165,30 @@ def define_view(name: str, *, inputs: Mapping[str, ChangelogSource | str | View]
             "taking the inputs' DataFrames by name")
     if name in {i.view for i in checked_inputs.values()}:
         raise ProjectionDefinitionError(f"view {name} reads itself")
+    if registry is not None and not isinstance(registry, EventRegistry):
+        raise ProjectionDefinitionError(
+            f"view {name}: registry={registry!r} is not an EventRegistry")
+    for alias, source in checked_inputs.items():
+        unknown = [] if registry is None or source.events is None else \
+            [t for t in source.events.types if t not in registry]
+        if unknown:
+            raise ProjectionDefinitionError(
+                f"view {name}: input {alias} reads event type(s) {', '.join(unknown)}, which "
+                f"the registry does not know; register them (registry.event(...)) or drop "
+                "them from events(types=...)")
     return View(name, checked_inputs, query, checked_key, target,
-                options or ProjectionOptions())
+                options or ProjectionOptions(), registry)
 
 
-def view_decorator(name: str, *, inputs: Mapping[str, ChangelogSource | str | View],
+def view_decorator(name: str, *, inputs: Mapping[str, Input],
                    key: str | Sequence[str], target: Target,
-                   options: ProjectionOptions | None = None
+                   options: ProjectionOptions | None = None,
+                   registry: EventRegistry | None = None
                    ) -> Callable[[Callable[..., Any]], View]:
     """``@view(...)`` over a DataFrame function (see the module docstring)."""
     def define(function: Callable[..., Any]) -> View:
         return define_view(name, inputs=inputs, query=function, key=key, target=target,
-                           options=options)
+                           options=options, registry=registry)
 
     return define
 

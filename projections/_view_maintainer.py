@@ -47,8 +47,10 @@ from lakefold.capture.store._changelog_store import ChangelogStore, stream_meta
 from lakefold.capture.store._derived_streams import DerivedStream, column_for, texts
 from lakefold.capture.store._stream_state import StateChanges, StreamState
 from lakefold.projections._view_aggregates import AggregateState
+from lakefold.projections._view_events import EventFeed, EventInput, feed_stream, store_head
 from lakefold.projections._view_plan import Query, ViewPlan, analyze, view_frame
 from lakefold.projections.exceptions import MissingKeyError, ProjectionStateError
+from lakefold.schemas import EventRegistry
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -111,16 +113,24 @@ class ViewMaintainer:
     """One generation of one view (see the module docstring)."""
 
     def __init__(self, spark: SparkSession, store_dsn: str, *, view: str, generation: int,
-                 inputs: Mapping[str, str], query: Query, plan: ViewPlan) -> None:
+                 inputs: Mapping[str, str], query: Query, plan: ViewPlan,
+                 events: Mapping[str, EventInput] | None = None,
+                 registry: EventRegistry | None = None) -> None:
         self.view = view
         self.generation = generation
         self.owner = view_owner(view, generation)
         self.dsn = store_dsn
-        self.inputs = dict(inputs)  # name in the query → stream
+        #: Event inputs, each fed into a derived stream of this generation (``_view_events``).
+        self.feeds = {alias: EventFeed(store_dsn, view=view, source=source, registry=registry,
+                                       stream=feed_stream(view, generation, alias))
+                      for alias, source in (events or {}).items()}
+        # name in the query → stream
+        self.inputs = dict(inputs) | {alias: f.name for alias, f in self.feeds.items()}
         self.query = query
         self.plan = plan
         self.session = spark.newSession()
-        self.states = {name: StreamState(self.owner, stream) for name, stream in inputs.items()}
+        self.states = {name: StreamState(self.owner, stream)
+                       for name, stream in self.inputs.items()}
         self.output = DerivedStream(output_stream(view, generation))
         self.own = StreamState(self.owner, self.output.name)
         self.aggregates = None if plan.aggregate is None else AggregateState(
@@ -142,8 +152,11 @@ class ViewMaintainer:
         output stream and the view's own state (idempotent)."""
         conn = self.connection()
         wanted = self.plan.lookup_columns()
+        for feed in self.feeds.values():
+            feed.create(conn)
         for name, state in self.states.items():
-            state.create(conn, wanted.get(name, ()))
+            lookups = (*wanted.get(name, ()), *(("stream_id",) if name in self.feeds else ()))
+            state.create(conn, lookups)
             # A durable reader: compaction never drops a delete this view has not applied.
             self.store.commit_reader(self.owner, self.inputs[name], state.position(conn) - 1)
         self._schema = self.output.create(conn, output_schema, self.plan.key)
@@ -157,6 +170,8 @@ class ViewMaintainer:
         conn = self.connection()
         for state in (*self.states.values(), self.own):
             state.drop(conn)
+        for feed in self.feeds.values():
+            feed.drop(conn)
         if self.aggregates is not None:
             with conn.transaction():
                 self.aggregates.drop(conn)
@@ -166,9 +181,12 @@ class ViewMaintainer:
     def step(self) -> BatchResult | None:
         """Apply everything up to the inputs' heads as one batch; None when nothing is new."""
         conn = self.connection()
+        event_head = store_head(self.dsn) if self.feeds else 0  # final up to here
         with conn.transaction():
             conn.execute("SELECT pg_advisory_xact_lock(%s, %s)",
                          (LOCK_NAMESPACE, zlib.crc32(self.owner.encode()) & 0x7FFF_FFFF))
+            for alias, feed in self.feeds.items():
+                feed.advance(conn, self.states[alias], event_head)
             heads = dict(conn.execute(
                 "SELECT name, head FROM lakefold.changelog_streams WHERE name = ANY(%s)",
                 (list(self.inputs.values()),)).fetchall())

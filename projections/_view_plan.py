@@ -31,7 +31,7 @@ import itertools
 import json
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Final
 
 from lakefold.projections._plan_trees import (
     Node,
@@ -262,9 +262,10 @@ class _Analysis:
         pairs: list[tuple[int, int]] = []
         for condition in expression_trees(node.fields.get("condition")):
             for part in conjuncts(condition):
+                refs = [_attribute(c) for c in part.children]
                 if part.cls in ("EqualTo", "EqualNullSafe") and all(
-                        c.cls == "AttributeReference" for c in part.children):
-                    a, b = (expr_id(c) for c in part.children)
+                        r is not None for r in refs):
+                    a, b = (expr_id(r) for r in refs if r is not None)
                     if a in right.columns and b in left.columns:
                         a, b = b, a
                     if a in left.columns and b in right.columns:
@@ -312,6 +313,23 @@ class _Analysis:
         return _Scope(first.output, columns, set().union(*(b.inputs for b in branches)),
                       set().union(*(b.edges for b in branches)),
                       set().union(*(b.full_pairs for b in branches)))
+
+
+_INTEGRAL: Final = frozenset({"byte", "short", "integer", "long"})
+
+
+def _attribute(node: Node) -> Node | None:
+    """The column an equality side compares: a column, or a column cast from one integer
+    type to another (Spark widens ``int = bigint``; the values, and the text a state looks
+    them up by, are the same)."""
+    if node.cls == "AttributeReference":
+        return node
+    if node.cls == "Cast" and len(node.children) == 1 and \
+            node.children[0].cls == "AttributeReference" and \
+            str(node.fields.get("dataType")) in _INTEGRAL and \
+            str(node.children[0].fields.get("dataType")) in _INTEGRAL:
+        return node.children[0]
+    return None
 
 
 def _choose(view: str, scope: _Scope, key: tuple[str, ...]) -> ViewPlan | None:

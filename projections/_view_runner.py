@@ -37,6 +37,7 @@ from lakefold.core.exceptions import TerminalError, TransientError
 from lakefold.projections._catalog import Catalog, Generation, hold_generation
 from lakefold.projections._deadletters import DeadLetters, NewDeadLetter
 from lakefold.projections._targets import TargetContext
+from lakefold.projections._view_events import store_head
 from lakefold.projections._view_maintainer import ViewMaintainer, output_stream
 from lakefold.projections._view_targets import ViewTargetWriter
 from lakefold.projections._view_validation import CheckedView
@@ -69,11 +70,13 @@ class ViewRun:
         self.catalog = catalog
         self.dsn = store_dsn
         self.generation = generation.generation
-        #: Input name → the stream it reads (a table's, or a generation of another view's).
-        self.inputs = dict(inputs)
-        self.maintainer = ViewMaintainer(spark, store_dsn, view=view.name,
-                                         generation=self.generation, inputs=self.inputs,
-                                         query=view.query, plan=checked.plan)
+        self.maintainer = ViewMaintainer(
+            spark, store_dsn, view=view.name, generation=self.generation, inputs=inputs,
+            query=view.query, plan=checked.plan, registry=view.registry,
+            events={a: s.events for a, s in view.inputs.items() if s.events is not None})
+        #: Input name → the stream it reads (a table's, a generation of another view's, or
+        #: this generation's feed of events).
+        self.inputs = dict(self.maintainer.inputs)
         self.maintainer.install(checked.output)
         target = view.target.open(
             generation.location(view.target.kind),
@@ -89,9 +92,11 @@ class ViewRun:
         self.writer.target.publish()
 
     def applied(self) -> dict[str, int]:
-        """Each input's first position the view has not applied yet."""
+        """Each input's first position the view has not applied yet (of an event input: the
+        first global position of the event store, comparable between generations)."""
         conn = self.maintainer.connection()
-        return {alias: state.position(conn) for alias, state in self.maintainer.states.items()}
+        return {alias: state.position(conn) for alias, state in self.maintainer.states.items()
+                } | {alias: feed.position(conn) for alias, feed in self.maintainer.feeds.items()}
 
     def holds(self, heads: Mapping[str, int], live: ViewRun) -> bool:
         """True when this (new) generation holds at least what ``live`` holds: of an input both
@@ -100,8 +105,8 @@ class ViewRun:
         output."""
         mine, theirs = self.applied(), live.applied()
         for name, stream in self.inputs.items():
-            done = theirs.get(name, 1) if live.inputs.get(name) == stream else \
-                heads.get(stream, 0) + 1
+            done = theirs.get(name, 1) if live.inputs.get(name) == stream or \
+                name in self.maintainer.feeds else heads.get(stream, 0) + 1
             if mine[name] < done:
                 return False
         return (self.writer.target.checkpoint() or 0) >= heads.get(self.writer.stream, 0)
@@ -209,6 +214,8 @@ class ViewRunner:
         generation of an upstream view being rebuilt, anything else the live one."""
         streams = {}
         for alias, source in self.checked[name].view.inputs.items():
+            if source.events is not None:
+                continue  # fed by the generation itself (``_view_events``)
             if source.table is not None:
                 streams[alias] = source.table
                 continue
@@ -315,12 +322,17 @@ class ViewRunner:
                    for name in self.checked if name not in self.failed)
 
     def heads(self) -> dict[str, dict[str, int]]:
-        """View → each captured table it reads → that stream's head now (the views are caught
-        up when they have applied these and a tick moves nothing)."""
+        """View → each captured table it reads → that stream's head now, and each event input
+        → the event store's head (the views are caught up when they have applied these and a
+        tick moves nothing)."""
+        events = store_head(self.dsn) if any(
+            s.events is not None for c in self.checked.values() for s in c.view.inputs.values()
+        ) else 0
         with ChangelogStore(self.dsn) as store:
-            return {name: {alias: store.head(str(source.table))
+            return {name: {alias: store.head(str(source.table)) if source.table is not None
+                           else events
                            for alias, source in checked.view.inputs.items()
-                           if source.table is not None}
+                           if source.view is None}
                     for name, checked in self.checked.items()}
 
     def caught_up(self, heads: Mapping[str, Mapping[str, int]]) -> bool:

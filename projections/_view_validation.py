@@ -17,6 +17,7 @@ from lakefold.capture.store._arrow_columns import arrow_type
 from lakefold.capture.store._derived_streams import column_for
 from lakefold.capture.store.exceptions import CaptureValueError, UnknownStreamError
 from lakefold.projections._view_api import View, check_views
+from lakefold.projections._view_events import event_schema
 from lakefold.projections._view_maintainer import input_schema
 from lakefold.projections._view_plan import ViewPlan, analyze, view_frame
 from lakefold.projections.exceptions import (
@@ -55,7 +56,10 @@ def plan_views(spark: SparkSession, views: Mapping[str, View], store_dsn: str,
         view = views[name]
         schemas = {}
         for alias, source in view.inputs.items():
-            if source.table is not None:
+            if source.events is not None:
+                schemas[alias] = streamed(event_schema(name, alias, source.events,
+                                                       view.registry))
+            elif source.table is not None:
                 try:
                     schemas[alias] = input_schema(store_dsn, source.table)
                 except UnknownStreamError as e:
