@@ -389,6 +389,7 @@ class Runner:
         deadline = None if timeout is None else time.monotonic() + timeout
         targets = {p.name: self.heads(p) for p in self.projections} if until_caught_up else {}
         view_heads = self.views.heads() if self.views is not None and until_caught_up else {}
+        views_caught_up: float | None = None
         try:
             while not stop.is_set():
                 done = [self._tick(p, targets.get(p.name)) for p in self.projections]
@@ -400,6 +401,7 @@ class Runner:
                     if all(done) and views_quiet and (self.views is None or (
                             self.views.caught_up(view_heads)
                             and not self.views.rebuilding())):
+                        views_caught_up = time.monotonic()
                         break
                 if deadline is not None and time.monotonic() > deadline:
                     raise ProjectionTimeoutError(f"projections not caught up within {timeout} s")
@@ -412,7 +414,9 @@ class Runner:
                 self._record_stopped()
             except LakefoldError as e:  # the store went away; status tells by the locks
                 log.warning("could not record the projections as stopped: %s", e)
-        return self.tally.report(self.catalog, self.projections)
+        views = [] if self.views is None else \
+            self.views.report(self.tally.started, views_caught_up)
+        return self.tally.report(self.catalog, self.projections) + views
 
     def _record_stopped(self) -> None:
         """Leave the projections this run ran (not those another process runs) ``stopped``

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -36,6 +37,7 @@ from lakefold.capture.store import ChangelogStore
 from lakefold.core.exceptions import TerminalError, TransientError
 from lakefold.projections._catalog import Catalog, Generation, hold_generation
 from lakefold.projections._deadletters import DeadLetters, NewDeadLetter
+from lakefold.projections._run_report import ProjectionReport
 from lakefold.projections._targets import TargetContext
 from lakefold.projections._view_events import store_head
 from lakefold.projections._view_maintainer import ViewMaintainer, output_stream
@@ -194,6 +196,8 @@ class ViewRunner:
         self.runs: dict[str, ViewRun] = {}
         self.building: dict[str, ViewRun] = {}
         self.failed: set[str] = set()
+        #: Every generation run of each view this runner opened, for the run's report.
+        self.history: dict[str, list[ViewRun]] = {}
 
     def register(self) -> None:
         """Enter every view in the catalog (generation 1 when new)."""
@@ -205,9 +209,34 @@ class ViewRunner:
                                 definition=view.describe())
 
     def _open(self, name: str, generation: Generation, inputs: Mapping[str, str]) -> ViewRun:
-        return ViewRun(self.spark, self.checked[name], catalog=self.catalog,
-                       generation=generation, inputs=inputs, store_dsn=self.dsn,
-                       redis_url=self.redis_url, namespace=self.namespace)
+        run = ViewRun(self.spark, self.checked[name], catalog=self.catalog,
+                      generation=generation, inputs=inputs, store_dsn=self.dsn,
+                      redis_url=self.redis_url, namespace=self.namespace)
+        self.history.setdefault(name, []).append(run)
+        return run
+
+    def report(self, started: float, caught_up_at: float | None) -> list[ProjectionReport]:
+        """What each view did in this run (see ``_run_report``): batches and output rows of
+        every generation it ran, the live generation's applied position per input."""
+        ended = time.monotonic()
+        reports = []
+        for name in self.checked:
+            row = self.catalog.projection(name)
+            live = self.catalog.current(name)
+            runs = self.history.get(name, [])
+            applied = next((r.progress.applied for r in reversed(runs)
+                            if r.generation == live.generation), {})
+            failed = row.state == "failed"
+            reports.append(ProjectionReport(
+                name=name, generation=live.generation,
+                state="paused" if row.paused else row.state,
+                caught_up=caught_up_at is not None and not row.paused and not failed,
+                batches=sum(r.progress.batches for r in runs),
+                records=sum(r.progress.rows_written for r in runs),
+                position={alias: max(0, p - 1) for alias, p in applied.items()},
+                seconds=round((caught_up_at or ended) - started, 3),
+                error=row.last_error if failed else None))
+        return reports
 
     def _inputs(self, name: str, *, new: bool) -> dict[str, str]:
         """The streams a generation of ``name`` reads: a new generation reads the new

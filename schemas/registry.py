@@ -139,6 +139,9 @@ class EventRegistry:
         event_type = EventType(name=name, version=version, model=model)
         self._by_name[name] = event_type
         self._by_model[model] = event_type
+        if "__event_type__" not in vars(model):
+            # what ``events(types=[Model])`` and ``Fold.on(Model)`` name the type by
+            model.__event_type__ = name  # type: ignore[attr-defined]
         return event_type
 
     def event(self, name: str, *, version: int = 1) -> Callable[[type[ModelT]], type[ModelT]]:

@@ -68,14 +68,16 @@ ORACLE_WITH_CITY = """
 
 def _registry() -> Registry:
     registry = Registry()
-    placed = events("order", types=["order.placed"])
+    types = _event_registry()
+    # a type given by its model class is named as the registry names it
+    placed = events("order", types=[OrderPlaced])
     with registering_into(registry):
         view("revenue_by_customer", inputs={"placed": placed}, key="customer_id",
              query=REVENUE, target=delta_table("upsert", keys=["customer_id"]),
-             registry=_event_registry())
+             registry=types)
         view("placed_with_city", inputs={"placed": placed,
                                           "customers": changelog("public.customers")},
-             key="position", query=WITH_CITY, registry=_event_registry(),
+             key="position", query=WITH_CITY, registry=types,
              target=delta_table("upsert", keys=["position"]))
     return registry
 
@@ -157,8 +159,11 @@ def test_views_over_events_equal_sql_over_the_event_store(
         if _apply(dsn, store, operations, counter):
             capture_now(shop)
         with Runner(spark, _registry(), config) as runner, Catalog(dsn) as catalog:
-            runner.run(until_caught_up=True, timeout=120)
+            reports = runner.run(until_caught_up=True, timeout=120)
             _check(dsn, catalog)
+        assert {r.name: r.state for r in reports} == {
+            "revenue_by_customer": "stopped", "placed_with_city": "stopped"}
+        assert all(r.caught_up for r in reports)
 
     try:
         run()

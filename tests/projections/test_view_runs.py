@@ -60,9 +60,14 @@ def test_a_chain_of_views_runs_to_its_targets_and_follows_the_source(
                           poll_seconds=0.1)
     with Catalog(dsn) as catalog:
         with Runner(spark, _registry(), config) as runner:
-            runner.run(until_caught_up=True, timeout=120)
+            reports = {r.name: r for r in runner.run(until_caught_up=True, timeout=120)}
         _check(dsn, catalog, redis_url)
         assert catalog.projection("order_lines").state == "stopped"
+        # the run's report (what `lakefold run` prints) has the views
+        assert reports["order_lines"].caught_up and reports["order_lines"].batches >= 1
+        assert reports["order_lines"].records == len(oracle(dsn, "order_lines"))
+        assert reports["order_lines"].position == {"orders": 15, "customers": 6,
+                                                   "products": 4}
         execute(dsn, "UPDATE customers SET city = 'Pune' WHERE id = 3",
                 "DELETE FROM orders WHERE id = 5", "INSERT INTO orders VALUES (50, 1, 2, 9)")
         capture_now(shop)
