@@ -89,7 +89,7 @@ def build(spark: SparkSession, projection: Projection, dsn: str, *, max_records:
         spark, projection, {s.alias: spark_schema(dsn, s) for s in projection.sources},
         _call_transform, _source_reads.event_columns()) if rebuild else {}
     tables = tuple(s.table for s in projection.sources if isinstance(s, ChangelogSource))
-    cuts = CutGroup.new(projection.name, tables) \
+    cuts = CutGroup.new(f"{projection.name}@{generation}", tables) \
         if projection.fold is not None and len(tables) > 1 else None
     truncates = TruncateOptions(mode=source_mode(projection), fold=projection.name,
                                 generation=generation, cuts=cuts)

@@ -67,9 +67,10 @@ class PositionQuery(Protocol):
         """The records at ``positions`` as batches of ``schema`` (runs in a task)."""
         ...
 
-    def cut(self, start: int, end: int, round_: int) -> int:
-        """The end of planning round ``round_``'s batch ``[start, end)``, lowered to a cut
-        shared with other sources (``RangeQuery``: none)."""
+    def cut(self, start: int, end: int, limit: int | None, round_: int) -> int:
+        """The end of planning round ``round_``'s batch from ``start``: ``end`` (the head's)
+        lowered to at most ``limit`` records and to a cut shared with other sources
+        (``RangeQuery``: the limit only)."""
         ...
 
 
@@ -82,8 +83,8 @@ class RangeQuery:
     def ranges(self, start: int, end: int, options: ReadOptions) -> list[PositionRange]:
         return split_range(start, end, options)
 
-    def cut(self, start: int, end: int, round_: int) -> int:
-        return end
+    def cut(self, start: int, end: int, limit: int | None, round_: int) -> int:
+        return capped_end(start, end - 1, limit)
 
 
 def partition_range(partition: InputPartition) -> PositionRange:
@@ -131,9 +132,9 @@ class PositionStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, Any]:
         begin = position_of(start)
-        end = capped_end(begin, self._head(), limit_rows(limit))
+        end = max(begin, self._head() + 1)
         round_, self.rounds = self.rounds, self.rounds + 1
-        return self._offset(self.query.cut(begin, end, round_))
+        return self._offset(self.query.cut(begin, end, limit_rows(limit), round_))
 
     def reportLatestOffset(self) -> dict[str, Any]:
         return self._offset(self._head() + 1)

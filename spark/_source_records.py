@@ -57,7 +57,7 @@ from lakefold.spark._source_inputs import (
     source_from_json,
     source_to_json,
 )
-from lakefold.spark._source_positions import PositionRange, ReadOptions, split_range
+from lakefold.spark._source_positions import PositionRange, ReadOptions, capped_end, split_range
 from lakefold.spark._source_truncates import (
     FAN_KEY_COLUMN,
     TRUNCATED_AT_COLUMN,
@@ -119,10 +119,10 @@ class InputQuery:
     def head(self) -> int:
         return _source_reads.head(self.dsn, self.source)
 
-    def cut(self, start: int, end: int, round_: int) -> int:
+    def cut(self, start: int, end: int, limit: int | None, round_: int) -> int:
         if self.cuts is None or not isinstance(self.source, ChangelogSource):
-            return end
-        return cut_end(self.dsn, self.cuts, self.source.table, round_, start, end)
+            return capped_end(start, end - 1, limit)
+        return cut_end(self.dsn, self.cuts, self.source.table, round_, start, end, limit)
 
     def arrow_schema(self) -> pa.Schema:
         return _source_reads.arrow_schema(self.dsn, self.source)

@@ -9,7 +9,7 @@ Read side: ``ChangelogStore(store_dsn)`` (``streams``, ``head``, ``read``, ``rea
 Durable readers (``commit_reader``, ``release_reader``, ``readers``) hold compaction back at
 the position they have processed; ``compaction_state`` says what holds a stream, and
 ``keep_history`` keeps a stream's full history (no compaction) for history readers.
-``frontier`` and ``first_after`` cut ranges of several streams at one source commit.
+``frontier``, ``first_after`` and ``commit_at`` cut ranges of several streams at one source commit.
 Positions start at 1; ``read``'s ``from_position`` is inclusive; ranges are ``[start, end)``.
 
 Inside: the reads (``_changelog_store``), the writer the capture and snapshots append through
@@ -35,7 +35,7 @@ if TYPE_CHECKING:
         StreamInfo,
         read_changelog_range,
     )
-    from lakefold.capture.store._commit_points import first_after, frontier
+    from lakefold.capture.store._commit_points import commit_at, first_after, frontier
     from lakefold.capture.store._compaction import CompactionPolicy
     from lakefold.capture.store._reader_registry import CompactionState, ReaderPosition
     from lakefold.capture.store._stream_schema import ColumnSchema, StreamSchema
@@ -54,6 +54,7 @@ _EXPORTS: dict[str, str] = {
     "StreamInfo": "lakefold.capture.store._changelog_store",
     "read_changelog_range": "lakefold.capture.store._changelog_store",
     "CompactionPolicy": "lakefold.capture.store._compaction",
+    "commit_at": "lakefold.capture.store._commit_points",
     "first_after": "lakefold.capture.store._commit_points",
     "frontier": "lakefold.capture.store._commit_points",
     "CompactionState": "lakefold.capture.store._reader_registry",
@@ -81,6 +82,7 @@ __all__ = [
     "StreamInfo",
     "StreamSchema",
     "UnknownStreamError",
+    "commit_at",
     "first_after",
     "frontier",
     "read_changelog_range",

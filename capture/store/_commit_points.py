@@ -54,3 +54,18 @@ def first_after(conn: psycopg.Connection[Any], stream: str, start: int, end: int
         "  AND g.first_position < %(end)s AND g.commit_lsn > %(lsn)s))",
         {"stream": stream, "start": start, "end": end, "lsn": lsn}).fetchone()
     return None if row is None or row[0] is None else int(row[0])
+
+
+def commit_at(conn: psycopg.Connection[Any], stream: str, position: int) -> int | None:
+    """The commit LSN of the first record of ``stream`` at or after ``position`` (a row or a
+    snapshot segment); None when there is none."""
+    row = conn.execute(
+        "WITH s AS (SELECT stream_id FROM lakefold.changelog_streams WHERE name = %(stream)s) "
+        "SELECT (SELECT ARRAY[c.position, c.commit_lsn] FROM lakefold.changelog c, s "
+        "  WHERE c.stream_id = s.stream_id AND c.position >= %(p)s ORDER BY c.position LIMIT 1),"
+        " (SELECT ARRAY[greatest(g.first_position, %(p)s), g.commit_lsn] "
+        "  FROM lakefold.changelog_segments g, s WHERE g.stream_id = s.stream_id "
+        "  AND g.last_position >= %(p)s ORDER BY g.first_position LIMIT 1)",
+        {"stream": stream, "p": position}).fetchone()
+    found = [r for r in (row or ()) if r is not None]
+    return None if not found else int(min(found)[1])

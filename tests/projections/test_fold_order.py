@@ -18,7 +18,14 @@ from hypothesis import strategies as st
 
 from lakefold.capture import CaptureConfig
 from lakefold.capture.store import ChangelogStore
-from lakefold.projections import Fold, Runner, RunnerConfig, changelog, delta_table
+from lakefold.projections import (
+    Fold,
+    ProjectionOptions,
+    Runner,
+    RunnerConfig,
+    changelog,
+    delta_table,
+)
 from lakefold.projections._api import Registry, registering_into
 from lakefold.projections._fold import _in_commit_order
 from lakefold.projections.operations import Catalog, SinkRoots
@@ -56,7 +63,9 @@ def _registry() -> Registry:
         fold = Fold("ordered_from", key={"customers": "id", "orders": "customer_id"},
                     sources=[changelog("public.customers"), changelog("public.orders")],
                     schema="id bigint, city string, ordered_from string", key_column="id",
-                    target=delta_table("upsert", keys=["id"]))
+                    target=delta_table("upsert", keys=["id"]),
+                    # a small record limit: batches end at many commits, never inside one
+                    options=ProjectionOptions(max_records_per_batch=4))
 
         @fold.on("insert", "update", "truncate")
         def _change(state: dict[str, Any], record: Any) -> dict[str, Any]:
@@ -120,3 +129,62 @@ def test_the_changelog_sources_of_a_fold_end_their_batches_at_one_source_commit(
     assert end(orders, 0) == before["public.orders"] + 1  # the same round: none of it
     assert end(customers, 0) == before["public.customers"] + 2  # round 1: all of it
     assert end(orders, 0) == before["public.orders"] + 2
+
+
+def test_the_record_limit_never_splits_a_transaction_between_batches(
+        shop: CaptureConfig) -> None:
+    """With a limit of 3 records per batch, transactions of two customer updates and an order
+    each: every round's batches hold the same whole transactions in both streams, within the
+    limit; a transaction of six updates alone passes the limit and is split at it, with all of
+    its other stream's records in the same batch."""
+    dsn = shop.source_dsn
+    streams = ("public.customers", "public.orders")
+    group = CutGroup.new("limited@1", streams)
+    limit = 3
+
+    def reader(table: str) -> PositionStreamReader:
+        query = InputQuery(dsn, ChangelogSource(table, table.split(".")[1]), cuts=group)
+        return PositionStreamReader(query, ReadOptions(max_records_per_trigger=limit),
+                                    pa.schema([]))
+
+    def lsns(stream: str, start: int, end: int) -> list[int]:
+        with psycopg.connect(dsn) as conn:
+            return [int(r[0]) for r in conn.execute(
+                "SELECT c.commit_lsn FROM lakefold.changelog c JOIN "
+                "lakefold.changelog_streams s USING (stream_id) WHERE s.name = %s "
+                "AND c.position >= %s AND c.position < %s ORDER BY c.position",
+                (stream, start, end))]
+
+    with ChangelogStore(dsn) as store:
+        starts = {t: store.head(t) + 1 for t in streams}
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        for i in range(8):
+            with conn.transaction():
+                conn.execute("UPDATE customers SET name = %s WHERE id IN (1, 2)", (f"n{i}",))
+                conn.execute("INSERT INTO orders VALUES (%s, 1, 1, 1)", (300 + i,))
+        with conn.transaction():
+            conn.execute("UPDATE customers SET city = 'Rome'")
+            conn.execute("INSERT INTO orders VALUES (400, 1, 1, 1)")
+    capture_now(shop)
+    with ChangelogStore(dsn) as store:
+        heads = {t: store.head(t) for t in streams}
+    readers = {t: reader(t) for t in streams}
+    seen: list[set[int]] = []
+    for _ in range(20):
+        ends = {t: position_of(readers[t].latestOffset(
+            {**readers[t].query.offset_tag(), **offset(starts[t])},
+            readers[t].getDefaultReadLimit())) for t in streams}
+        batch = {t: lsns(t, starts[t], ends[t]) for t in streams}
+        if not any(batch.values()):
+            break
+        assert len(batch["public.customers"]) <= limit or len(set(
+            batch["public.customers"])) == 1
+        # the orders' transactions are the customers' ones, and no transaction is cut
+        # except the big one, whose order comes with its first part
+        assert set(batch["public.orders"]) <= set(batch["public.customers"])
+        seen.append(set(batch["public.customers"]))
+        starts = {t: ends[t] for t in streams}
+    assert starts == {t: heads[t] + 1 for t in streams}
+    big = max(seen[-1])
+    assert [len(s) for s in seen][:4] == [1, 1, 1, 1]  # one two-update transaction a round
+    assert sum(1 for s in seen if s == {big}) == 2  # six updates: split at the limit, 3 + 3
