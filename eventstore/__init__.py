@@ -24,12 +24,22 @@ Public interface (see each docstring for guarantees):
   ``shredded=True`` their payloads' scalar fields come parsed too (column
   ``PAYLOAD_FIELDS``). Bulk consumers that move rows themselves (``COPY ... TO STDOUT``) take
   the log read as one literal SELECT from ``events_range_select(conn, start, end, ...)``.
-- ``list_categories(dsn)`` and ``list_event_types(dsn, category)``: what the store holds, for
-  checking names before reading.
+- ``list_categories(dsn)``, ``list_event_types(dsn, category)`` and ``list_streams(dsn,
+  category)``: what the store holds, for checking names before reading.
 - Ports: ``EventRecorder`` with ``PostgresRecorder`` and ``InMemoryRecorder``.
+- The domain side: ``Aggregate`` with ``@when(Event)`` handlers, ``Repository(store, Class,
+  snapshot_every=N)`` with ``get``, ``save`` (optimistic, several aggregates atomically),
+  ``update`` and ``retry`` (commands again on a conflict); snapshots in
+  ``PostgresSnapshots`` / ``InMemorySnapshots``.
 """
 
-from lakefold.eventstore._inventory import list_categories, list_event_types
+from lakefold.eventstore._aggregates import Aggregate, AggregateError, when
+from lakefold.eventstore._inventory import (
+    StreamInfo,
+    list_categories,
+    list_event_types,
+    list_streams,
+)
 from lakefold.eventstore._memory import InMemoryRecorder
 from lakefold.eventstore._model import (
     ANY,
@@ -44,6 +54,13 @@ from lakefold.eventstore._model import (
 )
 from lakefold.eventstore._postgres import PostgresRecorder, save_checkpoint
 from lakefold.eventstore._recorder import EventRecorder
+from lakefold.eventstore._repository import (
+    AggregateNotFoundError,
+    InMemorySnapshots,
+    PostgresSnapshots,
+    Repository,
+    Snapshot,
+)
 from lakefold.eventstore._store import EventStore, StoreOptions, StreamEvents, UnitOfWork
 from lakefold.eventstore._subscriptions import EventBatch, Subscription, SubscriptionOptions
 from lakefold.eventstore.exceptions import (
@@ -61,6 +78,9 @@ __all__: list[str] = [
     "ANY",
     "NO_STREAM",
     "STREAM_EXISTS",
+    "Aggregate",
+    "AggregateError",
+    "AggregateNotFoundError",
     "AppendResult",
     "AppendedEvent",
     "EventBatch",
@@ -74,11 +94,16 @@ __all__: list[str] = [
     "ExpectedVersion",
     "IdempotencyConflictError",
     "InMemoryRecorder",
+    "InMemorySnapshots",
     "InvalidRequestError",
     "PostgresRecorder",
+    "PostgresSnapshots",
+    "Repository",
+    "Snapshot",
     "StoreOptions",
     "StreamDeletedError",
     "StreamEvents",
+    "StreamInfo",
     "StreamState",
     "Subscription",
     "SubscriptionOptions",
@@ -87,5 +112,7 @@ __all__: list[str] = [
     "WrongExpectedVersionError",
     "list_categories",
     "list_event_types",
+    "list_streams",
     "save_checkpoint",
+    "when",
 ]

@@ -1,5 +1,5 @@
-"""What the event store holds: its categories and event types, for callers that check names
-(a projection's sources) before reading.
+"""What the event store holds: its streams, categories and event types, for callers that check
+names (a projection's sources) before reading, and for ``lakefold events streams``.
 
 Both answers are read from indexes: categories from ``lakefold.streams``, types by a skip
 scan over ``event_runs_type_idx`` (one probe per distinct type, not a pass over the events). A
@@ -8,6 +8,8 @@ database where the store is not installed holds nothing: both return ``[]``.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from datetime import datetime
 from typing import Final
 
 import psycopg
@@ -48,3 +50,34 @@ def list_event_types(dsn: str, category: str | None = None) -> list[str]:
     (``$stream.deleted``) included when present."""
     category = None if category is None else check_category(category)
     return _read(dsn, _TYPES, {"category": category})
+
+
+_STREAMS: Final = (
+    "SELECT stream_id, category, version, deleted, updated_at FROM lakefold.streams "
+    "WHERE (%(category)s::text IS NULL OR category = %(category)s::text) "
+    "AND stream_id > %(after)s::text ORDER BY stream_id LIMIT %(limit)s")
+
+
+@dataclass(frozen=True)
+class StreamInfo:
+    """One stream: its version (the number of events appended), and whether it was deleted."""
+
+    stream_id: str
+    category: str
+    version: int
+    deleted: str | None
+    updated_at: datetime
+
+
+def list_streams(dsn: str, category: str | None = None, *, after: str = "",
+                 limit: int = 1000) -> list[StreamInfo]:
+    """Up to ``limit`` streams in id order after ``after`` (for paging), optionally of one
+    category; ``[]`` where the store is not installed."""
+    category = None if category is None else check_category(category)
+    with translate_errors(mask_dsn(dsn)), psycopg.connect(dsn, autocommit=True) as conn:
+        row = conn.execute(_INSTALLED).fetchone()
+        if not (row and row[0]):
+            return []
+        rows = conn.execute(_STREAMS, {"category": category, "after": after,
+                                       "limit": limit}).fetchall()
+    return [StreamInfo(str(r[0]), str(r[1]), int(r[2]), r[3], r[4]) for r in rows]

@@ -1,4 +1,11 @@
-"""``lakefold events install|status|seal|tail``: the event store from the command line.
+"""``lakefold events install|status|seal|tail|append|read|streams``: the event store from the
+command line.
+
+``append STREAM TYPE --data JSON [--expected-version N]`` appends one event (any JSON payload:
+the command line has no registry); ``read STREAM | --category C | --all [--from P]`` prints
+events in order (a stream by version, the others by global position); ``streams`` lists the
+streams with their versions. Bad input (an unknown stream, JSON that does not parse, a stale
+expected version) is one line on stderr and exit code 1, nothing written.
 
 ``tail`` is an ephemeral subscription (no checkpoint): it prints events as they become visible
 to global readers, one line each (``--json``: one JSON object per line), until interrupted or,
@@ -27,7 +34,7 @@ from lakefold.core.exceptions import ConfigurationError, EncodingError
 
 events_app = typer.Typer(
     no_args_is_help=True,
-    help="The event store: install its schema, show its status, tail its log.",
+    help="The event store: install its schema, append, read and tail events, list streams.",
 )
 
 DsnOption = Annotated[
@@ -127,7 +134,8 @@ def seal(
 
 def _line(event: Any) -> str:
     data = json.dumps(event.data, separators=(",", ":"), default=_json_default)
-    return f"{event.position:>10}  {event.stream_id}@{event.stream_version}  {event.type}  {data}"
+    position = "-" if event.position is None else event.position  # not sequenced yet
+    return f"{position:>10}  {event.stream_id}@{event.stream_version}  {event.type}  {data}"
 
 
 def _record(event: Any) -> dict[str, Any]:
@@ -175,6 +183,108 @@ def tail(
             printed += 1
             if limit is not None and printed >= limit:
                 break
+
+
+@events_app.command("append")
+def append(
+    stream: Annotated[str, typer.Argument(help="The stream, CATEGORY-ID (e.g. order-42).")],
+    event_type: Annotated[str, typer.Argument(metavar="TYPE", help="The event type.")],
+    data: Annotated[str, typer.Option("--data", help="The payload, a JSON object.")],
+    expected_version: Annotated[int | None, typer.Option(
+        min=0, help="Append only if the stream is at this version (0: a new stream).")] = None,
+    schema_version: Annotated[int, typer.Option(
+        min=1, help="The payload's schema version.")] = 1,
+    dsn: DsnOption = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
+) -> None:
+    """Append one event to a stream."""
+    from lakefold.eventstore import ANY, NO_STREAM, EventStore, InvalidRequestError
+    from lakefold.schemas import NewEvent
+
+    try:
+        payload = json.loads(data)
+    except json.JSONDecodeError as e:
+        raise InvalidRequestError(f"--data is not JSON ({e}); give an object, e.g. "
+                                  '\'{"amount": 10}\'') from e
+    if not isinstance(payload, dict):
+        raise InvalidRequestError(f"--data must be a JSON object, not {type(payload).__name__}")
+    expected = ANY if expected_version is None else \
+        NO_STREAM if expected_version == 0 else expected_version
+    with EventStore(_resolve_dsn(dsn), options=_tail_options()) as store:
+        result = store.append(stream, [NewEvent(type=event_type, data=payload,
+                                                schema_version=schema_version)],
+                              expected_version=expected)
+        result = store.wait_for_positions(result)  # visible to global readers on return
+    appended = result.events[0]
+    if as_json:
+        sys.stdout.write(json.dumps({"stream_id": appended.stream_id,
+                                     "stream_version": appended.stream_version,
+                                     "event_id": str(appended.event_id),
+                                     "position": appended.position,
+                                     "duplicate": result.duplicate}) + "\n")
+    else:
+        Console().print(f"appended {escape(appended.stream_id)}@{appended.stream_version} "
+                        f"at position {appended.position} ({appended.event_id})")
+
+
+@events_app.command("read")
+def read(
+    stream: Annotated[str | None, typer.Argument(help="A stream (CATEGORY-ID).")] = None,
+    category: Annotated[str | None, typer.Option(help="Every stream of a category.")] = None,
+    read_all: Annotated[bool, typer.Option("--all", help="The whole log.")] = False,
+    from_: Annotated[int, typer.Option(
+        "--from", min=0, help="From this stream version (a stream) or global position.")] = 0,
+    limit: Annotated[int, typer.Option(min=1, help="At most this many events.")] = 100,
+    dsn: DsnOption = None,
+    as_json: Annotated[bool, typer.Option("--json", help="One JSON object per line.")] = False,
+) -> None:
+    """Print events: of one stream in version order, or of a category or the whole log in
+    global order."""
+    from lakefold.eventstore import EventStore, InvalidRequestError
+
+    if sum((stream is not None, category is not None, read_all)) != 1:
+        raise InvalidRequestError("read one of: a STREAM, --category C, or --all")
+    with EventStore(_resolve_dsn(dsn), options=_tail_options()) as store:
+        if stream is not None:
+            if not store.stream_state(stream).exists:
+                raise InvalidRequestError(
+                    f"stream {stream!r} has no events; `lakefold events streams` lists them")
+            events = store.read_stream(stream, from_version=max(from_, 1), limit=limit)
+        elif category is not None:
+            events = store.read_category(category, from_position=from_, limit=limit)
+        else:
+            events = store.read_all(from_position=from_, limit=limit)
+    for event in events:
+        if as_json:
+            sys.stdout.write(json.dumps(_record(event), default=_json_default) + "\n")
+        else:
+            sys.stdout.write(_line(event) + "\n")
+
+
+@events_app.command("streams")
+def streams(
+    category: Annotated[str | None, typer.Option(help="Only this category.")] = None,
+    limit: Annotated[int, typer.Option(min=1, help="At most this many streams.")] = 1000,
+    dsn: DsnOption = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON array.")] = False,
+) -> None:
+    """List the streams (id, category, version, deleted), in id order."""
+    from rich.table import Table
+
+    from lakefold.eventstore import list_streams
+
+    found = list_streams(_resolve_dsn(dsn), category, limit=limit)
+    if as_json:
+        sys.stdout.write(json.dumps([{"stream_id": s.stream_id, "category": s.category,
+                                      "version": s.version, "deleted": s.deleted,
+                                      "updated_at": s.updated_at} for s in found],
+                                    default=_json_default) + "\n")
+        return
+    table = Table("stream", "category", "version", "deleted", "updated")
+    for s in found:
+        table.add_row(escape(s.stream_id), escape(s.category), f"{s.version:,}",
+                      s.deleted or "", s.updated_at.isoformat(timespec="seconds"))
+    Console().print(table)
 
 
 def _tail_options() -> Any:
