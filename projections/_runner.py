@@ -28,7 +28,7 @@ import re
 import shutil
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -56,7 +56,7 @@ from lakefold.projections._retry_source import retry_frame
 from lakefold.projections._run_report import RUNNING_STATES, ProjectionReport, RunTally
 from lakefold.projections._targeted import PartReport, rebuild_part
 from lakefold.projections._targets import TargetContext, drop_generation_storage
-from lakefold.projections._view_api import downstream_of
+from lakefold.projections._view_api import View, downstream_of
 from lakefold.projections._view_runner import ViewRunner
 from lakefold.projections._view_validation import plan_views
 from lakefold.projections.exceptions import (
@@ -242,6 +242,8 @@ class Runner:
         self._prepared = False
         self.tally = RunTally()  # what the current (or last) ``run`` did
         self.views: ViewRunner | None = None
+        #: Views left out at the start: an input's schema changed under them (see prepare).
+        self.drifted: set[str] = set()
 
     @property
     def projections(self) -> list[Projection]:
@@ -305,7 +307,9 @@ class Runner:
             for name in (chosen, *downstream_of(views, chosen))}
         if selected_views:
             checked = plan_views(self.spark, views, self.config.store_dsn,
-                                 others=tuple(self.registry.names()))
+                                 others=tuple(self.registry.names()),
+                                 established=self._established(views),
+                                 on_drift=self._drifted)
             self.views = ViewRunner(self.spark, {n: c for n, c in checked.items()
                                                  if n in selected_views},
                                     catalog=self.catalog, store_dsn=self.config.store_dsn,
@@ -314,6 +318,24 @@ class Runner:
                                     drop=self.drop_generations)
             self.views.register()
         self._prepared = True
+
+    def _established(self, views: Mapping[str, View]) -> set[str]:
+        """The views that ran before with their definition as it is now."""
+        out = set()
+        for name, view in views.items():
+            try:
+                row = self.catalog.projection(name)
+            except ProjectionNotFoundError:
+                continue
+            if row.fingerprint == view.fingerprint():
+                out.add(name)
+        return out
+
+    def _drifted(self, name: str, message: str) -> None:
+        """A view that no longer fits its inputs: failed, with why; the others run."""
+        log.error("%s", message)
+        self.catalog.set_state(name, "failed", error=message)
+        self.drifted.add(name)
 
     # ------------------------------------------------------------------ rebuild
 
@@ -416,6 +438,9 @@ class Runner:
                 log.warning("could not record the projections as stopped: %s", e)
         views = [] if self.views is None else \
             self.views.report(self.tally.started, views_caught_up)
+        views += [ProjectionReport(name, self.catalog.current(name).generation, "failed",
+                                   False, 0, 0, {}, 0.0, self.catalog.projection(name).last_error)
+                  for name in sorted(self.drifted)]
         return self.tally.report(self.catalog, self.projections) + views
 
     def _record_stopped(self) -> None:

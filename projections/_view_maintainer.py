@@ -339,15 +339,7 @@ class ViewMaintainer:
         return result.cast(pa.schema([schema.field(n) for n in result.schema.names]))
 
     def _schemas(self, conn: psycopg.Connection[Any]) -> str:
-        """Each input stream's newest schema version and its columns (for messages)."""
-        parts = []
-        for name, stream in self.inputs.items():
-            meta = stream_meta(conn, stream)
-            latest = meta.latest
-            columns = ", ".join(c.name for c in latest.columns) if latest else "none"
-            version = latest.version if latest else 0
-            parts.append(f"{name} ({stream}, schema version {version}: {columns})")
-        return "; ".join(parts)
+        return describe_inputs(conn, self.inputs)
 
     def _named(self, failed: Mapping[Partition, str]
                ) -> tuple[tuple[dict[str, str | None], str], ...]:
@@ -425,6 +417,30 @@ class ViewMaintainer:
         moment = datetime.fromtimestamp(ts / 1_000_000, UTC) if ts is not None else \
             datetime.now(UTC)
         return lsn, moment
+
+
+def describe_inputs(conn: psycopg.Connection[Any], inputs: Mapping[str, str]) -> str:
+    """Each input stream's newest schema version, where it began (the DDL's place in the
+    stream), and its columns (for messages)."""
+    parts = []
+    for name, stream in inputs.items():
+        meta = stream_meta(conn, stream)
+        latest = meta.latest
+        columns = ", ".join(c.name for c in latest.columns) if latest else "none"
+        version = latest.version if latest else 0
+        since = ""
+        if version > 1:
+            row = conn.execute(
+                "SELECT s.created_lsn, (SELECT min(c.position) FROM lakefold.changelog c "
+                " WHERE c.stream_id = s.stream_id AND c.schema_version = s.version) "
+                "FROM lakefold.changelog_schemas s WHERE s.stream_id = %s "
+                "AND s.version = %s", (meta.info.stream_id, version)).fetchone()
+            if row is not None:
+                lsn = int(row[0] or 0)
+                since = f" since position {row[1] if row[1] is not None else '?'}, " \
+                    f"source LSN {lsn >> 32:X}/{lsn & 0xFFFFFFFF:X}"
+        parts.append(f"{name} ({stream}, schema version {version}{since}: {columns})")
+    return "; ".join(parts)
 
 
 def input_schema(store_dsn: str, stream: str) -> pa.Schema:

@@ -7,10 +7,11 @@ the other view outputs, typed as its output stream will type them.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+import psycopg
 import pyarrow as pa
 
 from lakefold.capture.store._arrow_columns import arrow_type
@@ -18,7 +19,7 @@ from lakefold.capture.store._derived_streams import column_for
 from lakefold.capture.store.exceptions import CaptureValueError, UnknownStreamError
 from lakefold.projections._view_api import View, check_views
 from lakefold.projections._view_events import event_schema
-from lakefold.projections._view_maintainer import input_schema
+from lakefold.projections._view_maintainer import describe_inputs, input_schema
 from lakefold.projections._view_plan import ViewPlan, analyze, view_frame
 from lakefold.projections.exceptions import (
     IncompatibleTargetError,
@@ -40,20 +41,42 @@ class CheckedView:
     output: pa.Schema
 
 
+def _drifted(store_dsn: str, view: View, error: str) -> str:
+    tables = {alias: str(s.table) for alias, s in view.inputs.items() if s.table is not None}
+    with psycopg.connect(store_dsn, autocommit=True) as conn:
+        inputs = describe_inputs(conn, tables)
+    return (f"view {view.name}: the query no longer fits its inputs ({error}); the inputs' "
+            f"schemas now: {inputs}. Change the query to the new columns (a new definition "
+            "rebuilds the view), or the tables back")
+
+
 def streamed(schema: pa.Schema) -> pa.Schema:
     """An output schema as a view's output stream reads it back."""
     return pa.schema([pa.field(f.name, arrow_type(column_for(f, key=False))) for f in schema])
 
 
 def plan_views(spark: SparkSession, views: Mapping[str, View], store_dsn: str,
-               others: tuple[str, ...] = ()) -> dict[str, CheckedView]:
-    """Check every view (see the module docstring); returns them in run order."""
+               others: tuple[str, ...] = (), *, established: Collection[str] = (),
+               on_drift: Callable[[str, str], None] | None = None) -> dict[str, CheckedView]:
+    """Check every view (see the module docstring); returns them in run order.
+
+    A view in ``established`` (it ran before with this very definition) that no longer fits
+    its inputs has not been defined wrongly: an input's schema changed under it. With
+    ``on_drift`` it is reported there (view, message naming the column and where the schema
+    changed) and left out, with the views downstream of it, instead of refusing them all."""
     from pyspark.errors import AnalysisException, PySparkTypeError, PySparkValueError
     from pyspark.sql.pandas.types import from_arrow_schema
 
     checked: dict[str, CheckedView] = {}
+    left_out: set[str] = set()
     for name in check_views(views, others):
         view = views[name]
+        gone = [u for u in view.upstream if u in left_out]
+        if gone and on_drift is not None:
+            on_drift(name, f"view {name} waits for view {gone[0]}, which no longer fits its "
+                     "inputs (see its error)")
+            left_out.add(name)
+            continue
         schemas = {}
         for alias, source in view.inputs.items():
             if source.events is not None:
@@ -72,6 +95,10 @@ def plan_views(spark: SparkSession, views: Mapping[str, View], store_dsn: str,
             plan = analyze(spark, name, spark_schemas, view.query, view.key)
             output = view_frame(spark, spark_schemas, view.query).toArrow().schema
         except (AnalysisException, PySparkTypeError, PySparkValueError) as e:
+            if name in established and on_drift is not None:
+                on_drift(name, _drifted(store_dsn, view, str(e).splitlines()[0]))
+                left_out.add(name)
+                continue
             raise ProjectionDefinitionError(
                 f"view {name} does not fit its inputs: {str(e).splitlines()[0]}") from e
         try:

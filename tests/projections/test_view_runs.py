@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import psycopg
 import pytest
 from deltalake import DeltaTable
 
@@ -97,3 +98,41 @@ def test_a_failing_view_stops_alone(spark: Any, shop: CaptureConfig, redis_url: 
         ratios = DeltaTable(catalog.current("ratios").location("delta")).to_pyarrow_table()
         assert sorted(ratios.column("order_id").to_pylist()) == [
             i for i in range(1, 16) if i != 2]
+
+
+def test_a_schema_change_that_breaks_a_view_stops_it_alone_naming_column_and_ddl(
+        spark: Any, shop: CaptureConfig, redis_url: str, tmp_path: Path) -> None:
+    dsn = shop.source_dsn
+    config = RunnerConfig(store_dsn=dsn, roots=SinkRoots.under(tmp_path), redis_url=redis_url,
+                          poll_seconds=0.1)
+
+    def registry() -> Registry:
+        views = _registry()
+        with registering_into(views):
+            view("cities", inputs={"customers": SHOP["customers"]}, key="city",
+                 query="SELECT city, count(*) AS customers FROM customers GROUP BY city",
+                 target=delta_table("upsert", keys=["city"]))
+        return views
+
+    with Runner(spark, registry(), config) as runner:
+        runner.run(until_caught_up=True, timeout=120)
+    execute(dsn, "ALTER TABLE orders RENAME COLUMN amount TO total",
+            "UPDATE orders SET total = total + 1 WHERE id = 1",
+            "UPDATE customers SET city = 'Pune' WHERE id = 2")
+    capture_now(shop)
+    with Runner(spark, registry(), config) as runner, Catalog(dsn) as catalog:
+        reports = {r.name: r for r in runner.run(until_caught_up=True, timeout=120)}
+        broken = catalog.projection("order_lines")
+        assert broken.state == "failed" and reports["order_lines"].state == "failed"
+        error = str(broken.last_error)
+        assert "amount" in error and "no longer fits" in error
+        assert "orders (public.orders, schema version 2 since position" in error
+        assert "source LSN" in error and "total" in error
+        # every other view goes on: the one over customers follows the move
+        assert reports["cities"].state == "stopped"
+        cities = DeltaTable(catalog.current("cities").location("delta")).to_pyarrow_table()
+        with psycopg.connect(dsn) as conn:
+            expected: dict[str, int] = dict(conn.execute(
+                "SELECT city, count(*) FROM customers GROUP BY city").fetchall())
+        assert dict(zip(cities.column("city").to_pylist(),
+                        cities.column("customers").to_pylist(), strict=True)) == expected
