@@ -111,3 +111,49 @@ def test_seal_and_status_report_segments(pg: TestDatabase) -> None:
     assert again.returncode == 0 and "sealed 0 segments" in again.stdout
     missing = _run("seal", "--dsn", pg.dsn.replace("dbname=", "dbname=nope_"))
     assert missing.returncode == 1 and "Traceback" not in missing.stderr
+
+
+@pytest.mark.timeout(120)
+def test_append_read_and_streams_and_their_bad_input(pg: TestDatabase) -> None:
+    assert _run("install", "--dsn", pg.dsn).returncode == 0
+    first = _run("append", "order-7", "order.placed", "--data", '{"amount": 10}',
+                 "--expected-version", "0", "--json", "--dsn", pg.dsn)
+    assert first.returncode == 0, first.stderr
+    appended = json.loads(first.stdout)
+    assert (appended["stream_id"], appended["stream_version"]) == ("order-7", 1)
+    assert appended["position"] >= 1
+    assert _run("append", "order-7", "order.paid", "--data", "{}", "--expected-version", "1",
+                "--dsn", pg.dsn).returncode == 0
+    # bad input: one line each, exit 1, nothing written
+    stale = _run("append", "order-7", "order.paid", "--data", "{}", "--expected-version", "1",
+                 "--dsn", pg.dsn)
+    assert stale.returncode == 1
+    assert "'order-7' is at version 2, but the append expected version 1" in stale.stderr
+    bad_json = _run("append", "order-7", "order.paid", "--data", "{amount: 1}",
+                    "--dsn", pg.dsn)
+    assert bad_json.returncode == 1 and "--data is not JSON" in bad_json.stderr
+    not_object = _run("append", "order-7", "order.paid", "--data", "[1]", "--dsn", pg.dsn)
+    assert not_object.returncode == 1 and "JSON object" in not_object.stderr
+    unknown = _run("read", "order-8", "--dsn", pg.dsn)
+    assert unknown.returncode == 1 and "'order-8' has no events" in unknown.stderr
+    assert _run("read", "--dsn", pg.dsn).returncode == 1  # a stream, a category or --all
+    for bad in (stale, bad_json, not_object, unknown):
+        assert len(bad.stderr.strip().splitlines()) == 1, bad.stderr
+
+    read = _run("read", "order-7", "--json", "--dsn", pg.dsn)
+    events = [json.loads(line) for line in read.stdout.splitlines()]
+    assert [(e["stream_version"], e["type"], e["data"]) for e in events] == [
+        (1, "order.placed", {"amount": 10}), (2, "order.paid", {})]
+    with EventStore(pg.dsn) as store:
+        assert [e.type for e in store.read_stream("order-7")] == ["order.placed", "order.paid"]
+        store.append("invoice-1", [NewEvent("invoice.sent", {})])
+    everything = _run("read", "--all", "--json", "--dsn", pg.dsn)
+    assert [json.loads(line)["stream_id"] for line in everything.stdout.splitlines()] == [
+        "order-7", "order-7", "invoice-1"]
+    orders = _run("read", "--category", "order", "--from", "2", "--json", "--dsn", pg.dsn)
+    assert [json.loads(line)["type"] for line in orders.stdout.splitlines()] == ["order.paid"]
+    streams = json.loads(_run("streams", "--json", "--dsn", pg.dsn).stdout)
+    assert [(s["stream_id"], s["category"], s["version"]) for s in streams] == [
+        ("invoice-1", "invoice", 1), ("order-7", "order", 2)]
+    table = _run("streams", "--category", "order", "--dsn", pg.dsn)
+    assert "order-7" in table.stdout and "invoice-1" not in table.stdout
