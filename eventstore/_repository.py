@@ -222,7 +222,8 @@ class Repository(Generic[A]):
         try:
             state = json.loads(snapshot.state)
             if not isinstance(state, dict):
-                raise TypeError(f"a snapshot state is a JSON object, not {type(state).__name__}")
+                raise AggregateError(
+                    f"a snapshot state is a JSON object, not {type(state).__name__}")
             aggregate.restore_state(state)
         except Exception as e:
             log.warning("the snapshot of %s at version %d does not restore (%s: %s); loading "
@@ -276,14 +277,17 @@ class Repository(Generic[A]):
               backoff_s: float = 0.002) -> T:
         """Run ``command`` (which loads, acts and saves) until it does not meet a concurrent
         save, at most ``attempts`` times; the last conflict is raised."""
-        for attempt in range(1, attempts + 1):
+        if attempts < 1:
+            raise AggregateError(f"attempts must be at least 1, not {attempts}")
+        attempt = 1
+        while True:
             try:
                 return command()
             except WrongExpectedVersionError:
-                if attempt == attempts:
+                if attempt >= attempts:
                     raise
                 time.sleep(backoff_s * attempt * random.random())  # noqa: S311 - jitter
-        raise AssertionError("unreachable")  # pragma: no cover
+                attempt += 1
 
     def update(self, id: str, command: Callable[[A], Any], *,
                attempts: int = 20) -> A:
