@@ -152,6 +152,8 @@ class ViewMaintainer:
         output stream and the view's own state (idempotent)."""
         conn = self.connection()
         wanted = self.plan.lookup_columns()
+        if self.feeds:
+            self.store.install()  # a view over events only, where nothing was captured
         for feed in self.feeds.values():
             feed.create(conn)
         for name, state in self.states.items():

@@ -1,0 +1,1 @@
+"""Runnable examples (``python -m examples.<name>`` from the repository's root)."""
