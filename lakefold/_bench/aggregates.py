@@ -131,7 +131,7 @@ class _Theirs:
                 self.balance += amount
 
         self.account_class = EsAccount
-        self.app = Application(env={
+        self.app: Any = Application(env={
             "PERSISTENCE_MODULE": "eventsourcing.postgres", "POSTGRES_DBNAME": dbname,
             "POSTGRES_HOST": "127.0.0.1", "POSTGRES_PORT": str(port),
             "POSTGRES_USER": "postgres", "POSTGRES_PASSWORD": "",
@@ -151,7 +151,7 @@ class _Theirs:
         from eventsourcing.persistence import RecordConflictError
 
         for _ in range(1000):
-            account = self.app.repository.get(self.ids[id_])
+            account: Any = self.app.repository.get(self.ids[id_])
             account.deposit(amount)
             try:
                 self.app.save(account)
