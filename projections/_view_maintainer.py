@@ -167,13 +167,16 @@ class ViewMaintainer:
             self.aggregates.create(conn)
 
     def drop(self) -> None:
-        """Delete what this generation keeps in the store (its input states, its own state,
-        its aggregates); its output stream stays."""
+        """Delete what this generation keeps in the store: its input states, its own state,
+        its aggregates, its event feeds and its output stream (nothing reads a retired
+        generation's stream: the views that read it switched with it)."""
         conn = self.connection()
         for state in (*self.states.values(), self.own):
             state.drop(conn)
         for feed in self.feeds.values():
             feed.drop(conn)
+            feed.stream.drop(conn)
+        self.output.drop(conn)
         if self.aggregates is not None:
             with conn.transaction():
                 self.aggregates.drop(conn)

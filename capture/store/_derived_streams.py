@@ -23,6 +23,7 @@ from typing import Any, Final
 import psycopg
 import pyarrow as pa
 import pyarrow.compute as pc
+from psycopg import sql
 
 from lakefold.capture.store._changelog_writer import NOTIFY_CHANNEL, encode_key
 from lakefold.capture.store._stream_schema import ColumnSchema, StreamSchema
@@ -151,6 +152,25 @@ class DerivedStream:
                          "WHERE stream_id = %s", (end - 1, commit_ts, stream_id))
             conn.execute("SELECT pg_notify(%s, %s)", (NOTIFY_CHANNEL, self.name))
         return start, end
+
+    def drop(self, conn: psycopg.Connection[Any]) -> None:
+        """Delete the stream and everything the store keeps of it: records, segments, keys,
+        schema versions, durable readers (idempotent; a captured table's stream is refused).
+        Whatever still read it reads nothing more."""
+        with conn.transaction():
+            row = conn.execute("SELECT stream_id, slot_name FROM lakefold.changelog_streams "
+                               "WHERE name = %s FOR UPDATE", (self.name,)).fetchone()
+            if row is None:
+                return
+            if row[1] != DERIVED_SLOT:
+                raise OwnershipError(f"stream {self.name!r} is a captured table's (slot "
+                                     f"{row[1]!r}); only a derived stream is dropped here")
+            for table in ("changelog", "changelog_segments", "changelog_keys"):
+                conn.execute(sql.SQL("DELETE FROM {} WHERE stream_id = %s").format(
+                    sql.Identifier("lakefold", table)), (row[0],))
+            # schema versions, compaction state and readers go with the row (ON DELETE CASCADE)
+            conn.execute("DELETE FROM lakefold.changelog_streams WHERE stream_id = %s",
+                         (row[0],))
 
     @staticmethod
     def _records(schema: StreamSchema, upserts: pa.Table, old: pa.Table, deletes: pa.Table

@@ -174,6 +174,11 @@ def test_views_over_events_equal_sql_over_the_event_store(
                 runner.request_rebuild("placed_with_city")
                 runner.run(until_caught_up=True, timeout=120)
             assert catalog.current("placed_with_city").generation == 2
+            with psycopg.connect(dsn) as conn:  # the retired generation's feed is gone
+                feeds = {r[0] for r in conn.execute(
+                    "SELECT name FROM lakefold.changelog_streams WHERE name LIKE "
+                    "'lakefold_feeds.placed_with_city%%'")}
+            assert feeds == {"lakefold_feeds.placed_with_city_g2_placed"}
             assert sorted(_rows(catalog, "placed_with_city"),
                           key=lambda r: r["position"]) == before
             _check(dsn, catalog)

@@ -120,6 +120,16 @@ def test_rebuilding_the_upstream_view_switches_the_chain_together(
             readers = {r.reader for r in store.readers()}
             assert not {r for r in readers if "@1" in r}, readers
             assert {"view:order_lines@2", "view:revenue_by_city@2"} <= readers
+            # nor their output streams: a rebuild does not leave a copy of a view behind
+            streams = {s.name for s in store.streams()}
+        assert {"lakefold_views.order_lines_g2", "lakefold_views.revenue_by_city_g2"} <= streams
+        assert not {"lakefold_views.order_lines_g1", "lakefold_views.revenue_by_city_g1"} & \
+            streams
+        with psycopg.connect(dsn) as conn:  # and no record of theirs is left behind
+            assert conn.execute(
+                "SELECT count(*) FROM lakefold.changelog c WHERE NOT EXISTS (SELECT 1 FROM "
+                "lakefold.changelog_streams s WHERE s.stream_id = c.stream_id)").fetchone() \
+                == (0,)
         with psycopg.connect(dsn) as conn:
             owners = {r[0] for r in conn.execute("SELECT owner FROM lakefold.stream_states")}
         assert owners == {"view:order_lines@2", "view:revenue_by_city@2"}
