@@ -51,6 +51,7 @@ from lakefold.projections._view_events import EventFeed, EventInput, feed_stream
 from lakefold.projections._view_plan import Query, ViewPlan, analyze, view_frame
 from lakefold.projections.exceptions import MissingKeyError, ProjectionStateError
 from lakefold.schemas import EventRegistry
+from lakefold.spark._query import no_duplicate_error_logs
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -329,17 +330,18 @@ class ViewMaintainer:
             typed = _data(self.states[name].typed(conn, raw))
             session.createDataFrame(typed).createOrReplaceTempView(name)
         try:
-            if isinstance(self.query, str):
-                df = session.sql(self.query)
-            else:
-                df = self.query(**{name: session.table(name) for name in self.inputs})
+            with no_duplicate_error_logs():  # lakefold's error says it; pyspark's log repeats it
+                if isinstance(self.query, str):
+                    df = session.sql(self.query)
+                else:
+                    df = self.query(**{name: session.table(name) for name in self.inputs})
+                result = df.toArrow()
         except AnalysisException as e:
             raise ProjectionStateError(
                 f"view {self.view}: the query no longer fits its inputs "
                 f"({_first_line(e)}); the inputs' schemas now: {self._schemas(conn)}. "
                 "Change the query to the new columns (a new definition rebuilds the view), "
                 "or the tables back") from e
-        result = df.toArrow()
         schema = self._output_schema()
         return result.cast(pa.schema([schema.field(n) for n in result.schema.names]))
 

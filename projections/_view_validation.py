@@ -26,6 +26,7 @@ from lakefold.projections.exceptions import (
     ProjectionDefinitionError,
     UnknownSourceError,
 )
+from lakefold.spark._query import no_duplicate_error_logs
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -92,8 +93,9 @@ def plan_views(spark: SparkSession, views: Mapping[str, View], store_dsn: str,
                 schemas[alias] = checked[source.view].output
         spark_schemas = {alias: from_arrow_schema(s) for alias, s in schemas.items()}
         try:
-            plan = analyze(spark, name, spark_schemas, view.query, view.key)
-            output = view_frame(spark, spark_schemas, view.query).toArrow().schema
+            with no_duplicate_error_logs():  # the error below says it once
+                plan = analyze(spark, name, spark_schemas, view.query, view.key)
+                output = view_frame(spark, spark_schemas, view.query).toArrow().schema
         except (AnalysisException, PySparkTypeError, PySparkValueError) as e:
             if name in established and on_drift is not None:
                 on_drift(name, _drifted(store_dsn, view, str(e).splitlines()[0]))

@@ -45,7 +45,9 @@ def _quote(name: str) -> str:
 
 
 @contextlib.contextmanager
-def _no_duplicate_error_logs() -> Iterator[None]:
+def no_duplicate_error_logs() -> Iterator[None]:
+    """Silence pyspark's own ERROR log of a failing query's context (with a JVM stack trace)
+    while lakefold turns the error into its own message."""
     loggers = [logging.getLogger(name) for name in _PYSPARK_CONTEXT_LOGGERS]
     levels = [logger.level for logger in loggers]
     for logger in loggers:
@@ -79,7 +81,7 @@ def query_spark(spark: SparkSession, sql_text: str, catalog: TableCatalog) -> pa
         raise QueryError("the query is empty; pass a SQL statement such as 'SELECT 1'")
     tables = register_tables(spark, catalog)
     try:
-        with _no_duplicate_error_logs():
+        with no_duplicate_error_logs():
             frame = spark.sql(sql_text)
             return frame.toArrow()
     except ParseException as e:
