@@ -23,7 +23,7 @@ from lakefold.projections._model import changelog, events
 from lakefold.projections._target_specs import delta_table
 from lakefold.projections._view_validation import plan_views
 from lakefold.projections.exceptions import ProjectionDefinitionError
-from lakefold.projections.operations import Catalog, SinkRoots
+from lakefold.projections.operations import Catalog, SinkRoots, projection_status
 from lakefold.schemas import EventRegistry, NewEvent
 from tests.capture.conftest import capture_now, execute
 
@@ -182,6 +182,16 @@ def test_views_over_events_equal_sql_over_the_event_store(
             assert sorted(_rows(catalog, "placed_with_city"),
                           key=lambda r: r["position"]) == before
             _check(dsn, catalog)
+            # status: the event input's applied position and lag are global positions
+            store.wait_for_positions(store.append("order-late", [NewEvent(
+                type="order.placed", schema_version=2, data={"customer_id": 1, "amount": 1})]))
+            head = store.head()
+            (status,) = projection_status(catalog, dsn, ["revenue_by_customer"])
+            (events_input,) = status.sources
+            assert events_input.source == \
+                "placed (events of category order of types order.placed)"
+            assert (events_input.head, events_input.lag_records) == (head, 1)
+            assert events_input.position == head - 1
     finally:
         store.close()
 
