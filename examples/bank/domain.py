@@ -3,6 +3,8 @@ the command handlers an application calls."""
 
 from __future__ import annotations
 
+from typing import Self
+
 from pydantic import BaseModel
 
 from lakefold.eventstore import Aggregate, EventStore, Repository, when
@@ -42,6 +44,13 @@ class Account(Aggregate):
         super().__init__(id)
         self.owner = ""
         self.balance = 0
+        self.movements = 0
+
+    @classmethod
+    def open(cls, id: str, owner: str) -> Self:
+        account = cls(id)
+        account.raise_event(Opened(owner=owner))
+        return account
 
     def deposit(self, amount: int) -> None:
         if amount <= 0:
@@ -60,10 +69,12 @@ class Account(Aggregate):
     @when(Deposited)
     def _deposited(self, event: Deposited) -> None:
         self.balance += event.amount
+        self.movements += 1
 
     @when(Withdrawn)
     def _withdrawn(self, event: Withdrawn) -> None:
         self.balance -= event.amount
+        self.movements += 1
 
 
 class Bank:
@@ -74,9 +85,7 @@ class Bank:
         self.accounts = Repository(store, Account, snapshot_every=20)
 
     def open(self, id: str, owner: str) -> None:
-        account = Account(id)
-        account.raise_event(Opened(owner=owner))
-        self.accounts.save(account)
+        self.accounts.save(Account.open(id, owner))
 
     def deposit(self, id: str, amount: int) -> None:
         self.accounts.update(id, lambda account: account.deposit(amount))

@@ -29,6 +29,7 @@ from tests.eventstore.aggregate_domain import (
     Account,
     Deposited,
     InsufficientFunds,
+    RenamableAccount,
     registry,
 )
 from tests.fixtures.postgres import TestDatabase
@@ -105,8 +106,8 @@ def test_several_aggregates_save_together_or_not_at_all(store: EventStore) -> No
 
 
 def test_commands_that_fail_leave_nothing_to_save(store: EventStore) -> None:
-    accounts = Repository(store, Account)
-    account = Account.open("1", "ada")
+    accounts = Repository(store, RenamableAccount)
+    account = RenamableAccount.open("1", "ada")
     with pytest.raises(InsufficientFunds):
         account.withdraw(5)
     with pytest.raises(ValueError, match="positive"):
