@@ -48,7 +48,12 @@ def _quote(name: str) -> str:
 def no_duplicate_error_logs() -> Iterator[None]:
     """Silence pyspark's own ERROR log of a failing query's context (with a JVM stack trace)
     while lakefold turns the error into its own message."""
-    loggers = [logging.getLogger(name) for name in _PYSPARK_CONTEXT_LOGGERS]
+    from pyspark.logger import PySparkLogger
+
+    # Created as pyspark creates them: a plain Logger made here first would stay the one
+    # pyspark gets, and pyspark's own calls on it (with keywords only its class takes) fail.
+    loggers: list[logging.Logger] = [PySparkLogger.getLogger(name)
+                                     for name in _PYSPARK_CONTEXT_LOGGERS]
     levels = [logger.level for logger in loggers]
     for logger in loggers:
         logger.setLevel(logging.CRITICAL)

@@ -134,3 +134,19 @@ def test_cli_spark_engine_error_is_one_line_without_jvm_trace(lake):
     assert "error: cannot parse the query" in out.stderr and "PARSE_SYNTAX_ERROR" in out.stderr
     assert "at org.apache" not in out.stderr and "Traceback" not in out.stderr
     assert "\tat " not in out.stderr
+
+
+def test_quieting_pyspark_error_logs_leaves_its_errors_intact(spark):
+    """The quieted loggers are pyspark's own class: made first by lakefold, pyspark's calls on
+    them with its keywords would fail with a TypeError instead of its AnalysisException."""
+    from pyspark.errors import AnalysisException
+
+    from lakefold.spark._query import no_duplicate_error_logs
+
+    with no_duplicate_error_logs():
+        pass
+    frame = spark.createDataFrame([(1,)], "a int")
+    with pytest.raises(AnalysisException, match="no_such_column"):
+        frame.select("no_such_column")
+    with no_duplicate_error_logs(), pytest.raises(AnalysisException, match="no_such_column"):
+        frame.select("no_such_column")
