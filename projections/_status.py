@@ -27,7 +27,7 @@ from lakefold.projections._catalog import (
 )
 from lakefold.projections._deadletters import DeadLetters
 from lakefold.projections._readers import compaction_holders
-from lakefold.projections._view_events import feed_stream
+from lakefold.projections._view_events import feed_position, feed_stream
 from lakefold.projections._view_maintainer import output_stream, view_owner
 from lakefold.projections.exceptions import ProjectionTerminalError
 from lakefold.spark import _source_reads
@@ -128,7 +128,7 @@ def _view_sources(catalog: Catalog, dsn: str, name: str, definition: dict[str, A
                                              types=tuple(events["types"]), alias=alias)
                 stream = feed_stream(name, generation.generation, alias)
                 try:
-                    applied = _feed_position(conn, stream)
+                    applied = feed_position(conn, stream)
                     head = _source_reads.head(dsn, source)
                 except (LakefoldError, psycopg.errors.UndefinedTable):
                     continue  # not started yet
@@ -153,12 +153,6 @@ def _view_sources(catalog: Catalog, dsn: str, name: str, definition: dict[str, A
             result.append(SourceStatus(f"{alias} ({stream})", applied - 1, head, lag,
                                        round(seconds, 3)))
     return result
-
-
-def _feed_position(conn: psycopg.Connection[Any], stream: str) -> int:
-    row = conn.execute("SELECT next_position FROM lakefold.event_feeds WHERE stream = %s",
-                       (stream,)).fetchone()
-    return 1 if row is None else int(row[0])
 
 
 def _locked(dsn: str, name: str, generation: int) -> bool:

@@ -5,10 +5,11 @@ A view keeps each input's current rows in a state moved forward from a changelog
 ``_view_maintainer``). The event store is a log, not a changelog, so each event input of a view
 generation has a *feed*: a derived stream (``lakefold_feeds.<view>_g<N>_<input>``) that holds
 one row per event, keyed by ``position``, and its progress in ``lakefold.event_feeds`` (the
-next global position to read). ``advance`` runs at the start of the view's batch, in the
-batch's store transaction: it reads the events after the feed's position up to the store's
-head (every position up to the head is final, see ``eventstore._sequencer``), appends them
-as inserts and moves the feed's position, so a crash rolls the feed back with the batch.
+next global position to read). ``advance`` runs at the start of the view's batch: it reads
+the events after the feed's position up to the store's head (every position up to the head is
+final, see ``eventstore._sequencer``, so ``read_events_range`` reads them on a connection of
+its own), and, in the batch's store transaction, appends them as inserts and moves the feed's
+position, so a crash rolls the feed back with the batch.
 
 Rows: the event's ``position``, ``event_id``, ``stream_id``, ``stream_version``,
 ``category``, ``type``, ``schema_version``, ``recorded_at``, ``correlation_id`` and
@@ -35,7 +36,7 @@ from lakefold.capture.store._derived_streams import DerivedStream, column_for
 from lakefold.capture.store._stream_schema import StreamSchema
 from lakefold.capture.store._stream_state import StreamState
 from lakefold.capture.store.exceptions import CaptureValueError
-from lakefold.eventstore.arrow import EVENTS_ARROW_SCHEMA, events_range_select, head_position
+from lakefold.eventstore.arrow import EVENTS_ARROW_SCHEMA, head_position, read_events_range
 from lakefold.projections.exceptions import ProjectionDefinitionError
 from lakefold.schemas import EventRegistry
 from lakefold.schemas.events import STREAM_DELETED_TYPE
@@ -46,9 +47,6 @@ from lakefold.spark.exceptions import SparkTerminalError
 EVENT_COLUMNS: Final = ("position", "event_id", "stream_id", "stream_version", "category",
                         "type", "schema_version", "recorded_at", "correlation_id",
                         "causation_id")
-#: Rows read per statement while feeding (a replay feeds a million events in pieces).
-READ_ROWS: Final = 50_000
-
 _DDL: Final = """CREATE TABLE IF NOT EXISTS lakefold.event_feeds (
     stream text PRIMARY KEY,
     next_position bigint NOT NULL DEFAULT 1)"""
@@ -72,8 +70,11 @@ def feed_stream(view: str, generation: int, alias: str) -> str:
     return f"lakefold_feeds.{view}_g{generation}_{alias}"
 
 
-def _decoder(view: str, alias: str, source: EventInput, registry: EventRegistry
-             ) -> PayloadDecoder:
+def payload_decoder(view: str, alias: str, source: EventInput,
+                    registry: EventRegistry | None) -> PayloadDecoder | None:
+    """What types an event input's payload columns (None without a registry)."""
+    if registry is None:
+        return None
     try:
         return PayloadDecoder(registry, source.types or None)
     except SparkTerminalError as e:
@@ -81,15 +82,14 @@ def _decoder(view: str, alias: str, source: EventInput, registry: EventRegistry
             from e
 
 
-def event_schema(view: str, alias: str, source: EventInput,
-                 registry: EventRegistry | None) -> pa.Schema:
+def event_schema(view: str, alias: str, decoder: PayloadDecoder | None) -> pa.Schema:
     """The columns of an event input's rows (see the module docstring); a payload field
     named like an event column, or of a type a view cannot hold, is refused."""
     fields = [EVENTS_ARROW_SCHEMA.field(name) for name in EVENT_COLUMNS]
-    if registry is None:
+    if decoder is None:
         fields += [EVENTS_ARROW_SCHEMA.field("data"), EVENTS_ARROW_SCHEMA.field("metadata")]
     else:
-        for field in _decoder(view, alias, source, registry).schema:
+        for field in decoder.schema:
             if field.name in EVENT_COLUMNS:
                 raise ProjectionDefinitionError(
                     f"view {view}: input {alias}: payload field {field.name!r} has the name "
@@ -115,9 +115,8 @@ class EventFeed:
         self.source = source
         self.stream = DerivedStream(stream)
         self.name = stream
-        self.schema = event_schema(view, stream, source, registry)
-        self.decoder = None if registry is None else \
-            PayloadDecoder(registry, source.types or None)
+        self.decoder = payload_decoder(view, stream, source, registry)
+        self.schema = event_schema(view, stream, self.decoder)
         self._stream_schema: StreamSchema | None = None
 
     def create(self, conn: psycopg.Connection[Any]) -> None:
@@ -129,16 +128,14 @@ class EventFeed:
         self._stream_schema = self.stream.create(conn, self.schema, ["position"])
 
     def drop(self, conn: psycopg.Connection[Any]) -> None:
-        """Forget the feed's progress (its stream stays, as a view's output stream does)."""
+        """Forget the feed's progress (``self.stream.drop`` deletes its stream)."""
         with conn.transaction():
             conn.execute(_DDL)
             conn.execute("DELETE FROM lakefold.event_feeds WHERE stream = %s", (self.name,))
 
     def position(self, conn: psycopg.Connection[Any]) -> int:
         """The next global position the feed reads (1: nothing fed yet)."""
-        row = conn.execute("SELECT next_position FROM lakefold.event_feeds WHERE stream = %s",
-                           (self.name,)).fetchone()
-        return 1 if row is None else int(row[0])
+        return feed_position(conn, self.name)
 
     def advance(self, conn: psycopg.Connection[Any], state: StreamState, head: int) -> int:
         """Feed the events after the feed's position up to ``head`` (the store's head, read
@@ -149,30 +146,16 @@ class EventFeed:
         start = int(conn.execute(
             "SELECT next_position FROM lakefold.event_feeds WHERE stream = %s FOR UPDATE",
             (self.name,)).fetchone()[0])  # type: ignore[index]
-        pieces = []
-        while start <= head:
-            end = min(head + 1, start + READ_ROWS)
-            pieces.append(self._read(conn, start, end))
-            start = end
-        appended = self._append(conn, state, pa.concat_tables(pieces)) if pieces else 0
+        end = max(start, head + 1)
+        # Final below the head, so read on a connection of its own (sealed segments, binary
+        # COPY): a stream deleted meanwhile shows as its deletion record in a later batch.
+        events = pa.Table.from_batches(list(read_events_range(
+            self.dsn, start, end, category=self.source.category,
+            types=self.source.types or None)), schema=EVENTS_ARROW_SCHEMA)
+        appended = self._append(conn, state, events)
         conn.execute("UPDATE lakefold.event_feeds SET next_position = %s WHERE stream = %s",
-                     (start, self.name))
+                     (end, self.name))
         return appended
-
-    def _read(self, conn: psycopg.Connection[Any], start: int, end: int) -> pa.Table:
-        select = events_range_select(conn, start, end, category=self.source.category,
-                                     types=self.source.types or None)
-        rows = conn.execute(select).fetchall()
-        columns: list[list[Any]] = [list(c) for c in zip(*rows, strict=True)] if rows else \
-            [[] for _ in EVENTS_ARROW_SCHEMA]
-        arrays = []
-        for field, values in zip(EVENTS_ARROW_SCHEMA, columns, strict=True):
-            if field.name in ("event_id", "data", "metadata", "correlation_id", "causation_id"):
-                values = [None if v is None else v if isinstance(v, str) else
-                          json.dumps(v) if isinstance(v, dict | list) else str(v)
-                          for v in values]
-            arrays.append(pa.array(values, field.type))
-        return pa.Table.from_arrays(arrays, schema=EVENTS_ARROW_SCHEMA)
 
     def _append(self, conn: psycopg.Connection[Any], state: StreamState,
                 events: pa.Table) -> int:
@@ -216,6 +199,13 @@ class EventFeed:
             return self.schema.empty_table()
         raw = state.rows_where(conn, "stream_id", streams)
         return _data(state.typed(conn, raw)).cast(self.schema)
+
+
+def feed_position(conn: psycopg.Connection[Any], stream: str) -> int:
+    """The next global position the feed ``stream`` reads (1: nothing fed yet)."""
+    row = conn.execute("SELECT next_position FROM lakefold.event_feeds WHERE stream = %s",
+                       (stream,)).fetchone()
+    return 1 if row is None else int(row[0])
 
 
 def _data(table: pa.Table) -> pa.Table:

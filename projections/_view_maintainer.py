@@ -337,16 +337,10 @@ class ViewMaintainer:
                     df = self.query(**{name: session.table(name) for name in self.inputs})
                 result = df.toArrow()
         except AnalysisException as e:
-            raise ProjectionStateError(
-                f"view {self.view}: the query no longer fits its inputs "
-                f"({_first_line(e)}); the inputs' schemas now: {self._schemas(conn)}. "
-                "Change the query to the new columns (a new definition rebuilds the view), "
-                "or the tables back") from e
+            raise ProjectionStateError(drift_message(
+                self.view, _first_line(e), describe_inputs(conn, self.inputs))) from e
         schema = self._output_schema()
         return result.cast(pa.schema([schema.field(n) for n in result.schema.names]))
-
-    def _schemas(self, conn: psycopg.Connection[Any]) -> str:
-        return describe_inputs(conn, self.inputs)
 
     def _named(self, failed: Mapping[Partition, str]
                ) -> tuple[tuple[dict[str, str | None], str], ...]:
@@ -424,6 +418,13 @@ class ViewMaintainer:
         moment = datetime.fromtimestamp(ts / 1_000_000, UTC) if ts is not None else \
             datetime.now(UTC)
         return lsn, moment
+
+
+def drift_message(view: str, error: str, inputs: str) -> str:
+    """Why a view stopped fitting its inputs (``inputs``: ``describe_inputs``), and the fix."""
+    return (f"view {view}: the query no longer fits its inputs ({error}); the inputs' schemas "
+            f"now: {inputs}. Change the query to the new columns (a new definition rebuilds "
+            "the view), or the tables back")
 
 
 def describe_inputs(conn: psycopg.Connection[Any], inputs: Mapping[str, str]) -> str:

@@ -18,8 +18,8 @@ from lakefold.capture.store._arrow_columns import arrow_type
 from lakefold.capture.store._derived_streams import column_for
 from lakefold.capture.store.exceptions import CaptureValueError, UnknownStreamError
 from lakefold.projections._view_api import View, check_views
-from lakefold.projections._view_events import event_schema
-from lakefold.projections._view_maintainer import describe_inputs, input_schema
+from lakefold.projections._view_events import event_schema, payload_decoder
+from lakefold.projections._view_maintainer import describe_inputs, drift_message, input_schema
 from lakefold.projections._view_plan import ViewPlan, analyze, view_frame
 from lakefold.projections.exceptions import (
     IncompatibleTargetError,
@@ -45,10 +45,7 @@ class CheckedView:
 def _drifted(store_dsn: str, view: View, error: str) -> str:
     tables = {alias: str(s.table) for alias, s in view.inputs.items() if s.table is not None}
     with psycopg.connect(store_dsn, autocommit=True) as conn:
-        inputs = describe_inputs(conn, tables)
-    return (f"view {view.name}: the query no longer fits its inputs ({error}); the inputs' "
-            f"schemas now: {inputs}. Change the query to the new columns (a new definition "
-            "rebuilds the view), or the tables back")
+        return drift_message(view.name, error, describe_inputs(conn, tables))
 
 
 def streamed(schema: pa.Schema) -> pa.Schema:
@@ -81,8 +78,8 @@ def plan_views(spark: SparkSession, views: Mapping[str, View], store_dsn: str,
         schemas = {}
         for alias, source in view.inputs.items():
             if source.events is not None:
-                schemas[alias] = streamed(event_schema(name, alias, source.events,
-                                                       view.registry))
+                decoder = payload_decoder(name, alias, source.events, view.registry)
+                schemas[alias] = streamed(event_schema(name, alias, decoder))
             elif source.table is not None:
                 try:
                     schemas[alias] = input_schema(store_dsn, source.table)

@@ -37,6 +37,7 @@ from typing import Any
 import psycopg
 
 from lakefold.capture.store import commit_at, first_after, frontier
+from lakefold.spark._source_positions import capped_end
 
 _DDL = """
 CREATE TABLE IF NOT EXISTS lakefold.commit_cuts (
@@ -102,6 +103,10 @@ def _limit_lsn(conn: psycopg.Connection[Any], stream: str, start: int, limit: in
 def round_lsn(conn: psycopg.Connection[Any], group: CutGroup, round_: int,
               limit: int | None = None) -> int | None:
     """The round's shared LSN: stored by the first source asked, read by the others."""
+    stored = conn.execute("SELECT lsn FROM lakefold.commit_cuts WHERE cut_group = %s "
+                          "AND round = %s", (group.name, round_)).fetchone()
+    if stored is not None:  # a later source of the round: no need to work it out again
+        return None if stored[0] is None else int(stored[0])
     lsn = frontier(conn, group.streams)
     if lsn is not None and limit is not None:
         for stream, start in conn.execute(
@@ -143,7 +148,7 @@ def cut_end(dsn: str, group: CutGroup, stream: str, round_: int, start: int, end
         if end <= start:
             return end
         if lsn is None:  # no shared order: the limit by position
-            return end if limit is None else min(end, first_record + limit)
+            return capped_end(start, end - 1, limit)
         first = first_after(conn, stream, start, end, lsn)
         cut = end if first is None else max(start, first)
         if limit is not None and cut > first_record + limit and \
