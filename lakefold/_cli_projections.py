@@ -235,14 +235,15 @@ def status(as_json: JsonOption = False) -> None:
                                "slots": [vars(s) for s in slots]}, default=str))
         return
     table = Table(title="projections")
-    for column in ("name", "target", "gen", "state", "lag", "lag s", "rec/s", "dead", "error"):
+    for column in ("name", "target", "gen", "state", "lag", "lag s", "rec/s", "dead", "late",
+                   "error"):
         table.add_column(column)
     for s in statuses:
         gen = f"{s.generation}" + (f" → {s.rebuilding_generation}"
                                    if s.rebuilding_generation else "")
         table.add_row(s.name, s.target, gen, s.state, f"{s.lag_records:,}",
                       f"{s.lag_seconds:.1f}", f"{s.throughput_per_s:,.0f}", str(s.dead_letters),
-                      escape((s.last_error or "")[:60]))
+                      f"{s.late_events:,}", escape((s.last_error or "")[:60]))
     _out.print(table)
     inputs = Table(title="view inputs")
     for column in ("view", "input", "applied", "head", "lag", "lag s"):
@@ -254,6 +255,10 @@ def status(as_json: JsonOption = False) -> None:
                            f"{source.lag_seconds:.1f}")
     if inputs.row_count:
         _out.print(inputs)
+    for s in statuses:
+        if s.watermark is not None:
+            _out.print(f"{escape(s.name)}: watermark {s.watermark}, {s.late_events:,} late "
+                       "event window(s) not counted (lakefold late list)", soft_wrap=True)
     for s in statuses:  # a paused or stopped projection keeps its streams uncompacted
         for stream, position in s.holds_compaction.items():
             _out.print(f"{escape(s.name)} ({s.state}) holds the compaction of {escape(stream)} "

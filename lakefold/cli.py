@@ -95,6 +95,7 @@ def main() -> None:
 from lakefold import (  # noqa: E402
     _cli_capture,  # noqa: F401  (capture run, streams, read, tail, compact, drop)
     _cli_events,  # noqa: F401  (events install, status, tail)
+    _cli_late,  # noqa: F401  (late list, replay)
     _cli_projections,  # noqa: F401  (run, rebuild, pause, resume, status, dlq, search)
     _cli_snapshots,  # noqa: F401  (capture resnapshot, status, pause, resume, recover)
     _cli_spark,  # noqa: F401  (query, optimize, vacuum)

@@ -45,6 +45,7 @@ if TYPE_CHECKING:  # the real names for type checkers; at run time they load laz
         search_index,
     )
     from lakefold.projections._view_api import View
+    from lakefold.projections._windows import Window, hopping, tumbling
     from lakefold.projections.exceptions import (
         BehindCompactionError,
         IncompatibleTargetError,
@@ -81,6 +82,7 @@ _EXPORTS: dict[str, str] = {
     "ProjectionNotFoundError": "exceptions", "ProjectionStateError": "exceptions",
     "RecordFailedError": "exceptions", "StatefulChangelogError": "exceptions",
     "UnknownSourceError": "exceptions",
+    "Window": "_windows", "hopping": "_windows", "tumbling": "_windows",
 }
 
 __all__ = [
@@ -116,14 +118,17 @@ __all__ = [
     "StatefulChangelogError",
     "UnknownSourceError",
     "View",
+    "Window",
     "changelog",
     "delta_table",
     "events",
+    "hopping",
     "load_projections",
     "projection",
     "redis_cache",
     "search_index",
     "table_catalog",
+    "tumbling",
     "view",
 ]
 

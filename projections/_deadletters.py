@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+import psycopg
 from psycopg.types.json import Jsonb
 
 from lakefold.projections._catalog import Catalog
@@ -89,6 +90,38 @@ class NewDeadLetter:
     attempts: int
 
 
+def add_dead_letters(conn: psycopg.Connection[Any], name: str, generation: int,
+                     letters: list[NewDeadLetter]) -> int:
+    """Record failed records in the caller's transaction; one already recorded (same ref)
+    only gains the new error and attempts if it was waiting for a retry. Returns how many
+    are new."""
+    new = 0
+    for letter in letters:
+        row = conn.execute(
+            "INSERT INTO lakefold.projection_dead_letters (name, generation, ref, stage, "
+            "source, position, record, error, attempts) "
+            "VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s) "
+            "ON CONFLICT (name, generation, ref) DO UPDATE SET "
+            "  error = EXCLUDED.error, "
+            "  attempts = projection_dead_letters.attempts + EXCLUDED.attempts, "
+            "  status = 'open', retry_seq = NULL, updated_at = now() "
+            "  WHERE projection_dead_letters.status = 'retry' "
+            "RETURNING (xmax = 0) AS inserted",
+            (name, generation, letter.ref, letter.stage, letter.source, letter.position,
+             Jsonb(letter.record), letter.error, letter.attempts)).fetchone()
+        inserted = row["inserted"] if isinstance(row, dict) else (row[0] if row else False)
+        new += int(bool(inserted))
+    return new
+
+
+def install_dead_letters(conn: psycopg.Connection[Any]) -> None:
+    """Create the dead-letter table (idempotent, concurrency-safe)."""
+    with conn.transaction():
+        conn.execute("SELECT pg_advisory_xact_lock(%s)", (0x1AFE_0008,))
+        for statement in _DDL:
+            conn.execute(statement)
+
+
 class DeadLetters:
     """The dead-letter table, on the catalog's connection."""
 
@@ -97,32 +130,14 @@ class DeadLetters:
 
     def install(self) -> None:
         with self._catalog._tx() as conn:
-            conn.execute("SELECT pg_advisory_xact_lock(%s)", (0x1AFE_0008,))
-            for statement in _DDL:
-                conn.execute(statement)
+            install_dead_letters(conn)
 
     def add(self, name: str, generation: int, letters: list[NewDeadLetter]) -> int:
-        """Record failed records; one already recorded (same ref) only gains the new error
-        and attempts if it was waiting for a retry. Returns how many are new."""
+        """Record failed records (see ``add_dead_letters``). Returns how many are new."""
         if not letters:
             return 0
-        new = 0
         with self._catalog._tx() as conn:
-            for letter in letters:
-                row = conn.execute(
-                    "INSERT INTO lakefold.projection_dead_letters (name, generation, ref, stage, "
-                    "source, position, record, error, attempts) "
-                    "VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s) "
-                    "ON CONFLICT (name, generation, ref) DO UPDATE SET "
-                    "  error = EXCLUDED.error, "
-                    "  attempts = projection_dead_letters.attempts + EXCLUDED.attempts, "
-                    "  status = 'open', retry_seq = NULL, updated_at = now() "
-                    "  WHERE projection_dead_letters.status = 'retry' "
-                    "RETURNING (xmax = 0) AS inserted",
-                    (name, generation, letter.ref, letter.stage, letter.source, letter.position,
-                     Jsonb(letter.record), letter.error, letter.attempts)).fetchone()
-                new += int(bool(row and row["inserted"]))
-        return new
+            return add_dead_letters(conn, name, generation, letters)
 
     def find(self, name: str | None = None, *, status: str | None = None,
              limit: int = 100) -> list[DeadLetter]:

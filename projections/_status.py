@@ -26,6 +26,7 @@ from lakefold.projections._catalog import (
     generation_lock_key,
 )
 from lakefold.projections._deadletters import DeadLetters
+from lakefold.projections._late_events import count_late
 from lakefold.projections._readers import compaction_holders
 from lakefold.projections._view_events import feed_position, feed_stream
 from lakefold.projections._view_maintainer import output_stream, view_owner
@@ -70,6 +71,10 @@ class ProjectionStatus:
     holds_compaction: dict[str, int] = field(default_factory=dict)
     #: ``view`` for a view (its ``sources`` are its inputs), else ``projection``.
     style: str = "projection"
+    #: Of a windowed view: its events not counted because their window had closed, not
+    #: replayed (``lakefold late list``), and its watermark (ISO time; None before events).
+    late_events: int = 0
+    watermark: str | None = None
 
     def as_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -155,6 +160,27 @@ def _view_sources(catalog: Catalog, dsn: str, name: str, definition: dict[str, A
     return result
 
 
+def _window_status(dsn: str, name: str, definition: dict[str, Any],
+                   generation: Generation) -> tuple[int, str | None]:
+    """A windowed view's late events not replayed, and its watermark."""
+    window = definition.get("window")
+    if not window:
+        return 0, None
+    stream = feed_stream(name, generation.generation, window["input"])
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        try:
+            late = count_late(conn, name)
+            row = conn.execute("SELECT max_event_time FROM lakefold.event_feeds "
+                               "WHERE stream = %s", (stream,)).fetchone()
+        except psycopg.errors.UndefinedTable:
+            return 0, None  # not started yet
+    if row is None or row[0] is None:
+        return late, None
+    micros = int(row[0]) - round(float(window["lateness"]) * 1_000_000)
+    moment = dt.datetime(1970, 1, 1, tzinfo=dt.UTC) + dt.timedelta(microseconds=micros)
+    return late, moment.isoformat()
+
+
 def _locked(dsn: str, name: str, generation: int) -> bool:
     with psycopg.connect(dsn, autocommit=True) as conn:
         row = conn.execute(
@@ -201,6 +227,8 @@ def projection_status(catalog: Catalog, dsn: str, names: list[str] | None = None
             state = "stopped"
         if row.paused:
             state = "paused"
+        late, watermark = _window_status(dsn, row.name, definition, current) \
+            if style == "view" else (0, None)
         statuses.append(ProjectionStatus(
             name=row.name, target=row.target_kind, generation=current.generation, state=state,
             paused=row.paused, position={s.source: s.position for s in sources},
@@ -212,7 +240,8 @@ def projection_status(catalog: Catalog, dsn: str, names: list[str] | None = None
             rebuilding_generation=building.generation if building else None,
             rebuild_position={a: max(0, p - 1) for a, p in building.position.items()}
             if building else {},
-            sources=sources, holds_compaction=holders.get(row.name, {}), style=style))
+            sources=sources, holds_compaction=holders.get(row.name, {}), style=style,
+            late_events=late, watermark=watermark))
     return statuses
 
 

@@ -38,6 +38,7 @@ from lakefold.projections._targets import Target
 from lakefold.projections._view_events import EventInput
 from lakefold.projections._view_plan import Query
 from lakefold.projections._view_targets import check_view_target
+from lakefold.projections._windows import WINDOW_START, Window
 from lakefold.projections.exceptions import (
     IncompatibleTargetError,
     MissingKeyError,
@@ -81,6 +82,8 @@ class View:
     options: ProjectionOptions
     #: Types the payload columns of event inputs (None: ``data`` as JSON text).
     registry: EventRegistry | None = None
+    #: A window over event time on one input (``_windows``).
+    window: Window | None = None
 
     @property
     def upstream(self) -> list[str]:
@@ -96,7 +99,8 @@ class View:
             f"{getattr(self.query, '__module__', '?')}.{getattr(self.query, '__qualname__', '?')}",
             "key": list(self.key),
             "target": vars(self.target) | {"kind": self.target.kind},
-        } | ({} if self.registry is None else {"registry": self._payloads()})
+        } | ({} if self.registry is None else {"registry": self._payloads()}) \
+            | ({} if self.window is None else {"window": self.window.describe()})
 
     def _payloads(self) -> dict[str, Any]:
         """The registry's types and versions of the event inputs (a new version of one, or
@@ -149,7 +153,7 @@ Input = ChangelogSource | EventSource | str | View
 def define_view(name: str, *, inputs: Mapping[str, Input],
                 query: Query, key: str | Sequence[str], target: Target,
                 options: ProjectionOptions | None = None,
-                registry: EventRegistry | None = None) -> View:
+                registry: EventRegistry | None = None, window: Window | None = None) -> View:
     """A view, checked as far as it can be without the stores and Spark."""
     check_name("view", name)
     checked_inputs = _inputs(name, inputs)
@@ -176,19 +180,45 @@ def define_view(name: str, *, inputs: Mapping[str, Input],
                 f"view {name}: input {alias} reads event type(s) {', '.join(unknown)}, which "
                 f"the registry does not know; register them (registry.event(...)) or drop "
                 "them from events(types=...)")
+    _check_window(name, checked_inputs, checked_key, window)
     return View(name, checked_inputs, query, checked_key, target,
-                options or ProjectionOptions(), registry)
+                options or ProjectionOptions(), registry, window)
+
+
+def _check_window(name: str, inputs: Mapping[str, ViewInput], key: tuple[str, ...],
+                  window: object) -> None:
+    if window is None:
+        return
+    if not isinstance(window, Window):
+        raise ProjectionDefinitionError(
+            f"view {name}: window={window!r} is not a window; use tumbling(...) or "
+            "hopping(...)")
+    source = inputs.get(window.input)
+    if source is None:
+        raise ProjectionDefinitionError(
+            f"view {name}: the window is over {window.input}.{window.time}, but the view has "
+            f"no input {window.input!r}; its inputs are {', '.join(inputs)}")
+    if source.events is None:
+        raise ProjectionDefinitionError(
+            f"view {name}: the window is over {window.input}.{window.time}, and "
+            f"{window.input} is a {source.label}; windows are over event inputs "
+            "(events(...)) so far; window a table's changes by reading them through a view "
+            "over events, or group by a date_trunc of the column")
+    if WINDOW_START not in key:
+        raise MissingKeyError(
+            f"view {name}: a windowed view's key holds {WINDOW_START} (a window's rows are "
+            f"one per window and group); the key is {list(key)}")
 
 
 def view_decorator(name: str, *, inputs: Mapping[str, Input],
                    key: str | Sequence[str], target: Target,
                    options: ProjectionOptions | None = None,
-                   registry: EventRegistry | None = None
+                   registry: EventRegistry | None = None, window: Window | None = None
                    ) -> Callable[[Callable[..., Any]], View]:
     """``@view(...)`` over a DataFrame function (see the module docstring)."""
     def define(function: Callable[..., Any]) -> View:
         return define_view(name, inputs=inputs, query=function, key=key, target=target,
-                           options=options, registry=registry)
+                           options=options, registry=registry, window=window)
 
     return define
 

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Final
 
+import numpy as np
 import psycopg
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -37,6 +38,21 @@ from lakefold.capture.store._stream_schema import StreamSchema
 from lakefold.capture.store._stream_state import StreamState
 from lakefold.capture.store.exceptions import CaptureValueError
 from lakefold.eventstore.arrow import EVENTS_ARROW_SCHEMA, head_position, read_events_range
+from lakefold.projections._deadletters import (
+    NewDeadLetter,
+    add_dead_letters,
+    install_dead_letters,
+)
+from lakefold.projections._late_events import install_late_events, pending_replays, record_late
+from lakefold.projections._windows import (
+    TIME_TYPE,
+    WINDOW_END,
+    WINDOW_START,
+    Window,
+    classify,
+    event_times,
+    is_time_type,
+)
 from lakefold.projections.exceptions import ProjectionDefinitionError
 from lakefold.schemas import EventRegistry
 from lakefold.schemas.events import STREAM_DELETED_TYPE
@@ -47,9 +63,15 @@ from lakefold.spark.exceptions import SparkTerminalError
 EVENT_COLUMNS: Final = ("position", "event_id", "stream_id", "stream_version", "category",
                         "type", "schema_version", "recorded_at", "correlation_id",
                         "causation_id")
-_DDL: Final = """CREATE TABLE IF NOT EXISTS lakefold.event_feeds (
-    stream text PRIMARY KEY,
-    next_position bigint NOT NULL DEFAULT 1)"""
+_DDL: Final = [
+    """CREATE TABLE IF NOT EXISTS lakefold.event_feeds (
+        stream text PRIMARY KEY,
+        next_position bigint NOT NULL DEFAULT 1)""",
+    # A windowed feed's largest event time (microseconds since the epoch) and the last late
+    # event replay it folded in (``_late_events``); added after the first release.
+    """ALTER TABLE lakefold.event_feeds ADD COLUMN IF NOT EXISTS max_event_time bigint,
+        ADD COLUMN IF NOT EXISTS replayed_through bigint NOT NULL DEFAULT 0""",
+]
 
 
 @dataclass(frozen=True)
@@ -82,9 +104,12 @@ def payload_decoder(view: str, alias: str, source: EventInput,
             from e
 
 
-def event_schema(view: str, alias: str, decoder: PayloadDecoder | None) -> pa.Schema:
-    """The columns of an event input's rows (see the module docstring); a payload field
-    named like an event column, or of a type a view cannot hold, is refused."""
+def event_schema(view: str, alias: str, decoder: PayloadDecoder | None,
+                 window: Window | None = None) -> pa.Schema:
+    """The columns of an event input's rows (see the module docstring), with the window
+    columns when ``window`` is over this input; a payload field named like an event column,
+    or of a type a view cannot hold, and a window over a column that is not a time, are
+    refused."""
     fields = [EVENTS_ARROW_SCHEMA.field(name) for name in EVENT_COLUMNS]
     if decoder is None:
         fields += [EVENTS_ARROW_SCHEMA.field("data"), EVENTS_ARROW_SCHEMA.field("metadata")]
@@ -103,64 +128,112 @@ def event_schema(view: str, alias: str, decoder: PayloadDecoder | None) -> pa.Sc
                     f"view {view}: input {alias}: payload field {e}; declare it as a "
                     "scalar, or read the input without registry= (data as JSON text)") from e
             fields.append(field)
-    return pa.schema([pa.field(f.name, f.type) for f in fields])
+    schema = pa.schema([pa.field(f.name, f.type) for f in fields])
+    return schema if window is None else windowed_schema(view, alias, schema, window)
+
+
+def windowed_schema(view: str, alias: str, schema: pa.Schema, window: Window) -> pa.Schema:
+    """An input's columns with the window columns after them (see ``_windows``)."""
+    if window.time not in schema.names:
+        raise ProjectionDefinitionError(
+            f"view {view}: the window is over {alias}.{window.time}, but input {alias} has no "
+            f"column {window.time!r}; its columns are {', '.join(schema.names)}")
+    if not is_time_type(schema.field(window.time).type):
+        raise ProjectionDefinitionError(
+            f"view {view}: the window is over {alias}.{window.time}, of type "
+            f"{schema.field(window.time).type}, which is not a time; use a timestamp (or "
+            "ISO-8601 text) column")
+    clash = [n for n in (WINDOW_START, WINDOW_END) if n in schema.names]
+    if clash:
+        raise ProjectionDefinitionError(
+            f"view {view}: input {alias} already has a column {clash[0]!r}, which the window "
+            "adds; rename that column")
+    return schema.append(pa.field(WINDOW_START, TIME_TYPE)).append(
+        pa.field(WINDOW_END, TIME_TYPE))
+
+
+@dataclass(frozen=True)
+class FeedBatch:
+    """What ``EventFeed.advance`` fed: rows appended, the window starts they fell in (of a
+    windowed feed, in microseconds), the feed's largest event time after it."""
+
+    appended: int
+    windows: frozenset[int] = frozenset()
+    max_event_time: int | None = None
 
 
 class EventFeed:
     """One event input of one view generation, fed into its derived stream."""
 
-    def __init__(self, store_dsn: str, *, view: str, stream: str, source: EventInput,
-                 registry: EventRegistry | None) -> None:
+    def __init__(self, store_dsn: str, *, view: str, generation: int, alias: str,
+                 source: EventInput, registry: EventRegistry | None,
+                 window: Window | None = None) -> None:
         self.dsn = store_dsn
+        self.view = view
+        self.generation = generation
+        self.alias = alias
         self.source = source
-        self.stream = DerivedStream(stream)
-        self.name = stream
-        self.decoder = payload_decoder(view, stream, source, registry)
-        self.schema = event_schema(view, stream, self.decoder)
+        self.name = feed_stream(view, generation, alias)
+        self.stream = DerivedStream(self.name)
+        self.decoder = payload_decoder(view, alias, source, registry)
+        #: The window over this input's events (None: not windowed, one row per event).
+        self.window = window
+        #: An event's columns; ``schema``: a feed row's (with the window's, if windowed).
+        self.event_schema = event_schema(view, alias, self.decoder)
+        self.schema = event_schema(view, alias, self.decoder, window)
         self._stream_schema: StreamSchema | None = None
 
     def create(self, conn: psycopg.Connection[Any]) -> None:
         """Create the feed's stream and progress (idempotent)."""
         with conn.transaction():
-            conn.execute(_DDL)
+            for statement in _DDL:
+                conn.execute(statement)
             conn.execute("INSERT INTO lakefold.event_feeds (stream) VALUES (%s) "
                          "ON CONFLICT DO NOTHING", (self.name,))
-        self._stream_schema = self.stream.create(conn, self.schema, ["position"])
+            if self.window is not None:
+                install_late_events(conn)
+                install_dead_letters(conn)
+        keys = ["position"] if self.window is None else ["position", WINDOW_START]
+        self._stream_schema = self.stream.create(conn, self.schema, keys)
 
     def drop(self, conn: psycopg.Connection[Any]) -> None:
         """Forget the feed's progress (``self.stream.drop`` deletes its stream)."""
         with conn.transaction():
-            conn.execute(_DDL)
+            for statement in _DDL:
+                conn.execute(statement)
             conn.execute("DELETE FROM lakefold.event_feeds WHERE stream = %s", (self.name,))
 
     def position(self, conn: psycopg.Connection[Any]) -> int:
         """The next global position the feed reads (1: nothing fed yet)."""
         return feed_position(conn, self.name)
 
-    def advance(self, conn: psycopg.Connection[Any], state: StreamState, head: int) -> int:
+    def advance(self, conn: psycopg.Connection[Any], state: StreamState, head: int
+                ) -> FeedBatch:
         """Feed the events after the feed's position up to ``head`` (the store's head, read
         before the caller's transaction began), in the caller's transaction; ``state`` is the
-        view's state of this feed (to find the rows of a deleted stream). Returns the rows
-        appended."""
+        view's state of this feed (to find the rows of a deleted stream). A windowed feed
+        also folds in the late events replayed since its last batch."""
         assert self._stream_schema is not None  # noqa: S101 - create() runs first
-        start = int(conn.execute(
-            "SELECT next_position FROM lakefold.event_feeds WHERE stream = %s FOR UPDATE",
-            (self.name,)).fetchone()[0])  # type: ignore[index]
-        end = max(start, head + 1)
+        start, max_time, replayed = conn.execute(
+            "SELECT next_position, max_event_time, replayed_through FROM lakefold.event_feeds "
+            "WHERE stream = %s FOR UPDATE", (self.name,)).fetchone()  # type: ignore[misc]
+        end = max(int(start), head + 1)
         # Final below the head, so read on a connection of its own (sealed segments, binary
         # COPY): a stream deleted meanwhile shows as its deletion record in a later batch.
         events = pa.Table.from_batches(list(read_events_range(
-            self.dsn, start, end, category=self.source.category,
+            self.dsn, int(start), end, category=self.source.category,
             types=self.source.types or None)), schema=EVENTS_ARROW_SCHEMA)
-        appended = self._append(conn, state, events)
-        conn.execute("UPDATE lakefold.event_feeds SET next_position = %s WHERE stream = %s",
-                     (end, self.name))
-        return appended
+        batch = self._append(conn, state, events, max_time)
+        if self.window is not None:
+            batch = self._fold_replays(conn, batch, int(replayed))
+        conn.execute("UPDATE lakefold.event_feeds SET next_position = %s, max_event_time = %s "
+                     "WHERE stream = %s", (end, batch.max_event_time, self.name))
+        return batch
 
     def _append(self, conn: psycopg.Connection[Any], state: StreamState,
-                events: pa.Table) -> int:
+                events: pa.Table, max_time: int | None) -> FeedBatch:
         if events.num_rows == 0:
-            return 0
+            return FeedBatch(0, max_event_time=max_time)
         deletion = pc.equal(events.column("type"), STREAM_DELETED_TYPE)
         deletes = self._deleted_rows(conn, state, events.filter(deletion))
         events = events.filter(pc.invert(deletion))
@@ -168,26 +241,110 @@ class EventFeed:
             gone = pc.is_in(events.column("stream_id"), deletes.column("stream_id").unique())
             events = events.filter(pc.invert(gone))
         rows = self._rows(events)
-        old = pa.Table.from_pylist([{}] * rows.num_rows, schema=rows.schema)
-        assert self._stream_schema is not None  # noqa: S101 - create() runs first
+        windows: frozenset[int] = frozenset()
+        if self.window is not None:
+            rows, windows, max_time = self._windowed(conn, rows, max_time)
         top = events.column("recorded_at")
         moment = pc.max(top).as_py() if events.num_rows else datetime.now(UTC)
+        return FeedBatch(self._write(conn, rows, deletes, moment), windows, max_time)
+
+    def _write(self, conn: psycopg.Connection[Any], rows: pa.Table, deletes: pa.Table,
+               moment: datetime) -> int:
+        assert self._stream_schema is not None  # noqa: S101 - create() runs first
+        old = pa.Table.from_pylist([{}] * rows.num_rows, schema=rows.schema)
         start, end = self.stream.append(conn, self._stream_schema, upserts=rows, old=old,
                                         deletes=deletes, commit_lsn=0, commit_ts=moment)
         return end - start
+
+    def _windowed(self, conn: psycopg.Connection[Any], rows: pa.Table, max_time: int | None
+                  ) -> tuple[pa.Table, frozenset[int], int | None]:
+        """An event's row per window it counts in; its late (event, window) pairs recorded
+        in the late events, unless replayed; events without a time dead-lettered."""
+        window = self.window
+        assert window is not None  # noqa: S101 - only for a windowed feed
+        times, missing = event_times(rows.column(window.time))
+        found = classify(window, times, missing, max_time)
+        positions = rows.column("position").to_numpy()
+        replayed = record_late(conn, self.view, self.alias, positions[found.late_rows],
+                               found.late_starts, window.size_us, times[found.late_rows],
+                               found.late_watermarks)
+        take, starts = found.rows, found.starts
+        if replayed:
+            back = np.array([(int(positions[r]), int(s)) in replayed for r, s in zip(
+                found.late_rows, found.late_starts, strict=True)], dtype=bool)
+            take = np.concatenate([take, found.late_rows[back]])
+            starts = np.concatenate([starts, found.late_starts[back]])
+        if len(found.no_time):
+            self._dead_letter(conn, rows.take(pa.array(found.no_time)))
+        return (self._window_rows(rows, take, starts), frozenset(starts.tolist()),
+                found.max_time)
+
+    def _window_rows(self, rows: pa.Table, take: np.ndarray, starts: np.ndarray) -> pa.Table:
+        assert self.window is not None  # noqa: S101 - only for a windowed feed
+        out = rows.take(pa.array(take, pa.int64()))
+        return out.append_column(WINDOW_START, pa.array(starts, pa.int64()).cast(TIME_TYPE)) \
+            .append_column(WINDOW_END, pa.array(starts + self.window.size_us, pa.int64())
+                           .cast(TIME_TYPE)).cast(self.schema)
+
+    def _dead_letter(self, conn: psycopg.Connection[Any], rows: pa.Table) -> None:
+        assert self.window is not None  # noqa: S101 - only for a windowed feed
+        column = self.window.time
+        letters = []
+        for row in rows.select([c for c in rows.column_names if c not in (
+                WINDOW_START, WINDOW_END)]).to_pylist():
+            value = row[column]
+            why = "is NULL" if value is None else f"is {str(value)!r}, not a time"
+            letters.append(NewDeadLetter(
+                ref=f"event:{self.alias}:{row['position']}", stage="view", source=self.alias,
+                position=int(row["position"]),
+                record={k: v if isinstance(v, int | float | bool | None) else str(v)
+                        for k, v in row.items()},
+                error=f"view {self.view}: event {row['position']}'s time {self.alias}."
+                      f"{column} {why}; it is in no window. Append a corrected event (a "
+                      "new version with an upcaster fixes old ones), then drop this letter",
+                attempts=1))
+        add_dead_letters(conn, self.view, self.generation, letters)
+
+    def _fold_replays(self, conn: psycopg.Connection[Any], batch: FeedBatch,
+                      replayed_through: int) -> FeedBatch:
+        """Append the window rows of late events replayed since the feed's last batch."""
+        pairs, through = pending_replays(conn, self.view, self.alias, replayed_through)
+        if not pairs:
+            return batch
+        wanted: dict[int, list[int]] = {}
+        for position, start in pairs:
+            wanted.setdefault(position, []).append(start)
+        parts = [pa.Table.from_batches(list(read_events_range(
+            self.dsn, p, p + 1, category=self.source.category,
+            types=self.source.types or None)), schema=EVENTS_ARROW_SCHEMA)
+            for p in sorted(wanted)]
+        events = pa.concat_tables(parts)
+        rows = self._rows(events)
+        positions = rows.column("position").to_pylist()
+        take = [i for i, p in enumerate(positions) for _ in wanted[p]]
+        starts = [s for p in positions for s in wanted[p]]
+        out = self._window_rows(rows, np.array(take, dtype=np.int64),
+                                np.array(starts, dtype=np.int64))
+        moment = pc.max(events.column("recorded_at")).as_py() if events.num_rows else \
+            datetime.now(UTC)
+        appended = self._write(conn, out, self.schema.empty_table(), moment)
+        conn.execute("UPDATE lakefold.event_feeds SET replayed_through = %s WHERE stream = %s",
+                     (through, self.name))
+        return FeedBatch(batch.appended + appended, batch.windows | frozenset(starts),
+                         batch.max_event_time)
 
     def _rows(self, events: pa.Table) -> pa.Table:
         """The feed's rows of ``events`` (see the module docstring)."""
         base = events.select(list(EVENT_COLUMNS))
         if self.decoder is None:
             return base.append_column("data", events.column("data")) \
-                .append_column("metadata", events.column("metadata")).cast(self.schema)
+                .append_column("metadata", events.column("metadata")).cast(self.event_schema)
         payload = self.decoder.decode(events.column("type").combine_chunks(),
                                       events.column("schema_version").combine_chunks(),
                                       events.column("data").combine_chunks())
         for index, field in enumerate(self.decoder.schema):
             base = base.append_column(field.name, payload.field(index))
-        return base.cast(self.schema)
+        return base.cast(self.event_schema)
 
     def _deleted_rows(self, conn: psycopg.Connection[Any], state: StreamState,
                       records: pa.Table) -> pa.Table:

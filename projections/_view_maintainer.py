@@ -47,8 +47,15 @@ from lakefold.capture.store._changelog_store import ChangelogStore, stream_meta
 from lakefold.capture.store._derived_streams import DerivedStream, column_for, texts
 from lakefold.capture.store._stream_state import StateChanges, StreamState
 from lakefold.projections._view_aggregates import AggregateState
-from lakefold.projections._view_events import EventFeed, EventInput, feed_stream, store_head
+from lakefold.projections._view_events import EventFeed, EventInput, FeedBatch, store_head
 from lakefold.projections._view_plan import Query, ViewPlan, analyze, view_frame
+from lakefold.projections._window_book import (
+    close_windows,
+    forget_windows,
+    install_window_book,
+    open_windows,
+)
+from lakefold.projections._windows import TIME_TYPE, WINDOW_FINAL, WINDOW_START, Window
 from lakefold.projections.exceptions import MissingKeyError, ProjectionStateError
 from lakefold.schemas import EventRegistry
 from lakefold.spark._query import no_duplicate_error_logs
@@ -116,15 +123,19 @@ class ViewMaintainer:
     def __init__(self, spark: SparkSession, store_dsn: str, *, view: str, generation: int,
                  inputs: Mapping[str, str], query: Query, plan: ViewPlan,
                  events: Mapping[str, EventInput] | None = None,
-                 registry: EventRegistry | None = None) -> None:
+                 registry: EventRegistry | None = None,
+                 window: Window | None = None) -> None:
         self.view = view
         self.generation = generation
         self.owner = view_owner(view, generation)
         self.dsn = store_dsn
+        #: The view's window over event time (``_windows``), over one of its event inputs.
+        self.window = window
         #: Event inputs, each fed into a derived stream of this generation (``_view_events``).
-        self.feeds = {alias: EventFeed(store_dsn, view=view, source=source, registry=registry,
-                                       stream=feed_stream(view, generation, alias))
-                      for alias, source in (events or {}).items()}
+        self.feeds = {alias: EventFeed(
+            store_dsn, view=view, generation=generation, alias=alias, source=source,
+            registry=registry, window=window if window and window.input == alias else None)
+            for alias, source in (events or {}).items()}
         # name in the query → stream
         self.inputs = dict(inputs) | {alias: f.name for alias, f in self.feeds.items()}
         self.query = query
@@ -134,7 +145,7 @@ class ViewMaintainer:
                        for name, stream in self.inputs.items()}
         self.output = DerivedStream(output_stream(view, generation))
         self.own = StreamState(self.owner, self.output.name)
-        self.aggregates = None if plan.aggregate is None else AggregateState(
+        self.aggregates = None if plan.aggregate is None or window else AggregateState(
             self.owner, plan.aggregate, self.states[plan.aggregate.input])
         self.store = ChangelogStore(store_dsn)
         self._schema: Any = None
@@ -157,6 +168,8 @@ class ViewMaintainer:
             self.store.install()  # a view over events only, where nothing was captured
         for feed in self.feeds.values():
             feed.create(conn)
+        if self.window is not None:
+            install_window_book(conn)
         for name, state in self.states.items():
             lookups = (*wanted.get(name, ()), *(("stream_id",) if name in self.feeds else ()))
             state.create(conn, lookups)
@@ -178,6 +191,8 @@ class ViewMaintainer:
             feed.drop(conn)
             feed.stream.drop(conn)
         self.output.drop(conn)
+        if self.window is not None:
+            forget_windows(conn, self.owner)
         if self.aggregates is not None:
             with conn.transaction():
                 self.aggregates.drop(conn)
@@ -191,8 +206,9 @@ class ViewMaintainer:
         with conn.transaction():
             conn.execute("SELECT pg_advisory_xact_lock(%s, %s)",
                          (LOCK_NAMESPACE, zlib.crc32(self.owner.encode()) & 0x7FFF_FFFF))
-            for alias, feed in self.feeds.items():
-                feed.advance(conn, self.states[alias], event_head)
+            fed = {alias: feed.advance(conn, self.states[alias], event_head)
+                   for alias, feed in self.feeds.items()}
+            watermark = self._watermark(fed)
             heads = dict(conn.execute(
                 "SELECT name, head FROM lakefold.changelog_streams WHERE name = ANY(%s)",
                 (list(self.inputs.values()),)).fetchall())
@@ -206,6 +222,10 @@ class ViewMaintainer:
             everything = all(s == 1 for s in starts.values()) or any(
                 c.truncated for c in changes.values())
             affected = None if everything else self._affected(conn, changes)
+            if self.window is not None:
+                closing = self._close_windows(conn, fed[self.window.input], watermark)
+                if affected is not None:
+                    affected |= closing
             if affected is not None and not affected:
                 return BatchResult({n: c.end for n, c in changes.items()}, 0, 0, 0, (0, 0))
             failed: dict[Partition, str] = {}
@@ -215,6 +235,7 @@ class ViewMaintainer:
                 computed = affected
             else:
                 rows, failed, computed = self._recompute(conn, affected)
+            rows = self._flag_final(rows, watermark)
             old = self._old_rows(conn, computed)
             upserts, previous, deletes = self._diff(old, rows)
             commit_lsn, commit_ts = self._commit_point(conn, changes)
@@ -235,6 +256,48 @@ class ViewMaintainer:
             if not change.empty:
                 found |= self._partitions_of(conn, name, [change.before, change.after])
         return found
+
+    def _watermark(self, fed: Mapping[str, FeedBatch]) -> int | None:
+        """The view's watermark after the batch's events (microseconds since the epoch):
+        the largest event time of its windowed input minus the allowed lateness."""
+        if self.window is None:
+            return None
+        top = fed[self.window.input].max_event_time
+        return None if top is None else top - self.window.lateness_us
+
+    def _close_windows(self, conn: psycopg.Connection[Any], fed: FeedBatch,
+                       watermark: int | None) -> set[Partition]:
+        """Note the windows the batch's events fell in as open; return the partitions of the
+        windows the watermark passed (recomputed to write their rows final)."""
+        window = self.window
+        assert window is not None  # noqa: S101 - only for a windowed view
+        open_windows(conn, self.owner, fed.windows)
+        if watermark is None:
+            return set()
+        closed = close_windows(conn, self.owner, watermark - window.size_us)
+        if not closed:
+            return set()
+        starts = pa.array(closed, pa.int64()).cast(TIME_TYPE)
+        values = texts(column_for(pa.field(WINDOW_START, TIME_TYPE), key=True), starts)
+        state = self.states[window.input]
+        rows = state.rows_where(conn, WINDOW_START, values)
+        return self._partitions_of(conn, window.input, [rows])
+
+    def _flag_final(self, rows: pa.Table, watermark: int | None) -> pa.Table:
+        """A windowed view's rows with ``window_final`` (the watermark passed the window's
+        end); with ``emit='final'``, only the final ones."""
+        window = self.window
+        if window is None:
+            return rows
+        starts = pc.cast(rows.column(WINDOW_START), TIME_TYPE).cast(pa.int64())
+        final = pc.less_equal(pc.add(starts, window.size_us),
+                              pa.scalar(watermark if watermark is not None else -2**62,
+                                        pa.int64()))
+        final = pc.fill_null(final, False)
+        if WINDOW_FINAL in rows.column_names:  # the empty rows of a failed partition
+            rows = rows.drop_columns([WINDOW_FINAL])
+        rows = rows.append_column(WINDOW_FINAL, final)
+        return rows.filter(final) if window.emit == "final" else rows
 
     def _partitions_of(self, conn: psycopg.Connection[Any], name: str,
                        raws: list[pa.Table]) -> set[Partition]:
@@ -319,7 +382,15 @@ class ViewMaintainer:
     def compute(self) -> pa.Table:
         """The whole view computed from its inputs' current rows (a full recompute, as a
         baseline: ``step`` recomputes only what a batch touches)."""
-        return self._run(self.connection(), None)
+        conn = self.connection()
+        rows = self._run(conn, None)
+        if self.window is None:
+            return rows
+        top = conn.execute("SELECT max_event_time FROM lakefold.event_feeds WHERE stream = %s",
+                           (self.feeds[self.window.input].name,)).fetchone()
+        watermark = None if top is None or top[0] is None else \
+            int(top[0]) - self.window.lateness_us
+        return self._flag_final(rows, watermark)
 
     def _run(self, conn: psycopg.Connection[Any], affected: set[Partition] | None) -> pa.Table:
         """The user's query over the inputs' rows of ``affected`` (None: all rows)."""

@@ -74,7 +74,7 @@ class ViewRun:
         self.generation = generation.generation
         self.maintainer = ViewMaintainer(
             spark, store_dsn, view=view.name, generation=self.generation, inputs=inputs,
-            query=view.query, plan=checked.plan, registry=view.registry,
+            query=view.query, plan=checked.plan, registry=view.registry, window=view.window,
             events={a: s.events for a, s in view.inputs.items() if s.events is not None})
         #: Input name → the stream it reads (a table's, a generation of another view's, or
         #: this generation's feed of events).

@@ -21,8 +21,10 @@ from lakefold.projections._view_api import View, check_views
 from lakefold.projections._view_events import event_schema, payload_decoder
 from lakefold.projections._view_maintainer import describe_inputs, drift_message, input_schema
 from lakefold.projections._view_plan import ViewPlan, analyze, view_frame
+from lakefold.projections._windows import WINDOW_FINAL, WINDOW_START
 from lakefold.projections.exceptions import (
     IncompatibleTargetError,
+    MissingKeyError,
     ProjectionDefinitionError,
     UnknownSourceError,
 )
@@ -79,7 +81,8 @@ def plan_views(spark: SparkSession, views: Mapping[str, View], store_dsn: str,
         for alias, source in view.inputs.items():
             if source.events is not None:
                 decoder = payload_decoder(name, alias, source.events, view.registry)
-                schemas[alias] = streamed(event_schema(name, alias, decoder))
+                window = view.window if view.window and view.window.input == alias else None
+                schemas[alias] = streamed(event_schema(name, alias, decoder, window))
             elif source.table is not None:
                 try:
                     schemas[alias] = input_schema(store_dsn, source.table)
@@ -100,8 +103,27 @@ def plan_views(spark: SparkSession, views: Mapping[str, View], store_dsn: str,
                 continue
             raise ProjectionDefinitionError(
                 f"view {name} does not fit its inputs: {str(e).splitlines()[0]}") from e
+        if view.window is not None:
+            output = _windowed_output(name, output)
         try:
             checked[name] = CheckedView(view, plan, streamed(output))
         except CaptureValueError as e:
             raise IncompatibleTargetError(f"view {name}: {e}") from e
     return checked
+
+
+def _windowed_output(view: str, output: pa.Schema) -> pa.Schema:
+    """A windowed view's output: the query's columns and ``window_final``."""
+    if WINDOW_START not in output.names:
+        raise MissingKeyError(
+            f"view {view}: a windowed view outputs {WINDOW_START} (select it, and group by "
+            f"it); its columns are {', '.join(output.names)}")
+    if not pa.types.is_timestamp(output.field(WINDOW_START).type):
+        raise ProjectionDefinitionError(
+            f"view {view}: its {WINDOW_START} is {output.field(WINDOW_START).type}, not the "
+            "window's start; select the input's window_start as it is")
+    if WINDOW_FINAL in output.names:
+        raise ProjectionDefinitionError(
+            f"view {view}: the query outputs {WINDOW_FINAL}, which lakefold adds to a "
+            "windowed view's rows; rename that column")
+    return output.append(pa.field(WINDOW_FINAL, pa.bool_()))

@@ -13,6 +13,7 @@ from lakefold.core.lazy import lazy_getattr
 if TYPE_CHECKING:
     from lakefold.projections._api import current_registry, registering_into
     from lakefold.projections._catalog import Catalog, Generation, SinkRoots
+    from lakefold.projections._late_events import LateEvent, late_events, replay_late_events
     from lakefold.projections._readers import release_gone
     from lakefold.projections._redis import drop_prefix
     from lakefold.projections._runner import RUNNER_SPARK_CONF
@@ -25,6 +26,8 @@ if TYPE_CHECKING:
 _EXPORTS: dict[str, str] = {
     "current_registry": "_api", "registering_into": "_api",
     "Catalog": "_catalog", "Generation": "_catalog", "SinkRoots": "_catalog",
+    "LateEvent": "_late_events", "late_events": "_late_events",
+    "replay_late_events": "_late_events",
     "release_gone": "_readers", "drop_prefix": "_redis", "RUNNER_SPARK_CONF": "_runner",
     "projection_status": "_status", "slot_status": "_status",
     "ProjectionTableCatalog": "_tables", "TargetContext": "_targets",
@@ -36,6 +39,7 @@ __all__ = [
     "RUNNER_SPARK_CONF",
     "Catalog",
     "Generation",
+    "LateEvent",
     "ProjectionTableCatalog",
     "SinkRoots",
     "TargetContext",
@@ -43,11 +47,13 @@ __all__ = [
     "ViewTargetWriter",
     "current_registry",
     "drop_prefix",
+    "late_events",
     "open_view",
     "output_stream",
     "projection_status",
     "registering_into",
     "release_gone",
+    "replay_late_events",
     "slot_status",
 ]
 

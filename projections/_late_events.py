@@ -1,0 +1,187 @@
+"""Late events: what a windowed view did not count because the event's window had closed, kept
+so that nothing is dropped silently (``lakefold late list|replay VIEW``).
+
+One row per (view, input, event position, window): the event's time, the window, the
+watermark it came behind and by how much (``late_by``: how long the window had been closed).
+A row is written in the view's batch transaction, so it is there exactly when the batch
+that skipped the event committed. Rows belong to the view, not to a generation: a rebuild
+classifies the same events as late (lateness is decided by the log, see ``_windows``) and
+finds their rows.
+
+``replay`` marks rows ``replayed`` with a number from a sequence; each generation's feed folds
+the replayed rows it has not folded yet into its window rows at its next batch (the window is
+corrected, downstream views and targets follow), and a rebuild counts replayed events where
+it would have found them late, so it gives the live run's rows.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, Final
+
+import numpy as np
+import psycopg
+
+from lakefold.projections.exceptions import ProjectionDefinitionError
+
+_DDL: Final = [
+    """CREATE TABLE IF NOT EXISTS lakefold.late_events (
+        view text NOT NULL,
+        input text NOT NULL,
+        position bigint NOT NULL,
+        window_start timestamptz NOT NULL,
+        window_end timestamptz NOT NULL,
+        event_time timestamptz NOT NULL,
+        watermark timestamptz NOT NULL,
+        late_by interval NOT NULL,
+        status text NOT NULL DEFAULT 'late' CHECK (status IN ('late', 'replayed')),
+        replay_seq bigint,
+        recorded_at timestamptz NOT NULL DEFAULT now(),
+        replayed_at timestamptz,
+        PRIMARY KEY (view, input, position, window_start))""",
+    "CREATE SEQUENCE IF NOT EXISTS lakefold.late_event_replay_seq",
+    """CREATE INDEX IF NOT EXISTS late_events_replays ON lakefold.late_events
+        (view, input, replay_seq) WHERE status = 'replayed'""",
+]
+_INSTALL_LOCK: Final = 0x6C66_4C45  # "lfLE"
+#: Namespace of the per-view lock that orders replays with the feeds that fold them.
+_REPLAY_LOCK: Final = 0x6C66_4C52  # "lfLR"
+
+
+@dataclass(frozen=True)
+class LateEvent:
+    """One event a window did not count (see the module docstring)."""
+
+    view: str
+    input: str
+    position: int
+    window_start: datetime
+    window_end: datetime
+    event_time: datetime
+    watermark: datetime
+    late_by_seconds: float
+    status: str
+    recorded_at: datetime
+    replayed_at: datetime | None
+
+    def as_json(self) -> dict[str, Any]:
+        return {k: v.isoformat() if isinstance(v, datetime) else v
+                for k, v in self.__dict__.items()}
+
+
+def install_late_events(conn: psycopg.Connection[Any]) -> None:
+    """Create the late-events table (idempotent, concurrency-safe)."""
+    with conn.transaction():
+        conn.execute("SELECT pg_advisory_xact_lock(%s)", (_INSTALL_LOCK,))
+        for statement in _DDL:
+            conn.execute(statement)
+
+
+def _times(micros: np.ndarray) -> list[datetime]:
+    from datetime import UTC, timedelta
+
+    epoch = datetime(1970, 1, 1, tzinfo=UTC)
+    return [epoch + timedelta(microseconds=int(m)) for m in micros]
+
+
+def record_late(conn: psycopg.Connection[Any], view: str, input_name: str,
+                positions: np.ndarray, starts: np.ndarray, size_us: int,
+                times: np.ndarray, watermarks: np.ndarray) -> set[tuple[int, int]]:
+    """Record late (event, window) pairs in the caller's transaction (a pair recorded before,
+    by an earlier run or generation, stays as it is). Returns the pairs among them that were
+    replayed: those count in their windows."""
+    if not len(positions):
+        return set()
+    rows = list(zip(positions.tolist(), _times(starts), _times(starts + size_us),
+                    _times(times), _times(watermarks),
+                    [(w - s - size_us) / 1e6 for w, s in zip(watermarks.tolist(),
+                                                              starts.tolist(), strict=True)],
+                    strict=True))
+    with conn.cursor() as cur:
+        cur.executemany(
+            "INSERT INTO lakefold.late_events (view, input, position, window_start, "
+            "window_end, event_time, watermark, late_by) "
+            "VALUES (%s, %s, %s, %s, %s, %s, %s, make_interval(secs => %s)) "
+            "ON CONFLICT DO NOTHING",
+            [(view, input_name, *row) for row in rows])
+    replayed = conn.execute(
+        "SELECT position, (extract(epoch FROM window_start) * 1000000)::bigint "
+        "FROM lakefold.late_events WHERE view = %s AND input = %s AND status = 'replayed' "
+        "AND position = ANY(%s)", (view, input_name, sorted(set(positions.tolist())))).fetchall()
+    return {(int(p), int(s)) for p, s in replayed}
+
+
+def pending_replays(conn: psycopg.Connection[Any], view: str, input_name: str,
+                    after_seq: int) -> tuple[list[tuple[int, int]], int]:
+    """Replayed (position, window start in microseconds) pairs with a replay number after
+    ``after_seq``, and the largest replay number among them. Waits for a replay being made
+    (and holds replays off until the caller's transaction ends), so a replay number is never
+    read past before the replay that takes it commits."""
+    _replay_lock(conn, view)
+    rows = conn.execute(
+        "SELECT position, (extract(epoch FROM window_start) * 1000000)::bigint, replay_seq "
+        "FROM lakefold.late_events WHERE view = %s AND input = %s AND status = 'replayed' "
+        "AND replay_seq > %s ORDER BY replay_seq", (view, input_name, after_seq)).fetchall()
+    return [(int(p), int(s)) for p, s, _ in rows], max((int(r[2]) for r in rows),
+                                                       default=after_seq)
+
+
+def list_late(conn: psycopg.Connection[Any], view: str, *, status: str | None = None,
+              limit: int = 100) -> list[LateEvent]:
+    """A view's late events, the latest recorded first."""
+    install_late_events(conn)
+    rows = conn.execute(
+        "SELECT view, input, position, window_start, window_end, event_time, watermark, "
+        "extract(epoch FROM late_by)::float8, status, recorded_at, replayed_at "
+        "FROM lakefold.late_events WHERE view = %s AND (%s::text IS NULL OR status = %s) "
+        "ORDER BY recorded_at DESC, position DESC, window_start LIMIT %s",
+        (view, status, status, limit)).fetchall()
+    return [LateEvent(*row) for row in rows]
+
+
+def late_events(store_dsn: str, view: str, *, status: str | None = None,
+                limit: int = 100) -> list[LateEvent]:
+    """``list_late`` on a connection of its own (for the command line)."""
+    if status not in (None, "late", "replayed"):
+        raise ProjectionDefinitionError(
+            f"--status {status!r}: a late event is 'late' or 'replayed'")
+    with psycopg.connect(store_dsn, autocommit=True) as conn:
+        return list_late(conn, view, status=status, limit=limit)
+
+
+def replay_late_events(store_dsn: str, view: str,
+                       positions: Sequence[int] | None = None) -> int:
+    """``replay_late`` on a connection of its own (for the command line)."""
+    with psycopg.connect(store_dsn, autocommit=True) as conn:
+        return replay_late(conn, view, positions)
+
+
+def count_late(conn: psycopg.Connection[Any], view: str) -> int:
+    """How many of a view's (event, window) pairs are late and not replayed."""
+    row = conn.execute(
+        "SELECT count(*) FROM lakefold.late_events WHERE view = %s AND status = 'late'",
+        (view,)).fetchone()
+    return int(row[0]) if row else 0
+
+
+def replay_late(conn: psycopg.Connection[Any], view: str,
+                positions: Sequence[int] | None = None) -> int:
+    """Mark a view's late events (all, or those at ``positions``) to be folded back into
+    their windows; returns how many were marked (already replayed ones are left)."""
+    install_late_events(conn)
+    with conn.transaction():
+        _replay_lock(conn, view)
+        rows = conn.execute(
+            "UPDATE lakefold.late_events SET status = 'replayed', replayed_at = now(), "
+            "replay_seq = nextval('lakefold.late_event_replay_seq') "
+            "WHERE view = %s AND status = 'late' AND (%s::bigint[] IS NULL "
+            "OR position = ANY(%s::bigint[])) RETURNING position",
+            (view, None if positions is None else list(positions),
+             None if positions is None else list(positions))).fetchall()
+    return len(rows)
+
+
+def _replay_lock(conn: psycopg.Connection[Any], view: str) -> None:
+    conn.execute("SELECT pg_advisory_xact_lock(%s, hashtext(%s))", (_REPLAY_LOCK, view))
