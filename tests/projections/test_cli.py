@@ -87,3 +87,32 @@ def test_errors_are_clear(env, tmp_path: Path):
     assert "--projections" in str(result.exception)
     result = CliRunner().invoke(app, ["status"], env={"LAKEFOLD_HOME": str(tmp_path)})
     assert "LAKEFOLD_STORE_DSN" in str(result.exception)
+
+
+def test_late_commands(env, pg):
+    import numpy as np
+    import psycopg
+
+    from lakefold.projections._late_events import install_late_events, record_late
+
+    minute = 60_000_000
+    with psycopg.connect(pg.dsn, autocommit=True) as conn:
+        install_late_events(conn)
+        with conn.transaction():
+            record_late(conn, "products", "views", np.array([7, 9]),
+                        np.array([0, minute]), minute, np.array([30, minute + 5]),
+                        np.array([3 * minute, 3 * minute]))
+    listed = json.loads(invoke(env, "late", "list", "products", "--json"))
+    assert [(e["position"], e["status"], e["late_by_seconds"]) for e in listed] == [
+        (9, "late", 60.0), (7, "late", 120.0)]
+    assert "late events of products" in invoke(env, "late", "list", "products")
+    assert "1 late event window(s)" in invoke(env, "late", "replay", "products",
+                                               "--position", "7")
+    assert [e["position"] for e in json.loads(invoke(
+        env, "late", "list", "products", "--json", "--status", "replayed"))] == [7]
+    assert "no late events" in invoke(env, "late", "replay", "products", "--position", "7")
+    assert "1 late event window(s)" in invoke(env, "late", "replay", "products")
+    result = CliRunner().invoke(app, ["late", "list", "nope"], env=env)
+    assert "not in the catalog" in str(result.exception)
+    result = CliRunner().invoke(app, ["late", "list", "products", "--status", "lost"], env=env)
+    assert "'late' or 'replayed'" in str(result.exception)

@@ -1,9 +1,12 @@
-"""SIGKILL loop over a chain of views: a runner keeping order_lines and revenue_by_city (a view
-over order_lines) is killed at random moments in either stage while the source keeps changing;
-afterwards both Delta tables equal the same SQL on the source, row for row."""
+"""SIGKILL loops over views: a runner keeping order_lines and revenue_by_city (a view over
+order_lines) is killed at random moments in either stage while the source keeps changing;
+afterwards both Delta tables equal the same SQL on the source, row for row. The same for a
+windowed view with late events and a view over it: every event is counted in its window or
+listed late, exactly once."""
 
 from __future__ import annotations
 
+import datetime as dt
 import os
 import random
 import signal
@@ -18,9 +21,12 @@ import pytest
 from deltalake import DeltaTable
 
 from lakefold.capture import CaptureConfig
+from lakefold.eventstore import EventStore
 from lakefold.projections.operations import Catalog
+from lakefold.schemas import NewEvent
 from tests.capture.conftest import capture_now
 from tests.projections.view_shop import oracle
+from tests.projections.window_oracle import BASE, check
 
 pytestmark = pytest.mark.timeout(900)
 KILLS = 10
@@ -110,3 +116,74 @@ def test_sigkill_loop_over_a_chain_of_views(shop: CaptureConfig, tmp_path: Any) 
         row["average"] = row["average"].quantize(Decimal("0.000001"))
     assert by_city == {k[0]: row for k, row in oracle(dsn, "revenue_by_city").items()}
     catalog.close()
+
+
+WINDOW_KILLS = 4
+
+
+def _append_views(store: EventStore, rng: random.Random, clock: list[dt.datetime],
+                  count: int) -> None:
+    """Page views, a few out of order, some later than the allowed lateness, some untimed."""
+    for _ in range(count):
+        clock[0] += dt.timedelta(seconds=rng.randrange(0, 40))
+        delay = rng.choice((0, 0, 0, rng.randrange(0, 60), rng.randrange(100, 600)))
+        data: dict[str, Any] = {"page": rng.choice(("/", "/cart")), "ms": rng.randrange(99)}
+        if rng.random() > 0.05:
+            data["occurred_at"] = (clock[0] - dt.timedelta(seconds=delay)).isoformat()
+        store.append(f"site-{rng.randrange(4)}", [NewEvent(type="page.viewed", data=data)])
+
+
+def _window_heads(dsn: str) -> tuple[int, int]:
+    with psycopg.connect(dsn) as conn:
+        rows: dict[str, int] = dict(conn.execute(
+            "SELECT name, head FROM lakefold.changelog_streams WHERE name LIKE "
+            "'lakefold_views.%'").fetchall())
+    return (int(rows.get("lakefold_views.per_minute_g1", 0)),
+            int(rows.get("lakefold_views.minute_totals_g1", 0)))
+
+
+def test_sigkill_loop_over_windowed_views_with_late_events(shop: CaptureConfig,
+                                                           tmp_path: Any) -> None:
+    dsn, home = shop.source_dsn, str(tmp_path)
+    rng = random.Random(11)
+    store = EventStore(dsn)
+    store.install()
+    clock = [BASE]
+    busy = 0
+    try:
+        for _ in range(WINDOW_KILLS):
+            child = subprocess.Popen(
+                [sys.executable, "-m", "tests.projections.kill_child", "window_projections.py",
+                 dsn, "redis://unused", home, "run"],
+                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, start_new_session=True)
+            assert child.stdout is not None
+            assert child.stdout.readline().strip() == b"started"
+            before = _window_heads(dsn)
+            _append_views(store, rng, clock, 30)
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline and not all(
+                    now > then for now, then in zip(_window_heads(dsn), before, strict=True)):
+                time.sleep(0.1)
+            busy += all(now > then for now, then in zip(_window_heads(dsn), before,
+                                                         strict=True))
+            _append_views(store, rng, clock, 30)
+            time.sleep(rng.uniform(0.0, 1.0))
+            os.killpg(child.pid, signal.SIGKILL)
+            child.wait()
+            child.stdout.close()
+        assert busy >= WINDOW_KILLS // 2, "the children rarely committed: the kills proved little"
+        child = subprocess.Popen(
+            [sys.executable, "-m", "tests.projections.kill_child", "window_projections.py", dsn,
+             "redis://unused", home, "finish"], stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL, start_new_session=True)
+        out, _ = child.communicate(timeout=300)
+        assert child.returncode == 0 and b"caught up" in out
+        with Catalog(dsn) as catalog:
+            # counted in its window or listed late, exactly once, whatever the kills split
+            check(dsn, catalog, "per_minute")
+            with psycopg.connect(dsn) as conn:
+                (late,) = conn.execute("SELECT count(*) FROM lakefold.late_events "
+                                       "WHERE view = 'per_minute'").fetchone() or (0,)
+            assert late > 0
+    finally:
+        store.close()

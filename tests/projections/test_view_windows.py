@@ -14,10 +14,8 @@ from typing import Any
 
 import psycopg
 import pytest
-from deltalake import DeltaTable
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from pydantic import BaseModel
 
 from lakefold.capture import CaptureConfig
 from lakefold.eventstore import EventStore
@@ -29,108 +27,25 @@ from lakefold.projections._target_specs import delta_table
 from lakefold.projections._view_validation import plan_views
 from lakefold.projections.exceptions import MissingKeyError, ProjectionDefinitionError
 from lakefold.projections.operations import Catalog, SinkRoots
-from lakefold.schemas import EventRegistry, NewEvent
+from lakefold.schemas import NewEvent
+from tests.projections.window_oracle import (
+    BASE,
+    QUERY,
+    WINDOWS,
+    check,
+    define,
+    event_types,
+    table,
+)
 
 pytestmark = pytest.mark.timeout(600)
-
-BASE = dt.datetime(2026, 11, 26, 12, 0, tzinfo=dt.UTC)
-MINUTE = 60_000_000
-LATENESS = 2 * MINUTE
-
-
-class PageViewed(BaseModel):
-    page: str
-    ms: int
-    occurred_at: dt.datetime | None = None
-
-
-def _types() -> EventRegistry:
-    registry = EventRegistry()
-    registry.add(PageViewed, name="page.viewed")
-    return registry
-
-
-QUERY = ("SELECT window_start, window_end, page, count(*) AS views, sum(ms) AS ms "
-         "FROM views GROUP BY window_start, window_end, page")
-# name → (window size, slide) in microseconds
-WINDOWS = {"per_minute": (MINUTE, MINUTE), "per_3_minutes": (3 * MINUTE, MINUTE),
-           "final_per_minute": (MINUTE, MINUTE)}
 
 
 def _registry() -> Registry:
     registry = Registry()
-    viewed = events("site", types=["page.viewed"])
-    key = ["window_start", "page"]
     with registering_into(registry):
-        view("per_minute", inputs={"views": viewed}, key=key, query=QUERY,
-             target=delta_table("upsert", keys=key), registry=_types(),
-             window=tumbling("views.occurred_at", "1 minute", lateness="2 minutes"))
-        view("per_3_minutes", inputs={"views": viewed}, key=key, query=QUERY,
-             target=delta_table("upsert", keys=key), registry=_types(),
-             window=hopping("views.occurred_at", "3 minutes", "1m", lateness="120s"))
-        view("final_per_minute", inputs={"views": viewed}, key=key, query=QUERY,
-             target=delta_table("upsert", keys=key), registry=_types(),
-             window=tumbling("views.occurred_at", "1 minute", lateness="2 minutes",
-                             emit="final"))
+        define()
     return registry
-
-
-def _pairs_sql(size: int, slide: int) -> str:
-    """Every (event, window) pair with the watermark before the event, in SQL."""
-    return f"""
-        WITH e AS (
-            SELECT p.first_position + e.ordinal AS position, data->>'page' AS page,
-                   (data->>'ms')::bigint AS ms,
-                   (extract(epoch FROM (data->>'occurred_at')::timestamptz) * 1000000)::bigint
-                       AS t
-            FROM lakefold.events e JOIN lakefold.event_positions p USING (xid)
-            WHERE category = 'site' AND type = 'page.viewed'),
-        r AS (SELECT *, max(t) OVER (ORDER BY position) AS top FROM e WHERE t IS NOT NULL)
-        SELECT r.position, r.page, r.ms, w.start, r.top - {LATENESS} AS watermark
-        FROM r CROSS JOIN LATERAL (
-            SELECT (floor(r.t::numeric / {slide}))::bigint * {slide} - b * {slide} AS start
-            FROM generate_series(0, {size // slide - 1}) b) w
-        WHERE w.start + {size} > r.t"""
-
-
-def _micros(moment: dt.datetime) -> int:
-    return int((moment - dt.datetime(1970, 1, 1, tzinfo=dt.UTC)).total_seconds() * 1e6)
-
-
-def _check(dsn: str, catalog: Catalog, name: str) -> None:
-    size, slide = WINDOWS[name]
-    with psycopg.connect(dsn) as conn:
-        pairs = conn.execute(_pairs_sql(size, slide)).fetchall()
-        (top,) = conn.execute(
-            "SELECT max((extract(epoch FROM (data->>'occurred_at')::timestamptz) * 1000000)"
-            "::bigint) FROM lakefold.events WHERE category = 'site'").fetchone() or (None,)
-        late = {(p, _micros(s)): status for p, s, status in conn.execute(
-            "SELECT position, window_start, status FROM lakefold.late_events "
-            "WHERE view = %s", (name,))}
-    watermark = -2**62 if top is None else top - LATENESS
-    expected: dict[tuple[int, str], list[int]] = {}
-    on_time = set()
-    for position, page, ms, start, before in pairs:
-        closed = start + size <= before
-        if closed and late.get((position, start)) != "replayed":
-            assert late.get((position, start)) == "late", (position, start)
-            continue
-        if not closed:
-            assert (position, start) not in late, (position, start)
-        on_time.add((position, start))
-        totals = expected.setdefault((start, page), [0, 0])
-        totals[0] += 1
-        totals[1] += ms
-    assert set(late) <= {(p, s) for p, _, _, s, _ in pairs}  # nothing else is late
-    if name.startswith("final"):
-        expected = {k: v for k, v in expected.items() if k[0] + size <= watermark}
-    rows = _table(catalog, name)
-    got = {(_micros(r["window_start"]), r["page"]): [r["views"], r["ms"]] for r in rows}
-    assert got == expected
-    for r in rows:
-        start = _micros(r["window_start"])
-        assert _micros(r["window_end"]) == start + size
-        assert r["window_final"] == (start + size <= watermark)
 
 
 # a batch: events as (page, seconds after the previous event's base time, delay in seconds
@@ -167,7 +82,7 @@ def test_windows_equal_sql_with_late_events_listed_and_replayed(
                     counter[0] += 1
                 runner.run(until_caught_up=True, timeout=120)
                 for name in WINDOWS:
-                    _check(dsn, catalog, name)
+                    check(dsn, catalog, name)
 
     try:
         run()
@@ -195,7 +110,7 @@ def test_windows_equal_sql_with_late_events_listed_and_replayed(
             with Runner(spark, _registry(), config) as runner:
                 runner.run(until_caught_up=True, timeout=120)
             for name in WINDOWS:
-                _check(dsn, catalog, name)
+                check(dsn, catalog, name)
             assert _view_rows(catalog, "per_3_minutes") == before["per_3_minutes"]
             assert _view_rows(catalog, "per_minute") != before["per_minute"]
             # a rebuild classifies every event as the live run did, however it is batched,
@@ -212,16 +127,8 @@ def test_windows_equal_sql_with_late_events_listed_and_replayed(
         store.close()
 
 
-def _table(catalog: Catalog, name: str) -> list[dict[str, Any]]:
-    location = Path(catalog.current(name).location("delta"))
-    if not (location / "_delta_log").exists():  # nothing written yet
-        return []
-    rows: list[dict[str, Any]] = DeltaTable(location).to_pyarrow_table().to_pylist()
-    return rows
-
-
 def _view_rows(catalog: Catalog, name: str) -> list[tuple[Any, ...]]:
-    rows = _table(catalog, name)
+    rows = table(catalog, name)
     return sorted((r["window_start"], r["page"], r["views"], r["ms"], r["window_final"])
                   for r in rows)
 
@@ -235,7 +142,7 @@ def test_windows_that_cannot_work_are_refused(spark: Any, shop: CaptureConfig) -
         views = Registry()
         with registering_into(views):
             view("v", inputs=inputs, key=on, query=query, target=delta_table(
-                "upsert", keys=on), registry=_types(), window=window)
+                "upsert", keys=on), registry=event_types(), window=window)
         plan_views(spark, views.views, shop.source_dsn)
 
     for size in ("0s", "-1 minute", "soon", 60):
