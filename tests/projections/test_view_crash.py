@@ -54,20 +54,21 @@ def _change(dsn: str, rng: random.Random, round_: int) -> None:
                      (rng.randrange(1, 7), rng.randrange(1, 16)))
 
 
-def _heads(dsn: str) -> tuple[int, int]:
+def _heads(dsn: str, views: tuple[str, ...] = ("order_lines", "revenue_by_city")
+           ) -> tuple[int, ...]:
     """How far each view's output stream is (what the child has committed)."""
     with psycopg.connect(dsn) as conn:
         rows: dict[str, int] = dict(conn.execute(
             "SELECT name, head FROM lakefold.changelog_streams WHERE name LIKE "
             "'lakefold_views.%'").fetchall())
-    return (int(rows.get("lakefold_views.order_lines_g1", 0)),
-            int(rows.get("lakefold_views.revenue_by_city_g1", 0)))
+    return tuple(int(rows.get(f"lakefold_views.{view}_g1", 0)) for view in views)
 
 
-def _wait_for_progress(dsn: str, before: tuple[int, int], timeout: float) -> bool:
+def _wait_for_progress(dsn: str, before: tuple[int, ...], timeout: float,
+                       views: tuple[str, ...] = ("order_lines", "revenue_by_city")) -> bool:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if all(now > then for now, then in zip(_heads(dsn), before, strict=True)):
+        if all(now > then for now, then in zip(_heads(dsn, views), before, strict=True)):
             return True
         time.sleep(0.1)
     return False
@@ -133,13 +134,7 @@ def _append_views(store: EventStore, rng: random.Random, clock: list[dt.datetime
         store.append(f"site-{rng.randrange(4)}", [NewEvent(type="page.viewed", data=data)])
 
 
-def _window_heads(dsn: str) -> tuple[int, int]:
-    with psycopg.connect(dsn) as conn:
-        rows: dict[str, int] = dict(conn.execute(
-            "SELECT name, head FROM lakefold.changelog_streams WHERE name LIKE "
-            "'lakefold_views.%'").fetchall())
-    return (int(rows.get("lakefold_views.per_minute_g1", 0)),
-            int(rows.get("lakefold_views.minute_totals_g1", 0)))
+WINDOW_VIEWS = ("per_minute", "minute_totals")
 
 
 def test_sigkill_loop_over_windowed_views_with_late_events(shop: CaptureConfig,
@@ -158,14 +153,9 @@ def test_sigkill_loop_over_windowed_views_with_late_events(shop: CaptureConfig,
                 stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, start_new_session=True)
             assert child.stdout is not None
             assert child.stdout.readline().strip() == b"started"
-            before = _window_heads(dsn)
+            before = _heads(dsn, WINDOW_VIEWS)
             _append_views(store, rng, clock, 30)
-            deadline = time.monotonic() + 60
-            while time.monotonic() < deadline and not all(
-                    now > then for now, then in zip(_window_heads(dsn), before, strict=True)):
-                time.sleep(0.1)
-            busy += all(now > then for now, then in zip(_window_heads(dsn), before,
-                                                         strict=True))
+            busy += _wait_for_progress(dsn, before, 60, WINDOW_VIEWS)
             _append_views(store, rng, clock, 30)
             time.sleep(rng.uniform(0.0, 1.0))
             os.killpg(child.pid, signal.SIGKILL)

@@ -26,7 +26,7 @@ from lakefold.projections._model import changelog, events
 from lakefold.projections._target_specs import delta_table
 from lakefold.projections._view_validation import plan_views
 from lakefold.projections.exceptions import MissingKeyError, ProjectionDefinitionError
-from lakefold.projections.operations import Catalog, SinkRoots
+from lakefold.projections.operations import Catalog, SinkRoots, projection_status
 from lakefold.schemas import NewEvent
 from tests.projections.window_oracle import (
     BASE,
@@ -103,6 +103,14 @@ def test_windows_equal_sql_with_late_events_listed_and_replayed(
             assert "occurred_at is NULL; it is in no window" in letters[0].error
             late = list_late(conn, "per_minute", limit=10_000)
             assert late and all(e.late_by_seconds >= 0 for e in late)
+            # status counts them and shows the watermark
+            (status,) = projection_status(catalog, dsn, ["per_minute"])
+            assert status.late_events == len(late)
+            (top,) = conn.execute("SELECT max((data->>'occurred_at')::timestamptz) "
+                                  "FROM lakefold.events WHERE category = 'site'").fetchone() \
+                or (None,)
+            assert status.watermark is not None
+            assert dt.datetime.fromisoformat(status.watermark) == top - dt.timedelta(minutes=2)
             # replaying the late events of one view folds them into their windows
             before = {n: _view_rows(catalog, n) for n in WINDOWS}
             assert replay_late(conn, "per_minute") == len(late)
