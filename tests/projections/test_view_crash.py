@@ -119,7 +119,7 @@ def test_sigkill_loop_over_a_chain_of_views(shop: CaptureConfig, tmp_path: Any) 
     catalog.close()
 
 
-WINDOW_KILLS = 4
+WINDOW_KILLS = 3
 
 
 def _append_views(store: EventStore, rng: random.Random, clock: list[dt.datetime],

@@ -65,7 +65,7 @@ def test_windows_equal_sql_with_late_events_listed_and_replayed(
     clock = [BASE]
     counter = [0]
 
-    @settings(max_examples=6, deadline=None, derandomize=True,
+    @settings(max_examples=4, deadline=None, derandomize=True,
               suppress_health_check=[HealthCheck.function_scoped_fixture])
     @given(BATCHES)
     def run(batches: list[list[tuple[str, int, int, bool]]]) -> None:
