@@ -223,7 +223,8 @@ class ViewMaintainer:
                 c.truncated for c in changes.values())
             affected = None if everything else self._affected(conn, changes)
             if self.window is not None:
-                closing = self._close_windows(conn, fed[self.window.input], watermark)
+                closing = self._close_windows(conn, fed[self.window.input], watermark,
+                                              find=affected is not None)
                 if affected is not None:
                     affected |= closing
             if affected is not None and not affected:
@@ -266,16 +267,17 @@ class ViewMaintainer:
         return None if top is None else top - self.window.lateness_us
 
     def _close_windows(self, conn: psycopg.Connection[Any], fed: FeedBatch,
-                       watermark: int | None) -> set[Partition]:
+                       watermark: int | None, *, find: bool) -> set[Partition]:
         """Note the windows the batch's events fell in as open; return the partitions of the
-        windows the watermark passed (recomputed to write their rows final)."""
+        windows the watermark passed (recomputed to write their rows final), when ``find``
+        (not when the batch recomputes everything anyway)."""
         window = self.window
         assert window is not None  # noqa: S101 - only for a windowed view
         open_windows(conn, self.owner, fed.windows)
         if watermark is None:
             return set()
         closed = close_windows(conn, self.owner, watermark - window.size_us)
-        if not closed:
+        if not closed or not find:
             return set()
         starts = pa.array(closed, pa.int64()).cast(TIME_TYPE)
         values = texts(column_for(pa.field(WINDOW_START, TIME_TYPE), key=True), starts)

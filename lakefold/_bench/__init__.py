@@ -17,7 +17,7 @@ bench_app = typer.Typer(
 
 #: The benchmark modules; each adds its command to ``bench_app`` when imported.
 BENCHMARKS = ("aggregates", "append", "capture", "latency", "rebuild", "replay", "snapshot",
-              "views")
+              "views", "windows")
 
 
 def register_benchmarks() -> None:
