@@ -1,8 +1,9 @@
-"""What the application (CLI, benches, demo) needs to operate projections beyond defining and
-running them: the catalog of generations and where their sinks live, status reports, the
-runner's Spark settings, releasing retired generations' changelog positions, the registry
-context, the query catalog of projection tables, and a view's parts (maintainer, target writer)
-for the views bench. Loaded lazily, like the package."""
+"""What the application (CLI, console, benches, demo) needs to operate projections beyond
+defining and running them: the catalog of generations and where their sinks live, status
+reports, the runner's Spark settings, asking for a rebuild (``request_rebuild``, no Spark
+needed), releasing retired generations' changelog positions, the registry context, the query
+catalog of projection tables, and a view's parts (maintainer, target writer) for the views
+bench. Loaded lazily, like the package."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ if TYPE_CHECKING:
     from lakefold.projections._api import current_registry, registering_into
     from lakefold.projections._catalog import Catalog, Generation, SinkRoots
     from lakefold.projections._readers import release_gone
+    from lakefold.projections._rebuild_request import request_rebuild
     from lakefold.projections._redis import drop_prefix
     from lakefold.projections._runner import RUNNER_SPARK_CONF
     from lakefold.projections._status import projection_status, slot_status
@@ -25,7 +27,8 @@ if TYPE_CHECKING:
 _EXPORTS: dict[str, str] = {
     "current_registry": "_api", "registering_into": "_api",
     "Catalog": "_catalog", "Generation": "_catalog", "SinkRoots": "_catalog",
-    "release_gone": "_readers", "drop_prefix": "_redis", "RUNNER_SPARK_CONF": "_runner",
+    "release_gone": "_readers", "request_rebuild": "_rebuild_request",
+    "drop_prefix": "_redis", "RUNNER_SPARK_CONF": "_runner",
     "projection_status": "_status", "slot_status": "_status",
     "ProjectionTableCatalog": "_tables", "TargetContext": "_targets",
     "ViewMaintainer": "_view_maintainer", "open_view": "_view_maintainer",
@@ -48,6 +51,7 @@ __all__ = [
     "projection_status",
     "registering_into",
     "release_gone",
+    "request_rebuild",
     "slot_status",
 ]
 

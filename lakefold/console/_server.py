@@ -1,0 +1,68 @@
+"""``lakefold console``: build the console over a store and serve it with uvicorn."""
+
+from __future__ import annotations
+
+import datetime as dt
+from dataclasses import dataclass
+
+from fastapi import FastAPI
+
+from lakefold.console._access import check_bind
+from lakefold.console._actions import Actions
+from lakefold.console._api import create_app
+from lakefold.console._monitor import Monitor
+from lakefold.console._overview import StoreAddresses
+from lakefold.projections import DeadLetters
+from lakefold.projections.operations import Catalog, SinkRoots
+
+
+@dataclass(frozen=True)
+class ConsoleConfig:
+    """What the console reads and how it serves.
+
+    ``store_dsn``: lakefold's store; ``source_dsn``: the captures' source database (None: the
+    store's); ``redis_url``: for rows of Redis cache views; ``roots``: where generations'
+    sinks live; ``projections``: the projections module (needed only to rebuild);
+    ``refresh_s``: how often the overview is read; ``sample_s``: how often a history sample
+    is stored; ``keep_hours``: how long samples are kept; ``token``: required of every
+    request when set.
+    """
+
+    store_dsn: str
+    roots: SinkRoots
+    source_dsn: str | None = None
+    redis_url: str | None = None
+    projections: str | None = None
+    refresh_s: float = 1.0
+    sample_s: float = 10.0
+    keep_hours: float = 24.0
+    token: str | None = None
+
+
+def build_app(config: ConsoleConfig) -> FastAPI:
+    """The console's application (its monitor starts with it)."""
+    catalog = Catalog(config.store_dsn, config.roots)
+    monitor = Monitor(catalog, StoreAddresses(config.store_dsn, config.source_dsn),
+                      refresh_s=config.refresh_s, sample_s=config.sample_s,
+                      keep=dt.timedelta(hours=config.keep_hours))
+    actions = Actions(catalog, config.store_dsn, config.source_dsn,
+                      projections=config.projections)
+    return create_app(monitor, actions, token=config.token, redis_url=config.redis_url)
+
+
+def install(config: ConsoleConfig) -> None:
+    """The catalog and dead-letter tables the console reads (as ``lakefold status`` does)."""
+    with Catalog(config.store_dsn, config.roots) as catalog:
+        catalog.install()
+        DeadLetters(catalog).install()
+
+
+def serve(config: ConsoleConfig, *, host: str = "127.0.0.1", port: int = 8470) -> None:
+    """Serve the console until interrupted. A non-loopback ``host`` without a token is
+    refused (ConsoleBindError) before anything listens."""
+    import uvicorn
+
+    check_bind(host, config.token)
+    install(config)
+    uvicorn.run(build_app(config), host=host, port=port, log_level="warning",
+                access_log=False, server_header=False)
