@@ -13,6 +13,7 @@ import asyncio
 import json
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from dataclasses import asdict
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -210,7 +211,7 @@ def create_app(monitor: Monitor, actions: Actions, *, token: str | None = None,
         from lakefold.capture import ChangelogStore
 
         with ChangelogStore(store_dsn) as store:
-            return [json_safe(vars(s)) for s in store.streams()]
+            return [json_safe(asdict(s)) for s in store.streams()]
 
     @app.get("/api/streams/{stream}/records",
              summary="Latest records of a changelog stream, newest first")

@@ -23,9 +23,18 @@ from lakefold.console._history import install_console_tables, samples_of, write_
 from lakefold.console._overview import StoreAddresses, read_overview
 from lakefold.core.dsn import error_text
 from lakefold.core.exceptions import LakefoldError
+from lakefold.projections import DeadLetters
 from lakefold.projections.operations import Catalog
 
 log = logging.getLogger("lakefold.console")
+
+
+def install_store(catalog: Catalog) -> None:
+    """The tables the console reads and writes: the projection catalog and dead letters (as
+    ``lakefold status`` installs them), the history samples and the audit."""
+    catalog.install()
+    DeadLetters(catalog).install()
+    install_console_tables(catalog.dsn)
 
 
 @dataclass(frozen=True)
@@ -72,6 +81,7 @@ class Monitor:
         self._wake.set()
         if self._thread is not None:
             self._thread.join(timeout=30)
+        self.catalog.close()
 
     def refresh_soon(self) -> None:
         """Read again now (after an action), not at the next interval."""
@@ -89,7 +99,7 @@ class Monitor:
         started = time.monotonic()
         try:
             if not self._installed:
-                install_console_tables(self.addresses.store_dsn)
+                install_store(self.catalog)
                 self._installed = True
             overview = read_overview(self.catalog, self.addresses)
         except (LakefoldError, psycopg.Error, OSError) as e:

@@ -15,8 +15,13 @@ import datetime as dt
 from dataclasses import dataclass
 from typing import Any
 
-from lakefold.capture import CaptureConfig, ChangelogStore, slot_health
-from lakefold.eventstore import EventStore, StoreOptions, list_subscriptions
+from lakefold.capture import DERIVED_SLOT, CaptureConfig, ChangelogStore, slot_health
+from lakefold.eventstore import (
+    EventStore,
+    EventStoreNotInstalledError,
+    StoreOptions,
+    list_subscriptions,
+)
 from lakefold.projections.operations import Catalog, projection_status
 
 #: Projection states that need a person's attention.
@@ -44,6 +49,8 @@ def read_captures(addresses: StoreAddresses) -> list[dict[str, Any]]:
         streams = store.streams()
     slots: dict[str, list[str]] = {}
     for stream in streams:
+        if stream.slot == DERIVED_SLOT:  # a view's output, not a captured table
+            continue
         slots.setdefault(stream.slot, []).append(stream.name)
     captures = []
     for slot, names in sorted(slots.items()):
@@ -69,8 +76,12 @@ def read_captures(addresses: StoreAddresses) -> list[dict[str, Any]]:
 def read_event_store(addresses: StoreAddresses) -> dict[str, Any]:
     """The event store's head, watermark holder and subscriptions (each with its lag)."""
     options = StoreOptions(pool_size=1, application_name="lakefold-console")
-    with EventStore(addresses.store_dsn, options=options) as store:
-        status = store.status()
+    try:
+        with EventStore(addresses.store_dsn, options=options) as store:
+            status = store.status()
+    except EventStoreNotInstalledError:  # no events yet: nothing to show
+        return {"head": 0, "events_per_s": 0.0, "pending_events": 0, "watermark_held": False,
+                "watermark_holder": None, "subscriptions": []}
     subscriptions = [{"name": s.name, "position": s.position,
                       "lag": max(0, status.head - s.position),
                       "updated_at": _iso(s.updated_at)}

@@ -10,9 +10,8 @@ from fastapi import FastAPI
 from lakefold.console._access import check_bind
 from lakefold.console._actions import Actions
 from lakefold.console._api import create_app
-from lakefold.console._monitor import Monitor
+from lakefold.console._monitor import Monitor, install_store
 from lakefold.console._overview import StoreAddresses
-from lakefold.projections import DeadLetters
 from lakefold.projections.operations import Catalog, SinkRoots
 
 
@@ -51,10 +50,10 @@ def build_app(config: ConsoleConfig) -> FastAPI:
 
 
 def install(config: ConsoleConfig) -> None:
-    """The catalog and dead-letter tables the console reads (as ``lakefold status`` does)."""
+    """The tables the console reads and writes (``install_store``); the monitor also does
+    this at its first reading, when the store is up."""
     with Catalog(config.store_dsn, config.roots) as catalog:
-        catalog.install()
-        DeadLetters(catalog).install()
+        install_store(catalog)
 
 
 def serve(config: ConsoleConfig, *, host: str = "127.0.0.1", port: int = 8470) -> None:
