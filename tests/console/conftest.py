@@ -202,6 +202,6 @@ def system(postgres_server: PostgresServer, redis_server_url: str,
 @pytest.fixture(scope="package")
 def artifacts() -> Path:
     """Where the browser tests save their screenshots (kept after the run)."""
-    folder = Path(os.environ.get("LAKEFOLD_TEST_ARTIFACTS", REPO / "test-artifacts")) / "console"
+    folder = REPO / "test-artifacts" / "console"
     folder.mkdir(parents=True, exist_ok=True)
     return folder
