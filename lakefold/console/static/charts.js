@@ -1,5 +1,6 @@
 // Small SVG drawings for the console, by hand (no library, no CDN): a line chart of a time
 // series and the DAG laid out in columns. Both return SVG text built from escaped values.
+(function () {
 "use strict";
 
 const SVG_NS = "http://www.w3.org/2000/svg";
@@ -80,3 +81,4 @@ function dagSvg(dag) {
 }
 
 window.lakefoldCharts = { escapeXml, formatNumber, lineChart, dagSvg };
+})();
