@@ -47,7 +47,7 @@ def check_bind(host: str, token: str | None) -> None:
 
 def presented_token(scope: Scope) -> str | None:
     """The token a request carries: its bearer header, else its cookie."""
-    headers = dict(scope.get("headers") or [])
+    headers: dict[bytes, bytes] = dict(scope.get("headers") or [])
     auth = headers.get(b"authorization", b"").decode("latin-1")
     if auth.lower().startswith("bearer "):
         return auth[7:].strip()

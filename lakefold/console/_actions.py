@@ -151,8 +151,11 @@ class Actions:
     def _capture_config(self, slot: str, tables: tuple[str, ...] = ("public.unused",)
                         ) -> CaptureConfig:
         with psycopg.connect(self.store_dsn, autocommit=True, connect_timeout=10) as conn:
-            row = conn.execute("SELECT publication FROM lakefold.capture_slots "
-                               "WHERE slot_name = %s", (slot,)).fetchone()
+            try:
+                row = conn.execute("SELECT publication FROM lakefold.capture_slots "
+                                   "WHERE slot_name = %s", (slot,)).fetchone()
+            except psycopg.errors.UndefinedTable:  # no capture ever ran against this store
+                row = None
         if row is None:
             raise ConsoleNotFoundError(
                 f"no capture with slot {slot!r} in the store; GET /api/overview lists them")

@@ -22,6 +22,7 @@ from fastapi import Body, FastAPI, Query, Request
 from fastapi.responses import FileResponse, JSONResponse, Response, StreamingResponse
 from fastapi.staticfiles import StaticFiles
 from pydantic import BaseModel, Field
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from lakefold.console._access import COOKIE, RequireToken, token_matches
 from lakefold.console._actions import Actions, read_audit
@@ -74,6 +75,7 @@ class Login(BaseModel):
 
 
 _ERRORS: dict[int | str, dict[str, Any]] = {
+    400: {"model": ErrorBody, "description": "The request's body could not be read."},
     401: {"model": ErrorBody, "description": "The token is missing or wrong."},
     404: {"model": ErrorBody, "description": "No such thing."},
     409: {"model": ErrorBody, "description": "It cannot be done as asked."},
@@ -114,6 +116,14 @@ def create_app(monitor: Monitor, actions: Actions, *, token: str | None = None,
                               "state, history, contents, and actions on them.")
     if token:
         app.add_middleware(RequireToken, token=token)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(_: Request, e: Exception) -> JSONResponse:
+        assert isinstance(e, StarletteHTTPException)  # noqa: S101 - registered for it
+        code = {400: "bad_request", 404: "not_found", 405: "method_not_allowed"}
+        response = _error(e.status_code, str(e.detail), code.get(e.status_code, "http_error"))
+        response.headers.update(e.headers or {})  # e.g. Allow of a 405
+        return response
 
     @app.exception_handler(ConsoleNotFoundError)
     @app.exception_handler(ProjectionNotFoundError)
