@@ -9,6 +9,9 @@ operator would start it), the clients in another (``--clients`` threads, each wi
 keep-alive connection, each asking ``GET /api/overview`` every ``--interval`` s, for at least
 ``--seconds`` s).
 
+Each of ``--rounds`` rounds rebuilds once without the console and once with it; the figures
+are the medians (each round's in ``params.rounds_events_per_s``).
+
 - ``baseline.projection_events_per_s``: a rebuild of ``sales_by_customer`` (the whole history
   replayed into a new generation in batches of ``--batch`` records, then the switch), events
   divided by the time from the request to the switch, without the console;
@@ -25,6 +28,7 @@ import http.client
 import multiprocessing
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -146,8 +150,33 @@ class _ConsoleProcess:
         self.log.close()
 
 
+def _loaded_round(catalog: Any, background: _Background, events: int, dsn: str, home: Path,
+                  clients: int, interval: float, seconds: float
+                  ) -> tuple[list[float], int, float]:
+    """Start the console and the clients, rebuild while they poll (for at least ``seconds``),
+    stop both: the latencies, the failures and the rebuild's events/s."""
+    console = _ConsoleProcess(dsn, home)
+    try:
+        console.wait_ready()
+        context = multiprocessing.get_context("spawn")  # this process holds a JVM
+        stop, results = context.Event(), context.Queue()
+        load = context.Process(target=poll_overview, args=(
+            console.port, clients, interval, seconds, stop, results))
+        load.start()
+        try:
+            time.sleep(min(2.0, seconds / 10))  # the clients are polling
+            rate = _rebuild_events_per_s(catalog, background, events)
+        finally:
+            stop.set()
+        latencies, errors = results.get(timeout=seconds + 120)
+        load.join(timeout=60)
+    finally:
+        console.close()
+    return latencies, errors, rate
+
+
 def run(events: int, customers: int, batch: int, clients: int, interval: float,
-        seconds: float, store_dsn: str | None = None) -> Report:
+        seconds: float, rounds: int = 1, store_dsn: str | None = None) -> Report:
     """Run the benchmark on throwaway services; see the module docstring."""
     from lakefold.projections import Runner, RunnerConfig
     from lakefold.projections.operations import RUNNER_SPARK_CONF, Catalog, SinkRoots
@@ -155,7 +184,7 @@ def run(events: int, customers: int, batch: int, clients: int, interval: float,
 
     report = Report("console", {"events": events, "customers": customers, "batch": batch,
                                 "clients": clients, "interval_s": interval,
-                                "seconds": seconds})
+                                "seconds": seconds, "rounds": rounds})
     scratch = Path(tempfile.mkdtemp(prefix="lakefold-bench-console-"))
     try:
         with history_store(report, events=events, per_stream=DEFAULT_PER_STREAM,
@@ -170,43 +199,39 @@ def run(events: int, customers: int, batch: int, clients: int, interval: float,
             runner = Runner(spark, _registry(batch), RunnerConfig(store_dsn=dsn, roots=roots,
                                                                   poll_seconds=0.1))
             background = _Background(runner)
-            console: _ConsoleProcess | None = None
+            latencies: list[float] = []
+            errors = 0
+            quiet: list[float] = []
+            loaded: list[float] = []
             try:
                 background.wait(lambda: _caught_up(catalog, events), "generation 1 caught up")
-                report.baseline["projection_events_per_s"] = round(
-                    _rebuild_events_per_s(catalog, background, events))
-                console = _ConsoleProcess(dsn, scratch)
-                console.wait_ready()
-                context = multiprocessing.get_context("spawn")  # this process holds a JVM
-                stop, results = context.Event(), context.Queue()
-                load = context.Process(target=poll_overview, args=(
-                    console.port, clients, interval, seconds, stop, results))
-                load.start()
-                try:
-                    time.sleep(min(2.0, seconds / 10))  # the clients are polling
-                    loaded = _rebuild_events_per_s(catalog, background, events)
-                finally:
-                    stop.set()
-                latencies, errors = results.get(timeout=seconds + 120)
-                load.join(timeout=60)
+                for _ in range(rounds):
+                    quiet.append(_rebuild_events_per_s(catalog, background, events))
+                    more, failed, rate = _loaded_round(catalog, background, events, dsn,
+                                                       scratch, clients, interval, seconds)
+                    latencies += more
+                    errors += failed
+                    loaded.append(rate)
             finally:
-                if console is not None:
-                    console.close()
                 background.close()
                 runner.close()
                 catalog.close()
             if errors or not latencies:
                 raise BenchmarkError(f"{errors} of {errors + len(latencies)} overview "
                                      "requests failed; the figures are invalid")
-            baseline = report.baseline["projection_events_per_s"]
+            baseline, result = statistics.median(quiet), statistics.median(loaded)
+            report.baseline["projection_events_per_s"] = round(baseline)
             report.results |= {
                 "overview_p50_ms": round(_percentile(latencies, 0.50) * 1000, 2),
                 "overview_p99_ms": round(_percentile(latencies, 0.99) * 1000, 2),
                 "overview_max_ms": round(max(latencies) * 1000, 2),
                 "requests": len(latencies), "errors": errors,
-                "projection_events_per_s": round(loaded),
-                "throughput_effect_pct": round(100 * (1 - loaded / baseline), 2),
+                "projection_events_per_s": round(result),
+                "throughput_effect_pct": round(100 * (1 - result / baseline), 2),
             }
+            report.params["rounds_events_per_s"] = {
+                "without_console": [round(x) for x in quiet],
+                "with_console": [round(x) for x in loaded]}
             report.params["category"] = CATEGORY
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
@@ -222,12 +247,15 @@ def console(
     interval: Annotated[float, typer.Option(
         help="Seconds between one client's requests.")] = 1.0,
     seconds: Annotated[float, typer.Option(help="How long the clients poll (at least).")] = 60.0,
+    rounds: Annotated[int, typer.Option(
+        help="Rebuilds without, then with the console, this many times (medians).")] = 3,
     store_dsn: StoreDsnOption = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
 ) -> None:
     """Console overview latency under 50 polling clients, and the projection throughput it
     costs."""
-    if min(events, customers, batch, clients) < 1 or interval < 0 or seconds <= 0:
-        raise BenchmarkError("need --events, --customers, --batch and --clients >= 1, "
-                             "--interval >= 0 and --seconds > 0")
-    run(events, customers, batch, clients, interval, seconds, store_dsn).emit(as_json=as_json)
+    if min(events, customers, batch, clients, rounds) < 1 or interval < 0 or seconds <= 0:
+        raise BenchmarkError("need --events, --customers, --batch, --clients and --rounds >= 1,"
+                             " --interval >= 0 and --seconds > 0")
+    run(events, customers, batch, clients, interval, seconds, rounds,
+        store_dsn).emit(as_json=as_json)

@@ -16,7 +16,7 @@ def test_console_bench_shape() -> None:
     lakefold = str(Path(sys.executable).with_name("lakefold"))
     out = subprocess.run([lakefold, "bench", "console", "--events", "20000", "--customers", "10",
                           "--batch", "5000", "--clients", "5", "--interval", "0.2",
-                          "--seconds", "3", "--json"],
+                          "--seconds", "3", "--rounds", "1", "--json"],
                          capture_output=True, text=True, timeout=280, check=False)
     assert out.returncode == 0, out.stderr[-2000:]
     report = json.loads(out.stdout.strip().splitlines()[-1])
