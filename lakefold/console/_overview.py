@@ -173,7 +173,8 @@ def build_dag(captures: list[dict[str, Any]], projections: list[dict[str, Any]]
         node(f"{entry['style']}:{name}", entry["style"], name, entry["health"], column)
     last = max((n["column"] for n in nodes.values()), default=1) + 1
     for entry in projections:
-        me = f"{entry['style']}:{name}" if (name := entry["name"]) else ""
+        name = entry["name"]
+        me = f"{entry['style']}:{name}"
         for item in entry["inputs"]:
             if item["kind"] == "view":
                 source = f"view:{item['name']}"

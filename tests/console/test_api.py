@@ -249,12 +249,14 @@ def test_a_non_loopback_address_without_a_token_is_refused() -> None:
     assert "--token" in str(result.exception)
 
 
-def test_a_store_that_is_down_gives_503_and_the_console_recovers(tmp_path: Path) -> None:
+def test_a_store_that_is_down_gives_503_and_the_console_recovers(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     server = LocalPostgres(tmp_path / "pg", durable=False)
     server.start()
+    secret = secrets.token_hex(8)  # trust authentication ignores it; nothing may show it
     try:
-        config = ConsoleConfig(store_dsn=server.dsn(), roots=SinkRoots.under(tmp_path),
-                               refresh_s=0.3)
+        config = ConsoleConfig(store_dsn=f"{server.dsn()} password={secret}",
+                               roots=SinkRoots.under(tmp_path), refresh_s=0.3)
         with ServedApp(build_app(config)) as console, \
                 httpx.Client(base_url=console.url, timeout=30) as client:
             wait_until(lambda: client.get("/api/overview").status_code == 200,
@@ -264,6 +266,7 @@ def test_a_store_that_is_down_gives_503_and_the_console_recovers(tmp_path: Path)
                               and r, what="503 while the store is down")
             assert down.json()["code"] == "store_unavailable"
             assert "recovers by itself" in down.json()["error"]
+            assert secret not in down.text
             assert client.get("/api/audit").status_code == 503
             assert client.post("/api/projections/x/pause").status_code == 503
             with client.stream("GET", "/api/stream") as events:
@@ -271,6 +274,9 @@ def test_a_store_that_is_down_gives_503_and_the_console_recovers(tmp_path: Path)
             assert json.loads(line[5:])["ok"] is False
             metrics = client.get("/metrics").text
             assert "lakefold_console_store_up 0.0" in metrics
+            assert secret not in line + metrics + client.get("/").text
+            assert any("cannot be read" in r.getMessage() for r in caplog.records)
+            assert all(secret not in r.getMessage() for r in caplog.records)
             server.start()
             wait_until(lambda: client.get("/api/overview").status_code == 200,
                        what="the console to recover by itself")
