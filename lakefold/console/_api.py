@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import asdict
@@ -95,9 +96,11 @@ def _who(request: Request) -> str:
 
 
 def create_app(monitor: Monitor, actions: Actions, *, token: str | None = None,
-               redis_url: str | None = None) -> FastAPI:
+               redis_url: str | None = None,
+               closing: threading.Event | None = None) -> FastAPI:
     """The console's ASGI application over a monitor (started and stopped with the app) and
-    the actions."""
+    the actions. ``closing``, once set (the server is stopping), ends the event streams."""
+    closing = closing or threading.Event()
     store_dsn = monitor.addresses.store_dsn
     catalog = monitor.catalog
     registry = metrics_registry(monitor)
@@ -181,7 +184,7 @@ def create_app(monitor: Monitor, actions: Actions, *, token: str | None = None,
         async def events() -> AsyncIterator[str]:
             last = -1
             quiet = 0.0
-            while not await request.is_disconnected():
+            while not closing.is_set() and not await request.is_disconnected():
                 reading = monitor.reading
                 if reading.version != last:
                     last = reading.version

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import datetime as dt
+import threading
 from dataclasses import dataclass
+from types import FrameType
 
 from fastapi import FastAPI
 
@@ -38,15 +40,17 @@ class ConsoleConfig:
     token: str | None = None
 
 
-def build_app(config: ConsoleConfig) -> FastAPI:
-    """The console's application (its monitor starts with it)."""
+def build_app(config: ConsoleConfig, *, closing: threading.Event | None = None) -> FastAPI:
+    """The console's application (its monitor starts with it); setting ``closing`` ends its
+    event streams (``serve`` sets it when the server is asked to stop)."""
     catalog = Catalog(config.store_dsn, config.roots)
     monitor = Monitor(catalog, StoreAddresses(config.store_dsn, config.source_dsn),
                       refresh_s=config.refresh_s, sample_s=config.sample_s,
                       keep=dt.timedelta(hours=config.keep_hours))
     actions = Actions(catalog, config.store_dsn, config.source_dsn,
                       projections=config.projections)
-    return create_app(monitor, actions, token=config.token, redis_url=config.redis_url)
+    return create_app(monitor, actions, token=config.token, redis_url=config.redis_url,
+                      closing=closing)
 
 
 def install(config: ConsoleConfig) -> None:
@@ -63,5 +67,13 @@ def serve(config: ConsoleConfig, *, host: str = "127.0.0.1", port: int = 8470) -
 
     check_bind(host, config.token)
     install(config)
-    uvicorn.run(build_app(config), host=host, port=port, log_level="warning",
-                access_log=False, server_header=False)
+    closing = threading.Event()
+
+    class Server(uvicorn.Server):
+        def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+            closing.set()  # open event streams end, so the shutdown need not wait for them
+            super().handle_exit(sig, frame)
+
+    Server(uvicorn.Config(build_app(config, closing=closing), host=host, port=port,
+                          log_level="warning", access_log=False, server_header=False,
+                          timeout_graceful_shutdown=5)).run()
