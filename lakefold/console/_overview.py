@@ -58,15 +58,14 @@ def read_captures(addresses: StoreAddresses) -> list[dict[str, Any]]:
                                store_dsn=addresses.store_dsn, slot=slot,
                                tables=("public.unused",))
         health = slot_health(config)
-        running = [s for s in health.snapshots if s.get("status") == "running"]
         captures.append({
             "slot": slot, "status": health.status, "active": health.active,
             "paused": health.paused, "wal_status": health.wal_status,
             "safe_wal_size": health.safe_wal_size, "lag_bytes": health.lag_bytes,
             "lag_seconds": health.lag_seconds, "retained_bytes": health.retained_bytes,
             "records": health.records, "changes_per_s": 0.0,
-            "snapshots": [{k: (v.isoformat() if isinstance(v, dt.datetime) else v)
-                           for k, v in s.items()} for s in running],
+            # the running snapshot runs: tables done of all, rows copied so far
+            "snapshots": [dict(s) for s in health.snapshots],
             "last_error": health.last_error, "problems": list(health.problems),
             "streams": sorted(names),
         })

@@ -138,8 +138,13 @@ function renderProjections(projections) {
 
 function renderCaptures(captures) {
   $("#captures tbody").innerHTML = captures.map((c) => {
-    const snap = c.snapshots.map((s) => esc(`snapshot ${s.snapshot_id ?? ""} ${s.kind ?? ""}`))
-      .join(", ");
+    const snap = c.snapshots.map((s) => {
+      const pct = s.tables ? Math.round((100 * s.tables_done) / s.tables) : 0;
+      return `<div class="snapshot">${esc(s.kind)} snapshot ${s.snapshot_id}: ` +
+        `${s.tables_done}/${s.tables} tables, ${num(s.rows)} rows <span class="bar" ` +
+        `role="progressbar" aria-valuenow="${pct}"><span style="width:${pct}%"></span></span>` +
+        "</div>";
+    }).join("");
     const health = c.status === "ok" ? "ok" : ["critical", "lost", "missing"]
       .includes(c.status) ? "failed" : "warning";
     return `<tr data-slot="${esc(c.slot)}"><td>${esc(c.slot)}</td>
