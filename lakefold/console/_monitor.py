@@ -11,6 +11,7 @@ trying every interval, so the console recovers by itself when the store is back.
 from __future__ import annotations
 
 import datetime as dt
+import json
 import logging
 import threading
 import time
@@ -39,12 +40,14 @@ def install_store(catalog: Catalog) -> None:
 
 @dataclass(frozen=True)
 class Reading:
-    """The latest reading: the overview, or why there is none (the store is down)."""
+    """The latest reading: the overview (and its JSON, made once for every client that asks
+    before the next reading), or why there is none (the store is down)."""
 
     overview: dict[str, Any] | None
     error: str | None
     version: int
     seconds: float
+    body: bytes = b""
 
 
 class Monitor:
@@ -115,7 +118,8 @@ class Monitor:
         self._previous = (now, overview)
         if self._reading.error is not None and self._reading.version:
             log.warning("console: the store can be read again")
-        self._reading = Reading(overview, None, self._reading.version + 1, now - started)
+        self._reading = Reading(overview, None, self._reading.version + 1, now - started,
+                                json.dumps(overview).encode())
         if now - self._last_sample >= self.sample_s:
             self._last_sample = now
             try:
