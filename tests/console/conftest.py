@@ -52,13 +52,18 @@ def wait_until(check: Callable[[], Any], *, what: str, timeout: float = 90.0,
 
 
 class ServedApp:
-    """An ASGI app served by uvicorn in a thread on a free loopback port."""
+    """The console of ``config`` served by uvicorn in a thread on a free loopback port; on
+    exit its event streams end first (as ``lakefold console`` does), so an open page does
+    not hold the shutdown."""
 
-    def __init__(self, app: Any) -> None:
+    def __init__(self, config: ConsoleConfig) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
+        self.closing = threading.Event()
+        app = build_app(config, closing=self.closing)
         self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port,
-                                                    log_level="warning", access_log=False))
+                                                    log_level="warning", access_log=False,
+                                                    timeout_graceful_shutdown=5))
         self.thread = threading.Thread(target=self.server.run, daemon=True)
 
     def __enter__(self) -> ServedApp:
@@ -67,6 +72,7 @@ class ServedApp:
         return self
 
     def __exit__(self, *exc: object) -> None:
+        self.closing.set()
         self.server.should_exit = True
         self.thread.join(timeout=30)
 
@@ -174,7 +180,7 @@ def system(postgres_server: PostgresServer, redis_server_url: str,
     config = ConsoleConfig(store_dsn=dsn, roots=SinkRoots.under(home), redis_url=redis_server_url,
                            projections=str(module), refresh_s=0.5, sample_s=1.0)
     install(config)
-    with ServedApp(build_app(config)) as console:
+    with ServedApp(config) as console:
         system = System(dsn=dsn, redis_url=redis_server_url, home=home, module=module,
                         console=console, env=env)
         try:

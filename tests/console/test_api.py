@@ -15,7 +15,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from typer.testing import CliRunner
 
 from lakefold.cli import app as cli_app
-from lakefold.console import METRICS, ConsoleBindError, ConsoleConfig, build_app, check_bind
+from lakefold.console import METRICS, ConsoleBindError, ConsoleConfig, check_bind
 from lakefold.local import LocalPostgres
 from lakefold.projections.operations import SinkRoots
 from tests.console.conftest import PROJECTIONS, ServedApp, System, wait_until
@@ -206,7 +206,7 @@ def test_openapi_document_and_history_kept_in_the_store(system: System) -> None:
     # a new console on the same store (a restart) shows the samples written before
     config = ConsoleConfig(store_dsn=system.dsn, roots=SinkRoots.under(system.home),
                            sample_s=3600)
-    with ServedApp(build_app(config)) as other, httpx.Client(base_url=other.url) as client:
+    with ServedApp(config) as other, httpx.Client(base_url=other.url) as client:
         series = client.get("/api/history", params={
             "subject": "projection:customer_cache", "minutes": 60}).json()["series"]
         points = series["projection:customer_cache"]["lag_records"]
@@ -217,7 +217,7 @@ def test_a_token_is_required_of_every_request_when_set(system: System) -> None:
     token = "s3cret-" + secrets.token_hex(8)
     config = ConsoleConfig(store_dsn=system.dsn, roots=SinkRoots.under(system.home),
                            token=token)
-    with ServedApp(build_app(config)) as guarded, \
+    with ServedApp(config) as guarded, \
             httpx.Client(base_url=guarded.url) as client:
         for path in ("/api/overview", "/metrics", "/openapi.json", "/static/console.js"):
             response = client.get(path)
@@ -257,7 +257,7 @@ def test_a_store_that_is_down_gives_503_and_the_console_recovers(
     try:
         config = ConsoleConfig(store_dsn=f"{server.dsn()} password={secret}",
                                roots=SinkRoots.under(tmp_path), refresh_s=0.3)
-        with ServedApp(build_app(config)) as console, \
+        with ServedApp(config) as console, \
                 httpx.Client(base_url=console.url, timeout=30) as client:
             wait_until(lambda: client.get("/api/overview").status_code == 200,
                        what="the first reading")

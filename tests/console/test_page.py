@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 from playwright.sync_api import Browser, Page, sync_playwright
 
-from lakefold.console import ConsoleConfig, build_app
+from lakefold.console import ConsoleConfig
 from lakefold.local import LocalPostgres
 from lakefold.projections import load_projections
 from lakefold.projections.operations import SinkRoots
@@ -145,7 +145,7 @@ def test_a_store_that_goes_down_shows_a_banner_until_it_is_back(page: Page, tmp_
     try:
         config = ConsoleConfig(store_dsn=server.dsn(), roots=SinkRoots.under(tmp_path),
                                refresh_s=0.3)
-        with ServedApp(build_app(config)) as console:
+        with ServedApp(config) as console:
             _open(page, console.url)
             banner = page.locator("#banner")
             assert banner.is_hidden()
@@ -163,7 +163,7 @@ def test_the_page_asks_for_the_token(system: System, page: Page) -> None:
     token = secrets.token_hex(12)
     config = ConsoleConfig(store_dsn=system.dsn, roots=SinkRoots.under(system.home),
                            token=token)
-    with ServedApp(build_app(config)) as console:
+    with ServedApp(config) as console:
         page.goto(console.url + "/")
         page.locator("#token").fill("wrong")
         page.locator("#login button").click()
