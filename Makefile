@@ -5,7 +5,9 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint lock clean
+CHROMIUM := /usr/bin/chromium
+
+.PHONY: demo test lint lock clean browser
 
 $(STAMP): pyproject.toml requirements.lock
 	@test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -17,8 +19,14 @@ $(STAMP): pyproject.toml requirements.lock
 demo: $(STAMP)
 	$(BIN)/lakefold demo
 
-test: $(STAMP)
+test: $(STAMP) browser
 	$(BIN)/python -m pytest
+
+# The console's browser tests drive Debian's Chromium through Playwright (Playwright's own
+# browser download cannot work offline); installed here when missing (needs root, as CI is).
+browser:
+	@test -x $(CHROMIUM) || { apt-get update -qq && \
+		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver; }
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

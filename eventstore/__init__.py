@@ -25,7 +25,8 @@ Public interface (see each docstring for guarantees):
   ``PAYLOAD_FIELDS``). Bulk consumers that move rows themselves (``COPY ... TO STDOUT``) take
   the log read as one literal SELECT from ``events_range_select(conn, start, end, ...)``.
 - ``list_categories(dsn)``, ``list_event_types(dsn, category)`` and ``list_streams(dsn,
-  category)``: what the store holds, for checking names before reading.
+  category)``: what the store holds, for checking names before reading;
+  ``list_subscriptions(dsn)``: the durable subscriptions' checkpoints.
 - Ports: ``EventRecorder`` with ``PostgresRecorder`` and ``InMemoryRecorder``.
 - The domain side: ``Aggregate`` with ``@when(Event)`` handlers, ``Repository(store, Class,
   snapshot_every=N)`` with ``get``, ``save`` (optimistic, several aggregates atomically),
@@ -36,9 +37,11 @@ Public interface (see each docstring for guarantees):
 from lakefold.eventstore._aggregates import Aggregate, AggregateError, when
 from lakefold.eventstore._inventory import (
     StreamInfo,
+    SubscriptionInfo,
     list_categories,
     list_event_types,
     list_streams,
+    list_subscriptions,
 )
 from lakefold.eventstore._memory import InMemoryRecorder
 from lakefold.eventstore._model import (
@@ -106,6 +109,7 @@ __all__: list[str] = [
     "StreamInfo",
     "StreamState",
     "Subscription",
+    "SubscriptionInfo",
     "SubscriptionOptions",
     "UnitOfWork",
     "WatermarkHeldError",
@@ -113,6 +117,7 @@ __all__: list[str] = [
     "list_categories",
     "list_event_types",
     "list_streams",
+    "list_subscriptions",
     "save_checkpoint",
     "when",
 ]

@@ -19,6 +19,9 @@ from lakefold.eventstore._model import check_category
 from lakefold.eventstore._translate import translate_errors
 
 _INSTALLED: Final = "SELECT to_regclass('lakefold.events') IS NOT NULL"
+_SUBSCRIPTIONS: Final = (
+    "SELECT name, position, updated_at FROM lakefold.subscription_checkpoints ORDER BY name"
+)
 _CATEGORIES: Final = "SELECT DISTINCT category FROM lakefold.streams ORDER BY 1"
 _TYPES: Final = (
     "WITH RECURSIVE t(type) AS ("
@@ -81,3 +84,23 @@ def list_streams(dsn: str, category: str | None = None, *, after: str = "",
         rows = conn.execute(_STREAMS, {"category": category, "after": after,
                                        "limit": limit}).fetchall()
     return [StreamInfo(str(r[0]), str(r[1]), int(r[2]), r[3], r[4]) for r in rows]
+
+
+@dataclass(frozen=True)
+class SubscriptionInfo:
+    """A durable subscription: its name, the last position it saved, and when."""
+
+    name: str
+    position: int
+    updated_at: datetime
+
+
+def list_subscriptions(dsn: str) -> list[SubscriptionInfo]:
+    """Every durable subscription's checkpoint, by name; ``[]`` where the store is not
+    installed."""
+    with translate_errors(mask_dsn(dsn)), psycopg.connect(dsn, autocommit=True) as conn:
+        row = conn.execute(_INSTALLED).fetchone()
+        if not (row and row[0]):
+            return []
+        rows = conn.execute(_SUBSCRIPTIONS).fetchall()
+    return [SubscriptionInfo(str(r[0]), int(r[1]), r[2]) for r in rows]

@@ -94,6 +94,7 @@ def main() -> None:
 # imported: here, after `demo`, so that the order of the help stays the same.
 from lakefold import (  # noqa: E402
     _cli_capture,  # noqa: F401  (capture run, streams, read, tail, compact, drop)
+    _cli_console,  # noqa: F401  (console)
     _cli_events,  # noqa: F401  (events install, status, tail)
     _cli_late,  # noqa: F401  (late list, replay)
     _cli_projections,  # noqa: F401  (run, rebuild, pause, resume, status, dlq, search)

@@ -66,6 +66,9 @@ class Settings(BaseSettings):
         default=None, description="Python file or module that defines the projections."
     )
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+    console_token: SecretStr | None = Field(
+        default=None, description="Token every request to `lakefold console` must carry.",
+    )
 
     @classmethod
     def settings_customise_sources(

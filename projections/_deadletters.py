@@ -151,6 +151,13 @@ class DeadLetters:
                 {"name": name, "status": status, "limit": limit}).fetchall()
         return [DeadLetter(**row) for row in rows]
 
+    def get(self, letter_id: int) -> DeadLetter | None:
+        """One dead letter by id, or None."""
+        with self._catalog._tx() as conn:
+            row = conn.execute("SELECT * FROM lakefold.projection_dead_letters WHERE id = %s",
+                               (letter_id,)).fetchone()
+        return None if row is None else DeadLetter(**row)
+
     def count_open(self, name: str) -> int:
         with self._catalog._tx() as conn:
             row = conn.execute("SELECT count(*) AS n FROM lakefold.projection_dead_letters "

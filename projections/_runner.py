@@ -46,12 +46,11 @@ from lakefold.projections._catalog import (
 from lakefold.projections._deadletters import DeadLetters
 from lakefold.projections._plan import Plan, build, validate
 from lakefold.projections._readers import (
-    GenerationReads,
-    check_rebuild,
     committed_positions,
     keep_history_for,
     release_gone,
 )
+from lakefold.projections._rebuild_request import request_rebuild
 from lakefold.projections._retry_source import retry_frame
 from lakefold.projections._run_report import RUNNING_STATES, ProjectionReport, RunTally
 from lakefold.projections._targeted import PartReport, rebuild_part
@@ -340,43 +339,13 @@ class Runner:
     # ------------------------------------------------------------------ rebuild
 
     def request_rebuild(self, name: str) -> Generation:
-        """Start building generation N+1 of NAME; the run loop switches to it when it has
-        caught up. (A part of a view is rebuilt in place with ``rebuild_part``.)
-
-        A view that keeps every version (Delta scd2 or append) over a stream that compaction
-        trimmed is refused (BehindCompactionError naming the compaction): its rebuild would not
-        be the history the live generation built. The new generation holds its changelog
-        positions (at 0) from here on."""
-        if name in self.registry.views:
-            return self._rebuild_views(name)
-        projection = self.registry.get(name)
-        check_rebuild(self.config.store_dsn, projection,
-                      self.catalog.current(name).generation + 1)
-        generation = self.catalog.begin_rebuild(name)
-        reads = GenerationReads(self.config.store_dsn, projection, generation.generation)
-        try:
-            reads.attach({})
-        except BaseException:
-            self.catalog.abandon(name, generation.generation)
-            raise
-        finally:
-            reads.close()
-        self._health.pop(name, None)  # a failed live generation no longer stops NAME
+        """Start building generation N+1 of NAME (``_rebuild_request``); the run loop
+        switches to it when it has caught up. (A part of a view is rebuilt in place with
+        ``rebuild_part``.)"""
+        generation = request_rebuild(self.catalog, self.config.store_dsn, self.registry, name)
+        if name not in self.registry.views:
+            self._health.pop(name, None)  # a failed live generation no longer stops NAME
         return generation
-
-    def _rebuild_views(self, name: str) -> Generation:
-        """Begin a new generation of view NAME and of every view downstream of it: they are
-        built together and switch together (see ``_view_runner``)."""
-        names = [name, *downstream_of(self.registry.views, name)]
-        begun: list[Generation] = []
-        try:
-            for view in names:
-                begun.append(self.catalog.begin_rebuild(view))
-        except BaseException:
-            for generation in begun:
-                self.catalog.abandon(generation.name, generation.generation)
-            raise
-        return begun[0]
 
     def rebuild_part(self, name: str, *, stream: str | None = None,
                      key_from: str | None = None, key_to: str | None = None) -> PartReport:

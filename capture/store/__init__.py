@@ -37,6 +37,7 @@ if TYPE_CHECKING:
     )
     from lakefold.capture.store._commit_points import commit_at, first_after, frontier
     from lakefold.capture.store._compaction import CompactionPolicy
+    from lakefold.capture.store._derived_streams import DERIVED_SLOT
     from lakefold.capture.store._reader_registry import CompactionState, ReaderPosition
     from lakefold.capture.store._stream_schema import ColumnSchema, StreamSchema
     from lakefold.capture.store._text_values import Interval
@@ -54,6 +55,7 @@ _EXPORTS: dict[str, str] = {
     "StreamInfo": "lakefold.capture.store._changelog_store",
     "read_changelog_range": "lakefold.capture.store._changelog_store",
     "CompactionPolicy": "lakefold.capture.store._compaction",
+    "DERIVED_SLOT": "lakefold.capture.store._derived_streams",
     "commit_at": "lakefold.capture.store._commit_points",
     "first_after": "lakefold.capture.store._commit_points",
     "frontier": "lakefold.capture.store._commit_points",
@@ -69,6 +71,7 @@ _EXPORTS: dict[str, str] = {
 }
 
 __all__ = [
+    "DERIVED_SLOT",
     "META_SCHEMA",
     "ChangelogStore",
     "ColumnSchema",

@@ -35,7 +35,7 @@ LAYER_MAP: dict[str, tuple[int, str]] = {
     "lakefold.spark": (CAPTURE_SPARK, "spark"),
     "lakefold.projections": (PROJECTIONS, "projections"),
     # The application: cli and _cli_*, settings, _from_settings, local services, demo, _shop,
-    # _bench.
+    # _bench, console.
     "lakefold": (APPLICATION, "application"),
 }
 

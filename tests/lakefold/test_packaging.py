@@ -55,6 +55,9 @@ def test_wheel_installs_every_package_with_py_typed(tmp_path: Path) -> None:
         installed = Path(files[name])
         assert installed.is_relative_to(site), f"{name} imported from {installed}"
         assert (installed.parent / "py.typed").exists()
+    # the console's page ships inside the package (it is served offline, from the wheel)
+    for page in ("index.html", "console.js", "charts.js", "console.css", "login.html"):
+        assert (site / "lakefold" / "console" / "static" / page).exists(), page
 
 
 def test_top_level_import_stays_cheap_and_exports_resolve_lazily() -> None:

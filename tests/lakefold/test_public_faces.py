@@ -59,7 +59,8 @@ def test_the_root_offers_the_projection_api() -> None:
 def _application_files() -> list[Path]:
     folder = ROOT / "lakefold"
     return sorted([folder / "cli.py", *folder.glob("_cli_*.py"), *folder.glob("_demo*.py"),
-                   *(folder / "_bench").glob("*.py")])
+                   *(folder / "_bench").glob("*.py"),
+                   *(folder / "console").glob("*.py")])
 
 
 #: The packages below the application; every other ``lakefold.X`` is the application's own.

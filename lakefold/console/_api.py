@@ -1,0 +1,323 @@
+"""The console's HTTP API (FastAPI; its OpenAPI document at ``/openapi.json``), the page at
+``/`` and ``/metrics``. The page uses only this API.
+
+Errors are JSON ``{"error": ..., "code": ...}``: 404 for an unknown projection, stream,
+category, dead letter or capture; 409 for what cannot be done as asked; 503 while the store
+cannot be reached (the monitor keeps trying; the console recovers by itself); 401 without the
+token when one is set (``_access``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import asdict
+from pathlib import Path
+from typing import Annotated, Any
+
+import psycopg
+from fastapi import Body, FastAPI, Query, Request
+from fastapi.responses import FileResponse, JSONResponse, Response, StreamingResponse
+from fastapi.staticfiles import StaticFiles
+from pydantic import BaseModel, Field
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from lakefold.console._access import COOKIE, RequireToken, token_matches
+from lakefold.console._actions import Actions, read_audit
+from lakefold.console._history import read_history
+from lakefold.console._metrics import exposition, metrics_registry
+from lakefold.console._monitor import Monitor
+from lakefold.console._peek import (
+    category_events,
+    dead_letter,
+    json_safe,
+    stream_records,
+    view_rows,
+)
+from lakefold.console.exceptions import ConsoleNotFoundError
+from lakefold.core.dsn import error_text
+from lakefold.core.exceptions import LakefoldError, TransientError
+from lakefold.projections import DeadLetters
+from lakefold.projections.exceptions import ProjectionNotFoundError
+
+STATIC = Path(__file__).with_name("static")
+_OPERATOR_HEADER = "x-lakefold-operator"
+
+
+class ErrorBody(BaseModel):
+    """An error: what was wrong and what to do, and a stable code."""
+
+    error: str
+    code: str
+
+
+class ActionResult(BaseModel):
+    """What an action did (``changed`` false: it already was so) and its audit row."""
+
+    action: str
+    subject: str
+    changed: bool
+    message: str
+    audit_id: int
+    detail: dict[str, Any]
+
+
+class Resnapshot(BaseModel):
+    """Tables (``schema.table``) of the capture to read again."""
+
+    tables: list[str] = Field(min_length=1)
+
+
+class Login(BaseModel):
+    token: str
+
+
+_ERRORS: dict[int | str, dict[str, Any]] = {
+    400: {"model": ErrorBody, "description": "The request's body could not be read."},
+    401: {"model": ErrorBody, "description": "The token is missing or wrong."},
+    404: {"model": ErrorBody, "description": "No such thing."},
+    409: {"model": ErrorBody, "description": "It cannot be done as asked."},
+    503: {"model": ErrorBody, "description": "The store cannot be reached."},
+}
+
+
+def _error(status: int, text: str, code: str) -> JSONResponse:
+    return JSONResponse({"error": text, "code": code}, status_code=status)
+
+
+def _who(request: Request) -> str:
+    """Who acts: the name the page sends (``X-Lakefold-Operator``), and from where."""
+    name = (request.headers.get(_OPERATOR_HEADER) or "anonymous").strip()[:80] or "anonymous"
+    host = request.client.host if request.client else "unknown"
+    return f"{name}@{host}"
+
+
+def create_app(monitor: Monitor, actions: Actions, *, token: str | None = None,
+               redis_url: str | None = None,
+               closing: threading.Event | None = None) -> FastAPI:
+    """The console's ASGI application over a monitor (started and stopped with the app) and
+    the actions. ``closing``, once set (the server is stopping), ends the event streams."""
+    closing = closing or threading.Event()
+    store_dsn = monitor.addresses.store_dsn
+    catalog = monitor.catalog
+    registry = metrics_registry(monitor)
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        await asyncio.to_thread(monitor.start)
+        try:
+            yield
+        finally:
+            await asyncio.to_thread(monitor.stop)
+
+    app = FastAPI(title="lakefold console", version="1", docs_url=None, redoc_url=None,
+                  lifespan=lifespan, responses=_ERRORS,
+                  description="Captures, the event store, projections and views: their "
+                              "state, history, contents, and actions on them.")
+    if token:
+        app.add_middleware(RequireToken, token=token)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(_: Request, e: Exception) -> JSONResponse:
+        assert isinstance(e, StarletteHTTPException)  # noqa: S101 - registered for it
+        code = {400: "bad_request", 404: "not_found", 405: "method_not_allowed"}
+        response = _error(e.status_code, str(e.detail), code.get(e.status_code, "http_error"))
+        response.headers.update(e.headers or {})  # e.g. Allow of a 405
+        return response
+
+    @app.exception_handler(ConsoleNotFoundError)
+    @app.exception_handler(ProjectionNotFoundError)
+    async def not_found(_: Request, e: Exception) -> JSONResponse:
+        return _error(404, str(e), "not_found")
+
+    @app.exception_handler(TransientError)
+    async def unavailable(_: Request, e: Exception) -> JSONResponse:
+        return _error(503, str(e), "store_unavailable")
+
+    @app.exception_handler(psycopg.OperationalError)
+    async def store_down(_: Request, e: Exception) -> JSONResponse:
+        assert isinstance(e, psycopg.Error)  # noqa: S101 - registered for it
+        return _error(503, f"the store cannot be reached ({error_text(e)}); the console "
+                           "retries by itself", "store_unavailable")
+
+    @app.exception_handler(LakefoldError)
+    async def refused(_: Request, e: Exception) -> JSONResponse:
+        return _error(409, str(e), "refused")
+
+    def overview_or_503() -> dict[str, Any] | JSONResponse:
+        reading = monitor.reading
+        if reading.overview is None:
+            return _error(503, f"the store cannot be read: {reading.error}; the console "
+                               "retries every interval and recovers by itself",
+                          "store_unavailable")
+        return reading.overview
+
+    # ------------------------------------------------------------------ page
+
+    @app.get("/", include_in_schema=False)
+    async def page() -> FileResponse:
+        return FileResponse(STATIC / "index.html")
+
+    app.mount("/static", StaticFiles(directory=STATIC), name="static")
+
+    @app.post("/login", include_in_schema=False)
+    async def login(body: Login) -> Response:
+        if not token or not token_matches(token, body.token):
+            return _error(401, "wrong token", "unauthorized")
+        response = Response(status_code=204)
+        response.set_cookie(COOKIE, body.token, httponly=True, samesite="strict")
+        return response
+
+    # ------------------------------------------------------------------ reading
+
+    @app.get("/api/overview", summary="Captures, the event store, projections, views, the DAG",
+             response_class=Response,
+             responses={200: {"content": {"application/json": {"schema": {"type": "object"}}}}})
+    async def overview() -> Response:
+        # The reading's JSON, made once per reading: a poll costs no encoding (and no thread).
+        reading = monitor.reading
+        if reading.overview is None:
+            return _error(503, f"the store cannot be read: {reading.error}; the console "
+                               "retries every interval and recovers by itself",
+                          "store_unavailable")
+        return Response(reading.body, media_type="application/json")
+
+    @app.get("/api/stream", summary="The overview as server-sent events (event: overview)",
+             response_class=StreamingResponse,
+             responses={200: {"content": {"text/event-stream": {}}}})
+    async def stream(request: Request) -> StreamingResponse:
+        async def events() -> AsyncIterator[str]:
+            last = -1
+            quiet = 0.0
+            while not closing.is_set() and not await request.is_disconnected():
+                reading = monitor.reading
+                if reading.version != last:
+                    last = reading.version
+                    quiet = 0.0
+                    data = '{"ok": true, "overview": ' + reading.body.decode() + "}" \
+                        if reading.overview is not None else json.dumps(
+                            {"ok": False, "error": f"the store cannot be read: {reading.error}"})
+                    yield f"event: overview\ndata: {data}\n\n"
+                elif quiet > 15:
+                    quiet = 0.0
+                    yield ": keep-alive\n\n"
+                await asyncio.sleep(0.25)
+                quiet += 0.25
+
+        return StreamingResponse(events(), media_type="text/event-stream",
+                                 headers={"Cache-Control": "no-store"})
+
+    @app.get("/api/history", summary="Sampled lag and throughput, from the store")
+    def history(subject: Annotated[str | None, Query(max_length=300)] = None,
+                minutes: Annotated[float, Query(gt=0, le=7 * 24 * 60)] = 180.0) -> Any:
+        return {"minutes": minutes, "series": read_history(store_dsn, subject=subject,
+                                                           minutes=minutes)}
+
+    @app.get("/api/projections/{name}", summary="One projection or view, as in the overview")
+    def projection(name: str) -> Any:
+        found = overview_or_503()
+        if isinstance(found, JSONResponse):
+            return found
+        for entry in found["projections"]:
+            if entry["name"] == name:
+                return entry
+        raise ConsoleNotFoundError(f"no projection or view named {name!r}; "
+                                   "GET /api/overview lists them")
+
+    @app.get("/api/streams", summary="The changelog streams (name, slot, head, schema)")
+    def streams() -> Any:
+        from lakefold.capture import ChangelogStore
+
+        with ChangelogStore(store_dsn) as store:
+            return [json_safe(asdict(s)) for s in store.streams()]
+
+    @app.get("/api/streams/{stream}/records",
+             summary="Latest records of a changelog stream, newest first")
+    def records(stream: str, before: Annotated[int | None, Query(ge=1)] = None,
+                limit: Annotated[int, Query(ge=1, le=500)] = 20) -> Any:
+        return stream_records(store_dsn, stream, before=before, limit=limit)
+
+    @app.get("/api/categories", summary="The event categories")
+    def categories() -> Any:
+        from lakefold.eventstore import list_categories
+
+        return list_categories(store_dsn)
+
+    @app.get("/api/categories/{category}/events",
+             summary="Latest events of a category, newest first")
+    def events(category: str, before: Annotated[int | None, Query(ge=1)] = None,
+               limit: Annotated[int, Query(ge=1, le=500)] = 20) -> Any:
+        return category_events(store_dsn, category, before=before, limit=limit)
+
+    @app.get("/api/dead-letters", summary="Dead letters, newest first")
+    def dead_letters(projection: Annotated[str | None, Query(max_length=300)] = None,
+                     status: Annotated[str | None, Query(
+                         pattern="^(open|retry|resolved|dropped)$")] = None,
+                     limit: Annotated[int, Query(ge=1, le=1000)] = 100) -> Any:
+        found = DeadLetters(catalog).find(projection, status=status, limit=limit)
+        return [json_safe(d.as_json()) for d in found]
+
+    @app.get("/api/dead-letters/{letter_id}", summary="One dead letter: record and error")
+    def one_dead_letter(letter_id: int) -> Any:
+        return dead_letter(catalog, letter_id)
+
+    @app.get("/api/views/{name}/rows", summary="A view's rows for one key (its target's)")
+    def rows(name: str, key: Annotated[list[str], Query(min_length=1)]) -> Any:
+        return view_rows(catalog, name, key, redis_url=redis_url)
+
+    @app.get("/api/audit", summary="The actions taken from the console, newest first")
+    def audit(limit: Annotated[int, Query(ge=1, le=1000)] = 50) -> Any:
+        return read_audit(store_dsn, limit=limit)
+
+    @app.get("/metrics", summary="Prometheus metrics (names prefixed lakefold_)",
+             response_class=Response,
+             responses={200: {"content": {"text/plain": {}}}})
+    def metrics() -> Response:
+        return Response(exposition(registry),
+                        media_type="text/plain; version=0.0.4; charset=utf-8")
+
+    # ------------------------------------------------------------------ acting
+
+    def done(outcome: Any) -> ActionResult:
+        monitor.refresh_soon()
+        return ActionResult(**outcome.as_json())
+
+    @app.post("/api/projections/{name}/pause", summary="Pause a projection or view")
+    def pause(name: str, request: Request) -> ActionResult:
+        return done(actions.set_paused(_who(request), name, True))
+
+    @app.post("/api/projections/{name}/resume", summary="Resume a projection or view")
+    def resume(name: str, request: Request) -> ActionResult:
+        return done(actions.set_paused(_who(request), name, False))
+
+    @app.post("/api/projections/{name}/rebuild",
+              summary="Rebuild into a new generation (a running `lakefold run` switches)")
+    def rebuild(name: str, request: Request) -> ActionResult:
+        return done(actions.rebuild(_who(request), name))
+
+    @app.post("/api/dead-letters/{letter_id}/retry", summary="Retry an open dead letter")
+    def retry(letter_id: int, request: Request) -> ActionResult:
+        return done(actions.dead_letter(_who(request), letter_id, retry=True))
+
+    @app.post("/api/dead-letters/{letter_id}/drop", summary="Drop an open dead letter")
+    def drop(letter_id: int, request: Request) -> ActionResult:
+        return done(actions.dead_letter(_who(request), letter_id, retry=False))
+
+    @app.post("/api/captures/{slot}/pause", summary="Pause a capture's streaming")
+    def pause_capture(slot: str, request: Request) -> ActionResult:
+        return done(actions.set_capture_paused(_who(request), slot, True))
+
+    @app.post("/api/captures/{slot}/resume", summary="Resume a paused capture")
+    def resume_capture(slot: str, request: Request) -> ActionResult:
+        return done(actions.set_capture_paused(_who(request), slot, False))
+
+    @app.post("/api/captures/{slot}/resnapshot",
+              summary="Re-read tables into their streams (in the background)")
+    def resnapshot(slot: str, request: Request,
+                   body: Annotated[Resnapshot, Body()]) -> ActionResult:
+        return done(actions.resnapshot(_who(request), slot, body.tables))
+
+    return app

@@ -1,0 +1,340 @@
+// The console page: it uses only the console's JSON API (see /openapi.json). The overview
+// arrives live as server-sent events (/api/stream); history, contents, dead letters and the
+// audit are fetched; every action asks for confirmation first.
+"use strict";
+
+const { escapeXml: esc, formatNumber: num, lineChart, dagSvg } = window.lakefoldCharts;
+const $ = (selector) => document.querySelector(selector);
+let latest = null;
+
+function operator() { return $("#operator").value.trim() || "anonymous"; }
+
+async function api(path, options = {}) {
+  const response = await fetch(path, {
+    ...options,
+    headers: { "X-Lakefold-Operator": operator(), "Content-Type": "application/json",
+               ...(options.headers || {}) },
+  });
+  const body = response.headers.get("content-type")?.includes("json")
+    ? await response.json() : await response.text();
+  if (response.status === 503) showBanner(body.error || "the store cannot be reached");
+  if (!response.ok) throw new Error(body.error || `HTTP ${response.status}`);
+  return body;
+}
+
+function showBanner(text) {
+  const banner = $("#banner");
+  banner.textContent = "Store unavailable: " + text;
+  banner.hidden = false;
+}
+
+function toast(text) {
+  const box = $("#toast");
+  box.textContent = text;
+  box.hidden = false;
+  clearTimeout(toast.timer);
+  toast.timer = setTimeout(() => { box.hidden = true; }, 6000);
+}
+
+// ------------------------------------------------------------------ actions
+
+function confirmAction(text, extra = "") {
+  return new Promise((resolve) => {
+    const dialog = $("#confirm");
+    $("#confirm-text").textContent = text;
+    $("#confirm-extra").innerHTML = extra;
+    const finish = (ok) => {
+      $("#confirm-yes").onclick = $("#confirm-no").onclick = null;
+      const input = $("#confirm-extra input");
+      dialog.close();
+      resolve(ok ? (input ? input.value : true) : false);
+    };
+    $("#confirm-yes").onclick = () => finish(true);
+    $("#confirm-no").onclick = () => finish(false);
+    dialog.showModal();
+  });
+}
+
+async function act(path, question, body, extra) {
+  const answer = await confirmAction(question, extra);
+  if (answer === false) return;
+  const payload = extra ? { tables: String(answer).split(",").map((t) => t.trim())
+    .filter(Boolean) } : body;
+  try {
+    const result = await api(path, { method: "POST",
+      body: payload ? JSON.stringify(payload) : undefined });
+    toast(result.message);
+  } catch (error) {
+    toast("Refused: " + error.message);
+  }
+  loadAudit();
+  loadDeadLetters();
+}
+
+document.addEventListener("click", (event) => {
+  const button = event.target.closest("button[data-action]");
+  if (!button) return;
+  const { action, name, slot, id } = button.dataset;
+  const enc = encodeURIComponent;
+  if (action === "pause" || action === "resume") {
+    act(`/api/projections/${enc(name)}/${action}`, `${action} projection ${name}?`);
+  } else if (action === "rebuild") {
+    act(`/api/projections/${enc(name)}/rebuild`,
+      `Rebuild ${name} into a new generation (views that read it too)? The live one keeps ` +
+      "serving until the new one has caught up and switches.");
+  } else if (action === "capture-pause" || action === "capture-resume") {
+    const verb = action.split("-")[1];
+    act(`/api/captures/${enc(slot)}/${verb}`, `${verb} capture ${slot}?`);
+  } else if (action === "resnapshot") {
+    act(`/api/captures/${enc(slot)}/resnapshot`, `Re-snapshot tables of capture ${slot}?`,
+      null, '<label>tables (schema.table, comma-separated) <input id="resnapshot-tables">' +
+      "</label>");
+  } else if (action === "retry" || action === "drop") {
+    act(`/api/dead-letters/${enc(id)}/${action}`, `${action} dead letter ${id}?`);
+  } else if (action === "show-letter") {
+    api(`/api/dead-letters/${enc(id)}`).then((letter) => {
+      const box = $("#dead-letter");
+      box.textContent = JSON.stringify(letter, null, 2);
+      box.hidden = false;
+    });
+  } else if (action === "older") {
+    peek(button.dataset.kind, button.dataset.subject, button.dataset.before);
+  }
+});
+
+// ------------------------------------------------------------------ the overview
+
+function healthCell(health, text) {
+  return `<span class="health-${esc(health)}">${esc(text)}</span>`;
+}
+
+function rebuildBar(p) {
+  if (!p.rebuilding_generation) return "";
+  const live = Object.values(p.position).reduce((a, b) => a + b, 0);
+  const built = Object.values(p.rebuild_position).reduce((a, b) => a + b, 0);
+  const pct = live > 0 ? Math.min(100, Math.round((100 * built) / live)) : 0;
+  return `<div class="rebuild">→ gen ${p.rebuilding_generation} <span class="bar"
+    role="progressbar" aria-valuenow="${pct}"><span style="width:${pct}%"></span></span>
+    ${pct}% (switches when caught up)</div>`;
+}
+
+function renderProjections(projections) {
+  $("#projections tbody").innerHTML = projections.map((p) => `
+    <tr data-projection="${esc(p.name)}">
+      <td>${esc(p.name)}</td><td>${esc(p.style)} → ${esc(p.target_spec)}</td>
+      <td class="num">${p.generation}${rebuildBar(p)}</td>
+      <td class="state">${healthCell(p.health, p.state)}</td>
+      <td class="num lag">${num(p.lag_records)}</td>
+      <td class="num lag-seconds">${p.lag_seconds.toFixed(1)}</td>
+      <td class="num">${num(p.throughput_per_s)}</td>
+      <td class="num dead">${p.dead_letters}</td>
+      <td>${esc((p.last_error || "").slice(0, 120))}</td>
+      <td>${p.paused
+        ? `<button data-action="resume" data-name="${esc(p.name)}">resume</button>`
+        : `<button data-action="pause" data-name="${esc(p.name)}">pause</button>`}
+        <button data-action="rebuild" data-name="${esc(p.name)}">rebuild</button></td>
+    </tr>`).join("") || '<tr><td colspan="10" class="muted">no projections yet</td></tr>';
+}
+
+function renderCaptures(captures) {
+  $("#captures tbody").innerHTML = captures.map((c) => {
+    const snap = c.snapshots.map((s) => {
+      const pct = s.tables ? Math.round((100 * s.tables_done) / s.tables) : 0;
+      return `<div class="snapshot">${esc(s.kind)} snapshot ${s.snapshot_id}: ` +
+        `${s.tables_done}/${s.tables} tables, ${num(s.rows)} rows <span class="bar" ` +
+        `role="progressbar" aria-valuenow="${pct}"><span style="width:${pct}%"></span></span>` +
+        "</div>";
+    }).join("");
+    const health = c.status === "ok" ? "ok" : ["critical", "lost", "missing"]
+      .includes(c.status) ? "failed" : "warning";
+    return `<tr data-slot="${esc(c.slot)}"><td>${esc(c.slot)}</td>
+      <td>${healthCell(health, c.status + (c.paused ? " (paused)" : ""))}</td>
+      <td>${esc(c.wal_status ?? "-")}</td>
+      <td class="num">${c.safe_wal_size === null ? "unlimited" : num(c.safe_wal_size)}</td>
+      <td class="num">${c.lag_bytes === null ? "-" : num(c.lag_bytes)}</td>
+      <td class="num">${c.lag_seconds === null ? "-" : c.lag_seconds.toFixed(1)}</td>
+      <td class="num">${num(c.changes_per_s)}</td><td>${snap || "-"}</td>
+      <td>${c.paused
+        ? `<button data-action="capture-resume" data-slot="${esc(c.slot)}">resume</button>`
+        : `<button data-action="capture-pause" data-slot="${esc(c.slot)}">pause</button>`}
+        <button data-action="resnapshot" data-slot="${esc(c.slot)}">re-snapshot</button></td>
+    </tr>`;
+  }).join("") || '<tr><td colspan="9" class="muted">no captures</td></tr>';
+}
+
+function renderEventStore(store) {
+  const holder = store.watermark_holder;
+  $("#eventstore").innerHTML = `<div class="row"><span>head <b id="head">${num(store.head)}
+    </b></span><span>${num(store.events_per_s)} events/s</span>
+    <span>${store.pending_events} pending</span>
+    <span>${holder ? healthCell(store.watermark_held ? "failed" : "warning",
+      `watermark held by pid ${holder.pid} (${holder.application || "?"}) for ` +
+      `${holder.held_for_s} s`) : healthCell("ok", "watermark free")}</span></div>`;
+  $("#subscriptions tbody").innerHTML = store.subscriptions.map((s) => `<tr>
+    <td>${esc(s.name)}</td><td class="num">${s.position}</td><td class="num">${s.lag}</td>
+    </tr>`).join("") || '<tr><td colspan="3" class="muted">no subscriptions</td></tr>';
+}
+
+function fillPicker(select, names) {
+  const current = select.value;
+  const options = ['<option value="">—</option>', ...names.map((n) =>
+    `<option value="${esc(n)}">${esc(n)}</option>`)].join("");
+  if (select.dataset.names !== names.join("\n")) {
+    select.innerHTML = options;
+    select.dataset.names = names.join("\n");
+    select.value = names.includes(current) ? current : "";
+  }
+}
+
+function render(overview) {
+  latest = overview;
+  $("#read-at").textContent = "read " + overview.read_at.slice(11, 19) + " UTC";
+  renderProjections(overview.projections);
+  renderCaptures(overview.captures);
+  renderEventStore(overview.event_store);
+  $("#dag").innerHTML = dagSvg(overview.dag);
+  fillPicker($("#stream-pick"), overview.captures.flatMap((c) => c.streams));
+  fillPicker($("#view-pick"), overview.projections.filter((p) =>
+    ["delta", "redis"].includes(p.target)).map((p) => p.name));
+}
+
+function connect() {
+  const source = new EventSource("/api/stream");
+  source.addEventListener("overview", (event) => {
+    const data = JSON.parse(event.data);
+    $("#live").textContent = "live";
+    $("#live").className = "pill on";
+    if (data.ok) {
+      $("#banner").hidden = true;
+      render(data.overview);
+    } else {
+      showBanner(data.error);
+    }
+  });
+  source.onerror = () => {
+    $("#live").textContent = "reconnecting…";
+    $("#live").className = "pill off";
+  };
+}
+
+// ------------------------------------------------------------------ history
+
+async function loadHistory() {
+  let data;
+  try {
+    data = await api(`/api/history?minutes=${$("#history-minutes").value}`);
+  } catch (error) {
+    return;
+  }
+  const charts = [];
+  const wanted = [["lag_records", "lag (records)"], ["throughput_per_s", "records/s"],
+                  ["lag_bytes", "lag (bytes)"], ["changes_per_s", "changes/s"],
+                  ["events_per_s", "events/s"]];
+  for (const [subject, metrics] of Object.entries(data.series)) {
+    for (const [metric, label] of wanted) {
+      if (metrics[metric]) {
+        charts.push(`<div class="chart" data-subject="${esc(subject)}"
+          data-metric="${esc(metric)}"><h3>${esc(subject)}: ${esc(label)}</h3>
+          ${lineChart(metrics[metric])}</div>`);
+      }
+    }
+  }
+  $("#charts").innerHTML = charts.join("") || '<p class="muted">no samples yet</p>';
+}
+
+// ------------------------------------------------------------------ look inside
+
+function tableOf(rows) {
+  if (!rows.length) return '<p class="muted">nothing here</p>';
+  const columns = [...new Set(rows.flatMap((r) => Object.keys(r)))];
+  const cell = (v) => esc(typeof v === "object" && v !== null ? JSON.stringify(v) : v ?? "");
+  return `<table class="peek"><thead><tr>${columns.map((c) => `<th>${esc(c)}</th>`).join("")}
+    </tr></thead><tbody>${rows.map((r) => `<tr>${columns.map((c) =>
+      `<td>${cell(r[c])}</td>`).join("")}</tr>`).join("")}</tbody></table>`;
+}
+
+async function peek(kind, subject, before) {
+  const enc = encodeURIComponent;
+  const page = before ? `&before=${enc(before)}` : "";
+  try {
+    if (kind === "stream") {
+      const data = await api(`/api/streams/${enc(subject)}/records?limit=20${page}`);
+      $("#inside").innerHTML = `<p>stream <b>${esc(subject)}</b>, head ${data.head}, schema
+        version ${data.schema_version}; newest first</p>${tableOf(data.records)}` +
+        (data.next_before ? `<button data-action="older" data-kind="stream"
+          data-subject="${esc(subject)}" data-before="${data.next_before}">older</button>` : "");
+    } else {
+      const data = await api(`/api/categories/${enc(subject)}/events?limit=20${page}`);
+      $("#inside").innerHTML = `<p>category <b>${esc(subject)}</b>, head ${data.head};
+        newest first</p>${tableOf(data.events)}` + (data.next_before ? `<button
+          data-action="older" data-kind="category" data-subject="${esc(subject)}"
+          data-before="${data.next_before}">older</button>` : "");
+    }
+  } catch (error) {
+    $("#inside").textContent = error.message;
+  }
+}
+
+async function viewRows() {
+  const name = $("#view-pick").value;
+  if (!name) return;
+  const key = $("#view-key").value.split(",").map((k) =>
+    `key=${encodeURIComponent(k.trim())}`).join("&");
+  try {
+    const data = await api(`/api/views/${encodeURIComponent(name)}/rows?${key}`);
+    $("#inside").innerHTML = `<p>view <b>${esc(name)}</b> generation ${data.generation},
+      key ${esc(data.key_columns.join(", "))} = ${esc(data.key.join(", "))}</p>` +
+      tableOf(data.rows);
+  } catch (error) {
+    $("#inside").textContent = error.message;
+  }
+}
+
+async function loadCategories() {
+  try {
+    fillPicker($("#category-pick"), await api("/api/categories"));
+  } catch (error) { /* the banner says why */ }
+}
+
+async function loadDeadLetters() {
+  let letters;
+  try { letters = await api("/api/dead-letters?limit=100"); } catch (error) { return; }
+  $("#dead-letters tbody").innerHTML = letters.map((d) => `<tr data-letter="${d.id}">
+    <td>${d.id}</td><td>${esc(d.name)}</td><td>${esc(d.stage)}</td><td>${esc(d.source)}</td>
+    <td class="num">${d.position}</td><td class="num">${d.attempts}</td>
+    <td class="status">${esc(d.status)}</td><td>${esc(d.error.slice(0, 100))}</td>
+    <td><button data-action="show-letter" data-id="${d.id}">show</button>${d.status === "open"
+      ? `<button data-action="retry" data-id="${d.id}">retry</button>
+         <button data-action="drop" data-id="${d.id}">drop</button>` : ""}</td></tr>`)
+    .join("") || '<tr><td colspan="9" class="muted">no dead letters</td></tr>';
+}
+
+async function loadAudit() {
+  let rows;
+  try { rows = await api("/api/audit?limit=30"); } catch (error) { return; }
+  $("#audit tbody").innerHTML = rows.map((a) => `<tr><td>${esc(a.at.slice(0, 19))}</td>
+    <td>${esc(a.who)}</td><td>${esc(a.action)}</td><td>${esc(a.subject)}</td>
+    <td>${esc(a.outcome)}</td></tr>`).join("") ||
+    '<tr><td colspan="5" class="muted">nothing done yet</td></tr>';
+}
+
+// ------------------------------------------------------------------ start
+
+$("#operator").value = localStorage.getItem("lakefold-operator") || "";
+$("#operator").addEventListener("change", () =>
+  localStorage.setItem("lakefold-operator", $("#operator").value));
+$("#stream-pick").addEventListener("change", (e) => e.target.value && peek("stream",
+  e.target.value));
+$("#category-pick").addEventListener("change", (e) => e.target.value && peek("category",
+  e.target.value));
+$("#view-go").addEventListener("click", viewRows);
+$("#history-minutes").addEventListener("change", loadHistory);
+connect();
+loadHistory();
+loadCategories();
+loadDeadLetters();
+loadAudit();
+setInterval(loadHistory, 10000);
+setInterval(loadDeadLetters, 3000);
+setInterval(loadCategories, 15000);
+setInterval(loadAudit, 10000);

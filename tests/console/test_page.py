@@ -1,0 +1,174 @@
+"""The console's page in headless Chromium (Debian's, driven by Playwright) against the running
+system: it loads offline, draws the DAG with every registered view, its lag figure moves while
+a workload runs, pausing from the page pauses the projection (the API and `lakefold status`
+agree), a dead letter is retried from the page, and a store that goes down shows a banner
+that goes away when it is back. Screenshots go to test-artifacts/console/."""
+
+from __future__ import annotations
+
+import json
+import secrets
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from playwright.sync_api import Browser, Page, sync_playwright
+
+from lakefold.console import ConsoleConfig
+from lakefold.local import LocalPostgres
+from lakefold.projections import load_projections
+from lakefold.projections.operations import SinkRoots
+from tests.console.conftest import ServedApp, System, wait_until
+
+pytestmark = pytest.mark.timeout(300)
+
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
+                 "--no-first-run", "--disable-background-networking",
+                 "--disable-component-update", "--disable-sync"]
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Browser]:
+    assert Path(CHROMIUM).exists(), "Chromium is missing: `make test` installs it (apt)"
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        yield browser
+        browser.close()
+
+
+@pytest.fixture
+def page(browser: Browser) -> Iterator[Page]:
+    context = browser.new_context(viewport={"width": 1400, "height": 1800})
+    page = context.new_page()
+    page.set_default_timeout(60_000)
+    yield page
+    context.close()
+
+
+def _open(page: Page, url: str) -> list[str]:
+    """Open the console; returns the list that collects every URL the page requests."""
+    requested: list[str] = []
+    errors: list[str] = []
+    page.on("request", lambda request: requested.append(request.url))
+    page.on("pageerror", lambda error: errors.append(str(error)))
+    page.goto(url + "/")
+    page.wait_for_selector("#live.on")
+    assert not errors, errors
+    return requested
+
+
+def _row(page: Page, name: str) -> Any:
+    return page.locator(f'tr[data-projection="{name}"]')
+
+
+def _confirm(page: Page) -> None:
+    page.locator("#confirm-yes").click()
+
+
+def test_the_page_loads_offline_with_the_dag_and_history(system: System, page: Page,
+                                                           artifacts: Path) -> None:
+    requested = _open(page, system.url)
+    views = load_projections(str(system.module)).views
+    assert len(views) == 2
+    for name in views:
+        page.wait_for_selector(f'#dag g.node[data-id="view:{name}"]')
+    nodes = page.locator("#dag g.node")
+    health = {nodes.nth(i).get_attribute("data-id"): nodes.nth(i).get_attribute("data-health")
+              for i in range(nodes.count())}
+    assert health["projection:revenue"] == "warning"  # it holds dead letters
+    assert health["view:city_counts"] == "ok"
+    assert page.locator("#dag path.edge").count() >= 8
+    page.wait_for_selector('.chart[data-subject="projection:customer_cache"] polyline',
+                           state="attached")
+    assert _row(page, "city_counts").locator(".state").inner_text() == "running"
+    page.screenshot(path=str(artifacts / "overview.png"), full_page=True)
+    assert requested and all(url.startswith(system.url) for url in requested), requested
+
+
+def test_pausing_from_the_page_and_the_lag_moving_with_a_workload(system: System, page: Page,
+                                                                   artifacts: Path) -> None:
+    _open(page, system.url)
+    row = _row(page, "customer_cache")
+    row.locator('button[data-action="pause"]').click()
+    assert "pause projection customer_cache?" in page.locator("#confirm-text").inner_text()
+    page.screenshot(path=str(artifacts / "pause-confirmation.png"))
+    _confirm(page)
+    wait_until(lambda: system.projection("customer_cache")["paused"], what="the API's pause")
+    status = json.loads(system.lakefold("status", "--json"))
+    assert {p["name"]: p["paused"] for p in status["projections"]}["customer_cache"] is True
+    row.locator('button[data-action="resume"]').wait_for()
+    lag = row.locator(".lag")
+    assert lag.inner_text() == "0"
+    system.write_customers(40)  # the workload: the capture stores it, the paused cache lags
+    wait_until(lambda: lag.inner_text() not in ("0", ""), what="the lag figure to move")
+    first = lag.inner_text()
+    page.screenshot(path=str(artifacts / "paused-with-lag.png"), full_page=True)
+    row.locator('button[data-action="resume"]').click()
+    _confirm(page)
+    wait_until(lambda: lag.inner_text() == "0", what="the lag figure back to 0 after resume")
+    assert first != "0" and not system.projection("customer_cache")["paused"]
+    page.locator("#audit tbody tr").first.wait_for()
+    assert "resume" in page.locator("#audit tbody tr").first.inner_text()
+
+
+def test_a_dead_letter_is_retried_from_the_page(system: System, page: Page,
+                                                artifacts: Path) -> None:
+    (system.home / "antidote").touch()  # the poison is fixed: a retry folds it in
+    _open(page, system.url)
+    button = page.locator('#dead-letters tr button[data-action="retry"]').first
+    button.wait_for()
+    letter = button.get_attribute("data-id")
+    page.locator(f'#dead-letters tr[data-letter="{letter}"] button[data-action="show-letter"]'
+                 ).click()
+    page.wait_for_selector("#dead-letter:not([hidden])")
+    assert "poison order" in page.locator("#dead-letter").inner_text()
+    button.click()
+    _confirm(page)
+
+    def status() -> str:
+        with system.client() as client:
+            return str(client.get(f"/api/dead-letters/{letter}").json()["status"])
+
+    wait_until(lambda: status() == "resolved", what="the retried dead letter to resolve",
+               timeout=120)
+    status_cell = page.locator(f'#dead-letters tr[data-letter="{letter}"] .status')
+    wait_until(lambda: status_cell.inner_text() == "resolved", what="the page's status")
+    page.screenshot(path=str(artifacts / "dead-letter-retried.png"), full_page=True)
+
+
+def test_a_store_that_goes_down_shows_a_banner_until_it_is_back(page: Page, tmp_path: Path,
+                                                                artifacts: Path) -> None:
+    server = LocalPostgres(tmp_path / "pg", durable=False)
+    server.start()
+    try:
+        config = ConsoleConfig(store_dsn=server.dsn(), roots=SinkRoots.under(tmp_path),
+                               refresh_s=0.3)
+        with ServedApp(config) as console:
+            _open(page, console.url)
+            banner = page.locator("#banner")
+            assert banner.is_hidden()
+            server.stop()
+            banner.wait_for(state="visible")
+            assert "Store unavailable" in banner.inner_text()
+            page.screenshot(path=str(artifacts / "store-down-banner.png"))
+            server.start()
+            banner.wait_for(state="hidden")
+    finally:
+        server.stop()
+
+
+def test_the_page_asks_for_the_token(system: System, page: Page) -> None:
+    token = secrets.token_hex(12)
+    config = ConsoleConfig(store_dsn=system.dsn, roots=SinkRoots.under(system.home),
+                           token=token)
+    with ServedApp(config) as console:
+        page.goto(console.url + "/")
+        page.locator("#token").fill("wrong")
+        page.locator("#login button").click()
+        page.wait_for_selector("#error:has-text('not the token')")
+        page.locator("#token").fill(token)
+        page.locator("#login button").click()
+        page.wait_for_selector("#live.on")
+        assert token not in page.content()
