@@ -40,6 +40,7 @@ from typing import Annotated, Any
 import typer
 
 from lakefold._bench import bench_app
+from lakefold._bench._background import BackgroundRunner
 from lakefold._bench.history import (
     CATEGORY,
     DEFAULT_CUSTOMERS,
@@ -47,7 +48,7 @@ from lakefold._bench.history import (
     StoreDsnOption,
     history_store,
 )
-from lakefold._bench.rebuild import NAME, _Background, _caught_up, _registry
+from lakefold._bench.rebuild import NAME, _caught_up, _registry
 from lakefold._bench.report import BenchmarkError, Report
 from lakefold.local import free_port
 
@@ -101,7 +102,7 @@ def _percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
-def _rebuild_events_per_s(catalog: Any, background: _Background, events: int) -> float:
+def _rebuild_events_per_s(catalog: Any, background: BackgroundRunner, events: int) -> float:
     """Ask for a rebuild of the running projection; events/s from the request to the switch."""
     began = time.perf_counter()
     generation = catalog.begin_rebuild(NAME).generation
@@ -150,7 +151,7 @@ class _ConsoleProcess:
         self.log.close()
 
 
-def _loaded_round(catalog: Any, background: _Background, events: int, dsn: str, home: Path,
+def _loaded_round(catalog: Any, background: BackgroundRunner, events: int, dsn: str, home: Path,
                   clients: int, interval: float, seconds: float
                   ) -> tuple[list[float], int, float]:
     """Start the console and the clients, rebuild while they poll (for at least ``seconds``),
@@ -198,7 +199,7 @@ def run(events: int, customers: int, batch: int, clients: int, interval: float,
             catalog.forget(NAME)
             runner = Runner(spark, _registry(batch), RunnerConfig(store_dsn=dsn, roots=roots,
                                                                   poll_seconds=0.1))
-            background = _Background(runner)
+            background = BackgroundRunner(runner)
             latencies: list[float] = []
             errors = 0
             quiet: list[float] = []

@@ -23,15 +23,14 @@ from __future__ import annotations
 
 import shutil
 import tempfile
-import threading
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 
 from lakefold._bench import bench_app
+from lakefold._bench._background import BackgroundRunner
 from lakefold._bench.history import (
     CATEGORY,
     DEFAULT_CUSTOMERS,
@@ -80,32 +79,6 @@ def _registry(batch: int) -> Any:
     return registry
 
 
-class _Background:
-    """A runner running in a thread until ``close`` (its failure re-raised by ``wait``)."""
-
-    def __init__(self, runner: Any) -> None:
-        self.stop = threading.Event()
-        self.error: BaseException | None = None
-        self.thread = threading.Thread(target=self._run, args=(runner,), daemon=True)
-        self.thread.start()
-
-    def _run(self, runner: Any) -> None:
-        try:
-            runner.run(stop=self.stop)
-        except BaseException as e:
-            self.error = e
-
-    def wait(self, done: Callable[[], bool], what: str) -> None:
-        while not done():
-            if not self.thread.is_alive():
-                raise BenchmarkError(f"the runner stopped before {what}") from self.error
-            time.sleep(0.05)
-
-    def close(self) -> None:
-        self.stop.set()
-        self.thread.join()
-
-
 def _build_and_rebuild(report: Report, spark: Any, dsn: str, scratch: Path, events: int,
                        batch: int) -> str:
     """Generation 1 from nothing, then a rebuild into generation 2; the new table's path."""
@@ -120,7 +93,7 @@ def _build_and_rebuild(report: Report, spark: Any, dsn: str, scratch: Path, even
         runner = Runner(spark, _registry(batch), RunnerConfig(store_dsn=dsn, roots=roots,
                                                               poll_seconds=0.1))
         began = time.perf_counter()
-        background = _Background(runner)
+        background = BackgroundRunner(runner)
         try:
             background.wait(lambda: _caught_up(catalog, events), "generation 1 caught up")
             report.params["initial_build_events_per_s"] = round(

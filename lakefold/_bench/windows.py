@@ -43,7 +43,6 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
-import threading
 import time
 from collections import Counter
 from dataclasses import dataclass
@@ -56,6 +55,7 @@ import typer
 from pydantic import BaseModel
 
 from lakefold._bench import bench_app
+from lakefold._bench._background import BackgroundRunner
 from lakefold._bench.latency import _percentile
 from lakefold._bench.report import BenchmarkError, Report
 from lakefold.schemas import EventRegistry
@@ -193,31 +193,7 @@ def _count_at(table: Any, start: int, device: int) -> int:
     return next((int(r["events"]) for r in rows if str(r["device"]) == f"d{device}"), 0)
 
 
-class _Background:
-    """The runner running in a thread until ``close`` (its failure raised by ``check``)."""
-
-    def __init__(self, runner: Any) -> None:
-        self.stop = threading.Event()
-        self.error: BaseException | None = None
-        self.thread = threading.Thread(target=self._run, args=(runner,), daemon=True)
-        self.thread.start()
-
-    def _run(self, runner: Any) -> None:
-        try:
-            runner.run(stop=self.stop)
-        except BaseException as e:  # re-raised by check
-            self.error = e
-
-    def check(self) -> None:
-        if not self.thread.is_alive():
-            raise BenchmarkError("the runner stopped under the probes") from self.error
-
-    def close(self) -> None:
-        self.stop.set()
-        self.thread.join(timeout=120)
-
-
-def _probe(path: str, store: Any, background: _Background, generated: _Events,
+def _probe(path: str, store: Any, background: BackgroundRunner, generated: _Events,
            probes: int) -> list[float]:
     """Append ``probes`` late-but-within-lateness events one at a time, each to a device
     whose row of the window is in the target already (if it has any); the ms from each
@@ -239,7 +215,7 @@ def _probe(path: str, store: Any, background: _Background, generated: _Events,
         sent = time.perf_counter()
         deadline = sent + 60
         while _count_at(table, start, device) != before + 1:
-            background.check()
+            background.check("under the probes")
             if time.perf_counter() > deadline:
                 raise BenchmarkError(f"probe {n}: its window was not corrected within 60 s")
             time.sleep(POLL_SECONDS)
@@ -270,14 +246,14 @@ def _lakefold(report: Report, spark: Any, dsn: str, scratch: Path, generated: _E
             raise BenchmarkError("the view's Delta target differs from the counts of the "
                                  "generated events that are not late")
         report.results["events_per_s"] = round(shape.events / elapsed)
-        background = _Background(runner)
+        background = BackgroundRunner(runner)
         try:
             with EventStore(dsn) as store:
                 latencies = _probe(path, store, background, generated, shape.probes)
         finally:
-            background.close()
-        if background.error is not None:
-            raise BenchmarkError("the runner failed under the probes") from background.error
+            background.close(timeout=120)
+        if background.failure is not None:
+            raise BenchmarkError("the runner failed under the probes") from background.failure
     finally:
         runner.close()
     report.results["late_correction_p50_ms"] = round(_percentile(latencies, 0.50), 1)
