@@ -29,6 +29,7 @@ if TYPE_CHECKING:  # the real names for type checkers; at run time they load laz
         view,
     )
     from lakefold.projections._deadletters import DeadLetter, DeadLetters
+    from lakefold.projections._lookups import Lookup, lookup
     from lakefold.projections._model import ProjectionOptions, Record, changelog, events
     from lakefold.projections._redis import RedisCacheReader
     from lakefold.projections._run_report import ProjectionReport
@@ -83,6 +84,7 @@ _EXPORTS: dict[str, str] = {
     "RecordFailedError": "exceptions", "StatefulChangelogError": "exceptions",
     "UnknownSourceError": "exceptions",
     "Window": "_windows", "hopping": "_windows", "tumbling": "_windows",
+    "Lookup": "_lookups", "lookup": "_lookups",
 }
 
 __all__ = [
@@ -95,6 +97,7 @@ __all__ = [
     "EventSource",
     "Fold",
     "IncompatibleTargetError",
+    "Lookup",
     "MatchedText",
     "MissingKeyError",
     "NotMaintainableError",
@@ -124,6 +127,7 @@ __all__ = [
     "events",
     "hopping",
     "load_projections",
+    "lookup",
     "projection",
     "redis_cache",
     "search_index",

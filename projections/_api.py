@@ -45,8 +45,8 @@ from lakefold.projections._model import (
 )
 from lakefold.projections._targets import Target
 from lakefold.projections._truncate import check_truncatable
+from lakefold.projections._view_api import Enrichments, View, define_view, view_decorator
 from lakefold.projections._view_api import Input as ViewInputs
-from lakefold.projections._view_api import View, define_view, view_decorator
 from lakefold.projections._view_plan import Query
 from lakefold.projections._windows import Window
 from lakefold.projections.exceptions import (
@@ -283,27 +283,31 @@ def projection(
 def view(name: str, *, inputs: Mapping[str, ViewInputs],
          key: str | list[str] | tuple[str, ...], target: Target, query: Query,
          options: ProjectionOptions | None = None,
-         registry: EventRegistry | None = None, window: Window | None = None) -> View: ...
+         registry: EventRegistry | None = None, window: Window | None = None,
+         enrich: Enrichments | None = None) -> View: ...
 
 
 @overload
 def view(name: str, *, inputs: Mapping[str, ViewInputs],
          key: str | list[str] | tuple[str, ...], target: Target, query: None = None,
          options: ProjectionOptions | None = None,
-         registry: EventRegistry | None = None, window: Window | None = None
-         ) -> Callable[[Callable[..., Any]], View]: ...
+         registry: EventRegistry | None = None, window: Window | None = None,
+         enrich: Enrichments | None = None) -> Callable[[Callable[..., Any]], View]: ...
 
 
 def view(name: str, *, inputs: Mapping[str, ViewInputs],
          key: str | list[str] | tuple[str, ...], target: Target, query: Query | None = None,
          options: ProjectionOptions | None = None, registry: EventRegistry | None = None,
-         window: Window | None = None) -> View | Callable[[Callable[..., Any]], View]:
+         window: Window | None = None, enrich: Enrichments | None = None
+         ) -> View | Callable[[Callable[..., Any]], View]:
     """Register a view: ``query`` is Spark SQL over the inputs' names; without it, ``view``
     decorates a function taking the inputs' DataFrames by name (see ``_view_api``);
-    ``window``: a window over event time (``tumbling``/``hopping``, see ``_windows``)."""
+    ``window``: a window over event time (``tumbling``/``hopping``, see ``_windows``);
+    ``enrich``: event input name → ``lookup(...)``s of tables' rows as of each event's
+    commit (see ``_lookups``)."""
     if query is None:
         define = view_decorator(name, inputs=inputs, key=key, target=target, options=options,
-                                registry=registry, window=window)
+                                registry=registry, window=window, enrich=enrich)
 
         def register(function: Callable[..., Any]) -> View:
             return current_registry().add_view(define(function))
@@ -311,7 +315,7 @@ def view(name: str, *, inputs: Mapping[str, ViewInputs],
         return register
     return current_registry().add_view(define_view(
         name, inputs=inputs, query=query, key=key, target=target, options=options,
-        registry=registry, window=window))
+        registry=registry, window=window, enrich=enrich))
 
 
 class Fold:

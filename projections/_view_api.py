@@ -17,6 +17,8 @@ An input is a captured table (``changelog(...)``), events of the event store (``
 a category, optionally some types; rows keyed by ``position``, see ``_view_events``) or another
 view (its name, or the ``View``). With ``registry=`` (an ``EventRegistry``), event inputs have
 their payload's fields as columns, typed and upcast; without it, ``data`` as JSON text.
+``enrich={"orders": lookup("shop.customers", on="customer_id")}`` adds a captured table's
+row to each event of an event input, as of the event's commit (``_lookups``).
 Checks, each raising a ``ProjectionDefinitionError`` that says what to fix:
 
 - when defined: the names, the inputs' kinds, a key, a target keyed by that key that does not
@@ -30,9 +32,10 @@ Checks, each raising a ``ProjectionDefinitionError`` that says what to fix:
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
+from lakefold.projections._lookups import Lookup
 from lakefold.projections._model import ProjectionOptions, check_name, fingerprint
 from lakefold.projections._targets import Target
 from lakefold.projections._view_events import EventInput
@@ -67,6 +70,8 @@ class ViewInput:
         out: dict[str, Any] = {"table": self.table, "view": self.view}
         if self.events is not None:
             out["events"] = {"category": self.events.category, "types": list(self.events.types)}
+            if self.events.lookups:
+                out["events"]["lookups"] = [lk.describe() for lk in self.events.lookups]
         return out
 
 
@@ -148,15 +153,44 @@ def _key(name: str, key: object) -> tuple[str, ...]:
 
 
 Input = ChangelogSource | EventSource | str | View
+#: ``enrich=``: event input name → its lookups (one or several).
+Enrichments = Mapping[str, Lookup | Sequence[Lookup]]
+
+
+def _enrich(name: str, inputs: dict[str, ViewInput], enrich: object) -> dict[str, ViewInput]:
+    """The inputs with the lookups of ``enrich`` on their event inputs."""
+    if enrich is None:
+        return inputs
+    if not isinstance(enrich, Mapping):
+        raise ProjectionDefinitionError(
+            f"view {name}: enrich= maps event inputs' names to lookup(...)s, e.g. "
+            "enrich={'orders': lookup('shop.customers', on='customer_id')}")
+    out = dict(inputs)
+    for alias, given in enrich.items():
+        source = inputs.get(alias)
+        if source is None or source.events is None:
+            what = "is not an input" if source is None else f"is a {source.label}"
+            raise ProjectionDefinitionError(
+                f"view {name}: enrich names {alias!r}, which {what}; lookups enrich event "
+                "inputs (events(...)); join a table's changes in the query instead")
+        found = (given,) if isinstance(given, Lookup) else tuple(given) \
+            if isinstance(given, Sequence) and not isinstance(given, str) else None
+        if not found or not all(isinstance(lk, Lookup) for lk in found):
+            raise ProjectionDefinitionError(
+                f"view {name}: enrich[{alias!r}]={given!r} is not a lookup(...) or a list of "
+                "them")
+        out[alias] = replace(source, events=replace(source.events, lookups=found))
+    return out
 
 
 def define_view(name: str, *, inputs: Mapping[str, Input],
                 query: Query, key: str | Sequence[str], target: Target,
                 options: ProjectionOptions | None = None,
-                registry: EventRegistry | None = None, window: Window | None = None) -> View:
+                registry: EventRegistry | None = None, window: Window | None = None,
+                enrich: Enrichments | None = None) -> View:
     """A view, checked as far as it can be without the stores and Spark."""
     check_name("view", name)
-    checked_inputs = _inputs(name, inputs)
+    checked_inputs = _enrich(name, _inputs(name, inputs), enrich)
     checked_key = _key(name, key)
     if not isinstance(target, Target):
         raise IncompatibleTargetError(
@@ -213,12 +247,13 @@ def _check_window(name: str, inputs: Mapping[str, ViewInput], key: tuple[str, ..
 def view_decorator(name: str, *, inputs: Mapping[str, Input],
                    key: str | Sequence[str], target: Target,
                    options: ProjectionOptions | None = None,
-                   registry: EventRegistry | None = None, window: Window | None = None
+                   registry: EventRegistry | None = None, window: Window | None = None,
+                   enrich: Enrichments | None = None
                    ) -> Callable[[Callable[..., Any]], View]:
     """``@view(...)`` over a DataFrame function (see the module docstring)."""
     def define(function: Callable[..., Any]) -> View:
         return define_view(name, inputs=inputs, query=function, key=key, target=target,
-                           options=options, registry=registry, window=window)
+                           options=options, registry=registry, window=window, enrich=enrich)
 
     return define
 

@@ -17,6 +17,10 @@ Rows: the event's ``position``, ``event_id``, ``stream_id``, ``stream_version``,
 typed by the registered models of the input's types and upcast to their current version
 (a type lacking a field gives NULL); without one, ``data`` and ``metadata`` as JSON text.
 
+An input with lookups (``_lookups``) has their tables' columns after those, as of each event's
+commit, filled in when the event is fed; such a feed feeds the events committed before a WAL
+position the capture has stored (``EventFeed._commit_gate``).
+
 A deleted stream (its ``$stream.deleted`` record) deletes the rows of its events: a view over
 events equals the same query over the events a read of the store returns.
 """
@@ -24,6 +28,7 @@ events equals the same query over the events a read of the store returns.
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Final
@@ -37,6 +42,7 @@ from lakefold.capture.store._derived_streams import DerivedStream, column_for
 from lakefold.capture.store._stream_schema import StreamSchema
 from lakefold.capture.store._stream_state import StreamState
 from lakefold.capture.store.exceptions import CaptureValueError
+from lakefold.eventstore._commit_markers import wal_insert_lsn
 from lakefold.eventstore.arrow import EVENTS_ARROW_SCHEMA, head_position, read_events_range
 from lakefold.projections._deadletters import (
     NewDeadLetter,
@@ -44,6 +50,7 @@ from lakefold.projections._deadletters import (
     install_dead_letters,
 )
 from lakefold.projections._late_events import install_late_events, pending_replays, record_late
+from lakefold.projections._lookups import CommitOrder, Enricher, Lookup, enrichment_fields
 from lakefold.projections._windows import (
     TIME_TYPE,
     WINDOW_END,
@@ -71,6 +78,10 @@ _DDL: Final = [
     # event replay it folded in (``_late_events``); added after the first release.
     """ALTER TABLE lakefold.event_feeds ADD COLUMN IF NOT EXISTS max_event_time bigint,
         ADD COLUMN IF NOT EXISTS replayed_through bigint NOT NULL DEFAULT 0""",
+    # The WAL position and store head a feed with lookups as of commit marked (see
+    # ``EventFeed._commit_gate``); added after the first release.
+    """ALTER TABLE lakefold.event_feeds ADD COLUMN IF NOT EXISTS mark_lsn bigint,
+        ADD COLUMN IF NOT EXISTS mark_head bigint""",
 ]
 
 
@@ -80,6 +91,8 @@ class EventInput:
 
     category: str | None
     types: tuple[str, ...]
+    #: Tables' rows added to each event as of its commit (``_lookups``).
+    lookups: tuple[Lookup, ...] = ()
 
     @property
     def label(self) -> str:
@@ -105,7 +118,8 @@ def payload_decoder(view: str, alias: str, source: EventInput,
 
 
 def event_schema(view: str, alias: str, decoder: PayloadDecoder | None,
-                 window: Window | None = None) -> pa.Schema:
+                 window: Window | None = None,
+                 enrichment: Sequence[pa.Field] = ()) -> pa.Schema:
     """The columns of an event input's rows (see the module docstring), with the window
     columns when ``window`` is over this input; a payload field named like an event column,
     or of a type a view cannot hold, and a window over a column that is not a time, are
@@ -128,7 +142,7 @@ def event_schema(view: str, alias: str, decoder: PayloadDecoder | None,
                     f"view {view}: input {alias}: payload field {e}; declare it as a "
                     "scalar, or read the input without registry= (data as JSON text)") from e
             fields.append(field)
-    schema = pa.schema([pa.field(f.name, f.type) for f in fields])
+    schema = pa.schema([pa.field(f.name, f.type) for f in fields] + list(enrichment))
     return schema if window is None else windowed_schema(view, alias, schema, window)
 
 
@@ -178,10 +192,18 @@ class EventFeed:
         self.decoder = payload_decoder(view, alias, source, registry)
         #: The window over this input's events (None: not windowed, one row per event).
         self.window = window
-        #: An event's columns; ``schema``: a feed row's (with the window's, if windowed).
+        #: An event's columns (with its lookups'); ``schema``: a feed row's (with the
+        #: window's, if windowed).
         self.event_schema = event_schema(view, alias, self.decoder)
-        self.schema = event_schema(view, alias, self.decoder, window)
+        fields = enrichment_fields(store_dsn, view, alias, source.lookups,
+                                   self.event_schema) if source.lookups else []
+        self.enricher = Enricher(view, alias, source.lookups, fields) if fields else None
+        extra = [f for group in fields for f in group]
+        self.event_schema = event_schema(view, alias, self.decoder, enrichment=extra)
+        self.schema = event_schema(view, alias, self.decoder, window, extra)
         self._stream_schema: StreamSchema | None = None
+        #: This batch's commit order of the events it feeds (lookups as of commit).
+        self._order: CommitOrder | None = None
 
     def create(self, conn: psycopg.Connection[Any]) -> None:
         """Create the feed's stream and progress (idempotent)."""
@@ -193,6 +215,8 @@ class EventFeed:
             if self.window is not None:
                 install_late_events(conn)
                 install_dead_letters(conn)
+        if self.enricher is not None:
+            self.enricher.create(conn)
         keys = ["position"] if self.window is None else ["position", WINDOW_START]
         self._stream_schema = self.stream.create(conn, self.schema, keys)
 
@@ -214,10 +238,13 @@ class EventFeed:
         view's state of this feed (to find the rows of a deleted stream). A windowed feed
         also folds in the late events replayed since its last batch."""
         assert self._stream_schema is not None  # noqa: S101 - create() runs first
-        start, max_time, replayed = conn.execute(
-            "SELECT next_position, max_event_time, replayed_through FROM lakefold.event_feeds "
-            "WHERE stream = %s FOR UPDATE", (self.name,)).fetchone()  # type: ignore[misc]
+        start, max_time, replayed, mark_lsn, mark_head = conn.execute(
+            "SELECT next_position, max_event_time, replayed_through, mark_lsn, mark_head "
+            "FROM lakefold.event_feeds WHERE stream = %s FOR UPDATE",
+            (self.name,)).fetchone()  # type: ignore[misc]
         end = max(int(start), head + 1)
+        if self.enricher is not None and self.enricher.by_commit:
+            end = self._commit_gate(conn, int(start), head, mark_lsn, mark_head)
         # Final below the head, so read on a connection of its own (sealed segments, binary
         # COPY): a stream deleted meanwhile shows as its deletion record in a later batch.
         events = pa.Table.from_batches(list(read_events_range(
@@ -230,6 +257,26 @@ class EventFeed:
                      "WHERE stream = %s", (end, batch.max_event_time, self.name))
         return batch
 
+    def _commit_gate(self, conn: psycopg.Connection[Any], start: int, head: int,
+                     mark_lsn: int | None, mark_head: int | None) -> int:
+        """The end of the events to feed when lookups are as of commit: every event whose
+        commit marker the captures stored, up to the first without one. Events without a
+        marker are fed once the captures stored a WAL position marked after them at an
+        earlier batch (recorded before the markers existed; a new mark then). Sets
+        ``self._order``, the fed events' commit LSNs. See ``_lookups``."""
+        assert self.enricher is not None  # noqa: S101 - only with lookups
+        order = self.enricher.commit_order(conn, start, head + 1)
+        if mark_lsn is not None and mark_head is not None and \
+                self.enricher.flushed(conn) >= mark_lsn:
+            order = order.settle(int(mark_head) + 1)
+            mark_lsn = None
+        unknown = order.first_unknown()
+        if unknown is not None and mark_lsn is None:
+            conn.execute("UPDATE lakefold.event_feeds SET mark_lsn = %s, mark_head = %s "
+                         "WHERE stream = %s", (wal_insert_lsn(conn), head, self.name))
+        self._order = order
+        return max(start, head + 1 if unknown is None else unknown)
+
     def _append(self, conn: psycopg.Connection[Any], state: StreamState,
                 events: pa.Table, max_time: int | None) -> FeedBatch:
         if events.num_rows == 0:
@@ -240,7 +287,7 @@ class EventFeed:
         if deletes.num_rows:  # events of a deleted stream read in this very range
             gone = pc.is_in(events.column("stream_id"), deletes.column("stream_id").unique())
             events = events.filter(pc.invert(gone))
-        rows = self._rows(events)
+        rows = self._rows(conn, events, self._order)
         windows: frozenset[int] = frozenset()
         if self.window is not None:
             rows, windows, max_time = self._windowed(conn, rows, max_time)
@@ -319,7 +366,7 @@ class EventFeed:
             types=self.source.types or None)), schema=EVENTS_ARROW_SCHEMA)
             for p in sorted(wanted)]
         events = pa.concat_tables(parts)
-        rows = self._rows(events)
+        rows = self._rows(conn, events)
         positions = rows.column("position").to_pylist()
         take = [i for i, p in enumerate(positions) for _ in wanted[p]]
         starts = [s for p in positions for s in wanted[p]]
@@ -333,17 +380,27 @@ class EventFeed:
         return FeedBatch(batch.appended + appended, batch.windows | frozenset(starts),
                          batch.max_event_time)
 
-    def _rows(self, events: pa.Table) -> pa.Table:
-        """The feed's rows of ``events`` (see the module docstring)."""
+    def _rows(self, conn: psycopg.Connection[Any], events: pa.Table,
+              order: CommitOrder | None = None) -> pa.Table:
+        """The feed's rows of ``events`` (see the module docstring), enriched by the
+        input's lookups as of ``order`` (None: the events' commit LSNs as stored now, or 0;
+        for late events replayed, fed before)."""
         base = events.select(list(EVENT_COLUMNS))
         if self.decoder is None:
-            return base.append_column("data", events.column("data")) \
-                .append_column("metadata", events.column("metadata")).cast(self.event_schema)
-        payload = self.decoder.decode(events.column("type").combine_chunks(),
-                                      events.column("schema_version").combine_chunks(),
-                                      events.column("data").combine_chunks())
-        for index, field in enumerate(self.decoder.schema):
-            base = base.append_column(field.name, payload.field(index))
+            base = base.append_column("data", events.column("data")) \
+                .append_column("metadata", events.column("metadata"))
+        else:
+            payload = self.decoder.decode(events.column("type").combine_chunks(),
+                                          events.column("schema_version").combine_chunks(),
+                                          events.column("data").combine_chunks())
+            for index, field in enumerate(self.decoder.schema):
+                base = base.append_column(field.name, payload.field(index))
+        if self.enricher is not None:
+            if order is None and self.enricher.by_commit and base.num_rows:
+                positions = base.column("position")
+                order = self.enricher.commit_order(conn, int(pc.min(positions).as_py()),
+                                                   int(pc.max(positions).as_py()) + 1)
+            base = self.enricher.enrich(conn, base, order)
         return base.cast(self.event_schema)
 
     def _deleted_rows(self, conn: psycopg.Connection[Any], state: StreamState,

@@ -79,7 +79,11 @@ class ViewRun:
         #: Input name → the stream it reads (a table's, a generation of another view's, or
         #: this generation's feed of events).
         self.inputs = dict(self.maintainer.inputs)
-        self.maintainer.install(checked.output)
+        try:
+            self.maintainer.install(checked.output)
+        except BaseException:
+            self.maintainer.close()
+            raise
         target = view.target.open(
             generation.location(view.target.kind),
             TargetContext(view.name, self.generation, redis_url=redis_url,
@@ -88,6 +92,10 @@ class ViewRun:
                                        reader=f"{self.maintainer.owner}:target")
         self.progress = ViewProgress()
         self._lock: psycopg.Connection[Any] | None = None
+
+    def upstream_inputs(self) -> dict[str, str]:
+        """The streams this generation reads that others write (not its own event feeds)."""
+        return {k: v for k, v in self.inputs.items() if k not in self.maintainer.feeds}
 
     def publish(self) -> None:
         """Point the target's readers at this generation (Redis readers follow a pointer)."""
@@ -298,7 +306,8 @@ class ViewRunner:
                 self.building.pop(name).retire()
             return None
         inputs = self._inputs(name, new=True)
-        if run is not None and run.generation == building.generation and run.inputs == inputs:
+        if run is not None and run.generation == building.generation and \
+                run.upstream_inputs() == inputs:
             return run
         if run is not None:
             self.building.pop(name).retire()

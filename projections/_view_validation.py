@@ -17,6 +17,7 @@ import pyarrow as pa
 from lakefold.capture.store._arrow_columns import arrow_type
 from lakefold.capture.store._derived_streams import column_for
 from lakefold.capture.store.exceptions import CaptureValueError, UnknownStreamError
+from lakefold.projections._lookups import enrichment_fields
 from lakefold.projections._view_api import View, check_views
 from lakefold.projections._view_events import event_schema, payload_decoder
 from lakefold.projections._view_maintainer import describe_inputs, drift_message, input_schema
@@ -82,7 +83,10 @@ def plan_views(spark: SparkSession, views: Mapping[str, View], store_dsn: str,
             if source.events is not None:
                 decoder = payload_decoder(name, alias, source.events, view.registry)
                 window = view.window if view.window and view.window.input == alias else None
-                schemas[alias] = streamed(event_schema(name, alias, decoder, window))
+                fields = enrichment_fields(store_dsn, name, alias, source.events.lookups,
+                                           event_schema(name, alias, decoder))
+                schemas[alias] = streamed(event_schema(
+                    name, alias, decoder, window, [f for group in fields for f in group]))
             elif source.table is not None:
                 try:
                     schemas[alias] = input_schema(store_dsn, source.table)

@@ -86,8 +86,8 @@ class DecoderHooks(Protocol):
     def unchanged_update(self, d: Decoder, rel: Any, subxid: int, old_key: bytes | None,
                          key: bytes, before: bytes | None, after: bytes) -> None: ...
 
-    def stream_committed(self, d: Decoder, txn: Any, *, aborted: set[int], skip: int,
-                         bases: dict[int, int]) -> None: ...
+    def stream_committed(self, d: Decoder, txn: Any, *, commit_lsn: int, aborted: set[int],
+                         skip: int, bases: dict[int, int]) -> None: ...
 
     def stream_dropped(self, xid: int) -> None: ...
 
@@ -369,7 +369,8 @@ class Decoder:
             batch.commits.append(StreamedCommit(
                 txn.xid, message.commit_lsn, message.commit_ts, tuple(sorted(aborted)),
                 skip, tuple(bases)))
-            self._ext.stream_committed(self, txn, aborted=aborted, skip=skip, bases=dict(bases))
+            self._ext.stream_committed(self, txn, commit_lsn=message.commit_lsn,
+                                       aborted=aborted, skip=skip, bases=dict(bases))
             batch.records += sum(counts.values())
             self._checkpoint = Checkpoint(message.commit_lsn, ordinal, True, self._flush_lsn)
         self.last_commit_lsn = message.commit_lsn

@@ -28,6 +28,12 @@ Publication changes (prefix ``lakefold.publication``, transactional)
     (logged as a warning); one that rejoined within one transaction without changes needs
     nothing.
 
+Event commit markers (prefix ``lakefold.event_commit``, transactional)
+    Written by every event store append once markers are installed
+    (``eventstore._commit_markers``): the appending transaction's id, stored with its commit
+    LSN in ``lakefold.event_commits`` (for a streamed transaction, when it commits), so views
+    can place each event in the database's commit order next to the captured tables.
+
 Records of a chunk use ``commit_lsn`` = the message's LSN minus one (pgoutput reports the end
 of the message's WAL record, which can equal the next commit's LSN) and ordinals 1..n, so a
 restarted capture de-duplicates them like any transaction (``Checkpoint.covers``).
@@ -55,6 +61,7 @@ from lakefold.capture.decoding._toast_fill import FillItem, ToastFill, fill_from
 from lakefold.capture.exceptions import DecodingError
 from lakefold.capture.store import _capture_state
 from lakefold.capture.store._changelog_writer import NULL_FIELD, Batch, Checkpoint
+from lakefold.eventstore._commit_markers import COMMIT_MARKER_PREFIX
 
 log = logging.getLogger(__name__)
 
@@ -148,6 +155,15 @@ class _StoreHeartbeats:
 
 
 @dataclass
+class _StoreEventCommits:
+    slot: str
+    commits: list[tuple[int, int]] = field(default_factory=list)
+
+    def __call__(self, cur: psycopg.Cursor[Any]) -> None:
+        _capture_state.store_event_commits(cur, self.slot, self.commits)
+
+
+@dataclass
 class _PlanResnapshot:
     """Record an incremental snapshot run of tables that joined the publication (relid ->
     (relid, schema, table, stream)) and wake the capture's side thread."""
@@ -191,6 +207,7 @@ class DecoderExtension:
         self.stream_prefix = stream_prefix
         self._streamed_fills: dict[int, list[_StagedFill]] = {}
         self._streamed_joins: dict[int, dict[int, tuple[int, str, str, str]]] = {}
+        self._streamed_markers: dict[int, set[int]] = {}
         self.snapshot_rows = 0
 
     # messages
@@ -200,6 +217,9 @@ class DecoderExtension:
         if message.transactional:
             if message.prefix == _publishable.MESSAGE_PREFIX:
                 self._publication(decoder, message)
+                return True
+            if message.prefix == COMMIT_MARKER_PREFIX:
+                self._event_commit(decoder, message)
                 return True
             return False
         if message.prefix == SNAPSHOT_PREFIX:
@@ -281,6 +301,18 @@ class DecoderExtension:
         else:  # planned when (and if) the streamed transaction commits
             self._streamed_joins.setdefault(d._stream_xid, {}).update(joined)
 
+    def _event_commit(self, d: Decoder, message: pgo.Message) -> None:
+        try:
+            xid = int(message.content)
+        except ValueError:
+            return  # somebody else's message under our prefix
+        if d._stream_xid is None:
+            _action(d._batch, _StoreEventCommits, self.slot).commits.append(
+                (xid, d._final_lsn))
+            d._dirty = True
+        else:  # recorded when (and if) the streamed transaction commits
+            self._streamed_markers.setdefault(d._stream_xid, set()).add(xid)
+
     def _heartbeat(self, d: Decoder, message: pgo.Message) -> None:
         try:
             doc = json.loads(message.content)
@@ -326,10 +358,14 @@ class DecoderExtension:
         self._streamed_fills.setdefault(txn.xid, []).append(_StagedFill(
             txn.seq, stream_id, txn.stream_counts[stream_id], source, tuple(indexes), columns))
 
-    def stream_committed(self, d: Decoder, txn: Any, *, aborted: set[int], skip: int,
-                         bases: dict[int, int]) -> None:
+    def stream_committed(self, d: Decoder, txn: Any, *, commit_lsn: int, aborted: set[int],
+                         skip: int, bases: dict[int, int]) -> None:
         """A streamed transaction committed: its staged fills get their final positions
         (numbered as ``ChangelogWriter._move_streamed`` numbers the moved rows)."""
+        markers = self._streamed_markers.pop(txn.xid, None)
+        if markers:
+            _action(d._batch, _StoreEventCommits, self.slot).commits.extend(
+                (xid, commit_lsn) for xid in sorted(markers))
         joined = self._streamed_joins.pop(txn.xid, None)
         if joined:
             _action(d._batch, _PlanResnapshot, self.slot).tables.update(joined)
@@ -363,6 +399,7 @@ class DecoderExtension:
         """A streamed transaction aborted, or was stored by an earlier run."""
         self._streamed_fills.pop(xid, None)
         self._streamed_joins.pop(xid, None)
+        self._streamed_markers.pop(xid, None)
 
 
 def chunk_time(at: int) -> datetime:

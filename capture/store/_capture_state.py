@@ -321,3 +321,28 @@ def latest_heartbeat(conn: psycopg.Connection[Any], slot: str,
         "AND stored_at IS NOT NULL AND (%s::bigint IS NULL OR lsn <= %s) "
         "ORDER BY lsn DESC LIMIT 1", (slot, at_or_before, at_or_before)).fetchone()
     return None if row is None else (int(row[0]), row[1])
+
+
+def store_event_commits(cur: psycopg.Cursor[Any], slot: str,
+                        commits: list[tuple[int, int]]) -> None:
+    """Record the commit LSN of event store appends (xid, commit LSN) the capture decoded
+    and is storing in this transaction (a transaction stored before is recorded once)."""
+    cur.executemany(
+        "INSERT INTO lakefold.event_commits (xid, slot_name, commit_lsn) VALUES (%s, %s, %s) "
+        "ON CONFLICT DO NOTHING", [(xid, slot, lsn) for xid, lsn in commits])
+
+
+def event_commit_lsns(conn: psycopg.Connection[Any], slot: str, xids: list[int]
+                      ) -> dict[int, int]:
+    """The commit LSN of each of ``xids`` whose marker ``slot`` has stored."""
+    return {int(x): int(lsn) for x, lsn in conn.execute(
+        "SELECT xid, commit_lsn FROM lakefold.event_commits WHERE slot_name = %s "
+        "AND xid = ANY(%s)", (slot, xids)).fetchall()}
+
+
+def slot_flushed(conn: psycopg.Connection[Any], slot: str) -> tuple[int, str, str] | None:
+    """(flush LSN, source system id, source database) of ``slot``: everything the source
+    committed before the flush LSN is stored (None: no such slot)."""
+    row = conn.execute("SELECT flush_lsn, source_system_id, source_database FROM "
+                       "lakefold.capture_slots WHERE slot_name = %s", (slot,)).fetchone()
+    return None if row is None else (int(row[0]), str(row[1]), str(row[2]))

@@ -24,6 +24,8 @@
                         value; the capture reads them again, in-band (``_reread``).
 ``capture_messages``    logical decoding messages (``pg_logical_emit_message``) captured
                         when the capture is configured to keep them.
+``event_commits``       the commit LSN of each event store append a slot decoded (its commit
+                        marker, see ``eventstore._commit_markers``).
 ``capture_slot_intents`` slots being created: the store's intent, recorded before the slot
                         exists, so a crash in between is recognised (``_slot_intent``).
 ``capture_owners``      the live capture of each slot and take-over requests (``_slot_ownership``).
@@ -206,6 +208,14 @@ CREATE TABLE IF NOT EXISTS lakefold.capture_messages (
     prefix text NOT NULL,
     content bytea NOT NULL,
     PRIMARY KEY (slot_name, lsn, ordinal)
+);
+-- Commit markers of event store appends decoded by a slot (eventstore._commit_markers): the
+-- commit LSN of each appending transaction, on the scale of the changelog's commit_lsn.
+CREATE TABLE IF NOT EXISTS lakefold.event_commits (
+    xid bigint NOT NULL,
+    slot_name text NOT NULL,
+    commit_lsn bigint NOT NULL,
+    PRIMARY KEY (xid, slot_name)
 );
 -- A slot being created (_slot_intent): recorded before CREATE_REPLICATION_SLOT, removed in the
 -- transaction that registers the slot in capture_slots; wal_lsn is the source's WAL insert

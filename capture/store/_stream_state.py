@@ -97,6 +97,32 @@ def install_states(conn: psycopg.Connection[Any]) -> None:
             conn.execute(statement)
 
 
+def stage_records(conn: psycopg.Connection[Any], meta: StreamMeta, start: int,
+                  end: int) -> sql.Identifier:
+    """The records of ``[start, end)`` (rows and snapshot segments) in a temporary table
+    (returned; dropped at commit) shaped like ``lakefold.changelog``; a delete's values are
+    its before-image."""
+    staged = sql.Identifier(_STAGED)
+    conn.execute(sql.SQL("CREATE TEMP TABLE {} ON COMMIT DROP AS SELECT * FROM "
+                         "lakefold.changelog WHERE false").format(staged))
+    conn.execute(sql.SQL(
+        "INSERT INTO {} SELECT * FROM lakefold.changelog WHERE stream_id = %s "
+        "AND position >= %s AND position < %s").format(staged),
+        (meta.info.stream_id, start, end))
+    for segment, texts in _snapshot_segments.read_range(conn, meta.info.stream_id, start,
+                                                         end, None):
+        data = _snapshot_segments.binary_copy(
+            segment, texts,
+            _snapshot_segments.key_indexes(conn, meta.info.stream_id, segment.schema_version))
+        with conn.cursor() as cur, cur.copy(sql.SQL(
+                "COPY {} (position, ordinal, commit_lsn, xid, commit_ts, stream_id, "
+                "schema_version, op, key, before, after) FROM STDIN (FORMAT BINARY)")
+                .format(staged)) as copy:
+            copy.write(data)
+    conn.execute(sql.SQL("UPDATE {} SET after = before WHERE op = 'd'").format(staged))
+    return staged
+
+
 def state_table_name(owner: str, stream: str) -> str:
     """The state's table in ``lakefold_state``: a digest, so any owner and stream fit
     PostgreSQL's 63-byte names."""
@@ -171,7 +197,7 @@ class StreamState:
                 empty = self._raw(conn, meta, sql.SQL("SELECT * FROM {} WHERE false")
                                   .format(self.table))
                 return StateChanges(empty, empty, False, start, max(start, end))
-            self._stage(conn, meta, start, end)
+            stage_records(conn, meta, start, end)
             top = conn.execute(sql.SQL("SELECT max(position) FROM {} WHERE op = 't'")
                                .format(sql.Identifier(_STAGED))).fetchone()
             truncate_at = top[0] if top is not None else None
@@ -203,30 +229,6 @@ class StreamState:
             conn.execute("UPDATE lakefold.stream_states SET position = %s "
                          "WHERE owner = %s AND stream = %s", (end, self.owner, self.stream))
         return StateChanges(before, after, truncated, start, end)
-
-    def _stage(self, conn: psycopg.Connection[Any], meta: StreamMeta, start: int,
-               end: int) -> None:
-        """The records of ``[start, end)`` (rows and snapshot segments) in a temporary
-        table shaped like ``lakefold.changelog``; a delete's values are its before-image."""
-        staged = sql.Identifier(_STAGED)
-        conn.execute(sql.SQL("CREATE TEMP TABLE {} ON COMMIT DROP AS SELECT * FROM "
-                             "lakefold.changelog WHERE false").format(staged))
-        conn.execute(sql.SQL(
-            "INSERT INTO {} SELECT * FROM lakefold.changelog WHERE stream_id = %s "
-            "AND position >= %s AND position < %s").format(staged),
-            (meta.info.stream_id, start, end))
-        for segment, texts in _snapshot_segments.read_range(conn, meta.info.stream_id, start,
-                                                             end, None):
-            data = _snapshot_segments.binary_copy(
-                segment, texts,
-                _snapshot_segments.key_indexes(conn, meta.info.stream_id,
-                                               segment.schema_version))
-            with conn.cursor() as cur, cur.copy(sql.SQL(
-                    "COPY {} (position, ordinal, commit_lsn, xid, commit_ts, stream_id, "
-                    "schema_version, op, key, before, after) FROM STDIN (FORMAT BINARY)")
-                    .format(staged)) as copy:
-                copy.write(data)
-        conn.execute(sql.SQL("UPDATE {} SET after = before WHERE op = 'd'").format(staged))
 
     # ------------------------------------------------------------------ reading
 

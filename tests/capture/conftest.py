@@ -94,21 +94,6 @@ def stored_records(dsn: str) -> int:
     return int(row[0])
 
 
-@pytest.fixture
-def store_db(postgres_server, pg: TestDatabase):
-    """A second fresh database on the same server, used as a separate store."""
-    import uuid
-
-    from tests.fixtures.postgres import drop_database
-
-    name = f"s_{uuid.uuid4().hex[:12]}"
-    execute(postgres_server.admin_dsn, sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
-    try:
-        yield TestDatabase(name=name, dsn=postgres_server.dsn_for(name), server=postgres_server)
-    finally:
-        drop_database(postgres_server, name)
-
-
 def _unfinished_runs(config: CaptureConfig) -> bool:
     from lakefold.capture.store import _capture_state
 
