@@ -14,6 +14,7 @@ import psycopg
 from psycopg.rows import TupleRow
 from pydantic import BaseModel
 
+from lakefold.eventstore._commit_markers import install_commit_markers
 from lakefold.eventstore._memory import InMemoryRecorder
 from lakefold.eventstore._model import (
     ANY,
@@ -174,6 +175,17 @@ class EventStore:
     def install(self) -> None:
         """Create schema ``lakefold``'s event store tables and functions (idempotent)."""
         self.recorder.install()
+
+    def record_commit_order(self) -> None:
+        """Make every later append write a commit marker, so that a capture of this database
+        learns each append's commit LSN (views' ``lookup`` as of commit; see
+        ``_commit_markers``). Idempotent; the first view with such a lookup does it too, but
+        events appended before then have no commit LSN."""
+        recorder = self.recorder
+        if not isinstance(recorder, PostgresRecorder):
+            raise EventStoreTerminalError("commit markers need the PostgreSQL event store")
+        with recorder.connection() as conn:
+            install_commit_markers(conn)
 
     def close(self) -> None:
         """Release connections and the background sequencer."""

@@ -21,6 +21,12 @@ Run them with ``lakefold run --projections lakefold/_demo_projections.py`` (or t
   join kept equal to the same SQL on the source whatever changes on either side.
 - ``revenue_by_city`` (a view over ``order_lines``): orders, revenue, average, smallest,
   largest and distinct customers per city; a customer who moves takes their orders along.
+- ``orders_per_minute`` (a view over the application's ``OrderPlaced`` events, see
+  ``lakefold._demo_events``): orders and amount per 1-minute tumbling window of event time,
+  2 minutes of allowed lateness; a late event corrects its window.
+- ``orders_with_city`` (a view over the same events): each order event with its customer's
+  city as of the event's commit (``lookup``): a customer who moves later keeps their earlier
+  orders' city, and a rebuild gives the same rows.
 """
 
 from __future__ import annotations
@@ -28,15 +34,19 @@ from __future__ import annotations
 from decimal import Decimal
 from typing import Any
 
+from lakefold._demo_events import ORDER_PLACED, event_types
 from lakefold.projections import (
     Fold,
     ProjectionOptions,
     Record,
     changelog,
     delta_table,
+    events,
+    lookup,
     projection,
     redis_cache,
     search_index,
+    tumbling,
     view,
 )
 
@@ -119,3 +129,19 @@ revenue_by_city = view(
                     avg(amount) AS average, min(amount) AS smallest, max(amount) AS largest,
                     count(DISTINCT customer_id) AS customers
              FROM lines GROUP BY city""")
+
+# Event time: the application's order events (``lakefold._demo_events``).
+PLACED = {"placed": events("order", types=[ORDER_PLACED])}
+
+orders_per_minute = view(
+    "orders_per_minute", inputs=PLACED, key=["window_start"],
+    target=delta_table("upsert", keys=["window_start"]), registry=event_types(),
+    window=tumbling("placed.occurred_at", "1 minute", lateness="2 minutes"),
+    query="""SELECT window_start, window_end, count(*) AS orders, sum(amount) AS amount
+             FROM placed GROUP BY window_start, window_end""")
+
+orders_with_city = view(
+    "orders_with_city", inputs=PLACED, key=["position"],
+    target=delta_table("upsert", keys=["position"]), registry=event_types(),
+    enrich={"placed": lookup("shop.customers", on="customer_id", columns=["city"])},
+    query="SELECT position, order_id, customer_id, city FROM placed")

@@ -13,6 +13,7 @@ view with the same data computed by SQL on the source.
 
 from __future__ import annotations
 
+import datetime as dt
 import shutil
 import time
 from collections.abc import Callable
@@ -27,6 +28,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from lakefold import _shop
+from lakefold._demo_events import ORDERS_PER_MINUTE_SQL, OrderEvents
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -36,6 +38,8 @@ if TYPE_CHECKING:
 
 REVENUE = "revenue_per_customer"
 REBUILT = "customer_cache"
+WINDOWED = "orders_per_minute"
+ENRICHED = "orders_with_city"
 REDIS_NAMESPACE = "lakefold-demo"
 _REVENUE_SQL = "SELECT customer_id, name, orders, revenue FROM revenue_per_customer"
 
@@ -60,7 +64,8 @@ class _Readers:
 
 
 def show_views(spark: SparkSession, dsn: str, *, home: Path, lake: Path, redis_url: str,
-               capture: Callable[[], None], console: Console) -> ViewsResult:
+               capture: Callable[[], None], console: Console,
+               events: OrderEvents) -> ViewsResult:
     """Run, show, change, rebuild and check the demo views; see the module docstring.
     ``capture`` brings the changelog up to the source. ``home`` and ``lake`` are emptied
     first, and the Redis namespace dropped, so a rerun starts clean."""
@@ -98,14 +103,19 @@ def show_views(spark: SparkSession, dsn: str, *, home: Path, lake: Path, redis_u
         _print_views(readers, console)
         _live_change(readers, console, capture=capture,
                      catch_up=lambda: _run_all(spark, registry, config))
+        _event_time(readers, console, events, capture=capture,
+                    catch_up=lambda: _run_all(spark, registry, config))
         before = catalog.current(REBUILT).generation
-        with console.status(f"rebuilding {REBUILT}: replaying its history into generation "
-                            f"{before + 1}, then switching"):
+        enriched = _table(catalog, ENRICHED, "position")
+        with console.status(f"rebuilding {REBUILT} and {ENRICHED}: replaying their history "
+                            f"into new generations, then switching"):
             began = time.monotonic()
-            # only the rebuilt projection runs now (its live and new generations): the
-            # other views are up to date, and restarting their queries would only slow it
-            with Runner(spark, registry, replace(config, only=(REBUILT,))) as rebuilder:
+            # only the rebuilt views run now (their live and new generations): the others
+            # are up to date, and restarting their queries would only slow it
+            with Runner(spark, registry, replace(config, only=(REBUILT, ENRICHED))) \
+                    as rebuilder:
                 building = rebuilder.request_rebuild(REBUILT)
+                rebuilder.request_rebuild(ENRICHED)
                 rebuilder.run(until_caught_up=True, timeout=300)
         after = catalog.current(REBUILT)
         result.generations = (before, after.generation)
@@ -118,7 +128,14 @@ def show_views(spark: SparkSession, dsn: str, *, home: Path, lake: Path, redis_u
                       f"{after.generation})")
         result.revenue_rows = _revenue(readers)
         result.revenue_path = catalog.current(REVENUE).location("delta")
-        result.matches = _check(readers, result.revenue_rows)
+        result.matches = _check(readers, result.revenue_rows) | _event_checks(readers, events)
+        result.matches[f"{ENRICHED} rebuilt"] = \
+            catalog.current(ENRICHED).generation > 1 and \
+            _table(catalog, ENRICHED, "position") == enriched
+        console.print(f"rebuilt [bold]{ENRICHED}[/] (generation "
+                      f"{catalog.current(ENRICHED).generation}): the same {len(enriched)} rows, "
+                      "each order with its customer's city as of the order, although customers "
+                      "moved since")
     _print_checks(console, result)
     return result
 
@@ -293,4 +310,67 @@ def _view_checks(readers: _Readers) -> dict[str, bool]:
 def _print_checks(console: Console, result: ViewsResult) -> None:
     for view, ok in result.matches.items():
         verdict = "[green]equals[/]" if ok else "[red]DIFFERS FROM[/]"
-        console.print(f"{view} {verdict} the same data computed by SQL on the source")
+        other = "its live generation's rows" if view.endswith(" rebuilt") else \
+            "the same data computed by SQL on the source"
+        console.print(f"{view} {verdict} {other}")
+
+
+def _table(catalog: Catalog, name: str, key: str) -> dict[Any, dict[str, Any]]:
+    from deltalake import DeltaTable
+
+    rows = DeltaTable(catalog.current(name).location("delta")).to_pyarrow_table().to_pylist()
+    return {row[key]: row for row in rows}
+
+
+def _event_time(readers: _Readers, console: Console, events: OrderEvents, *,
+                capture: Callable[[], None], catch_up: Callable[[], None]) -> None:
+    """A customer with order events moves; the shop then places another order event for them
+    and one 90 s late; show the corrected window and the customer's enriched orders."""
+    placed, customer, city = next(iter(events.seen.values()))
+    (late_order, _, _), *_ = list(events.seen.values())[1:]
+    with psycopg.connect(readers.dsn, autocommit=True) as conn:
+        moved_to = "Turin" if city != "Turin" else "Oslo"
+        conn.execute("UPDATE shop.customers SET city = %s WHERE id = %s", (moved_to, customer))
+        found = conn.execute("SELECT id FROM shop.orders WHERE customer_id = %s AND id <> %s "
+                             "ORDER BY id LIMIT 1", (customer, placed)).fetchone()
+    events.append(int(found[0]) if found else placed, events.newest + dt.timedelta(seconds=3))
+    window = (events.newest - dt.timedelta(seconds=90)).replace(second=0, microsecond=0)
+    before = _table(readers.catalog, WINDOWED, "window_start").get(window, {})
+    events.late_order(late_order)
+    began = time.monotonic()
+    with console.status(f"live: customer {customer} moves from {city} to {moved_to} and "
+                        "orders again; an order event arrives 90 s late; capturing and "
+                        "catching up"):
+        capture()
+        catch_up()
+    after = _table(readers.catalog, WINDOWED, "window_start").get(window, {})
+    windows = Table(title=f"{WINDOWED} (1-minute tumbling windows of event time, 2 minutes of "
+                          f"lateness): the window of the late event, before → after "
+                          f"({time.monotonic() - began:.1f} s)")
+    for column in ("window_start", "orders", "amount", "window_final"):
+        windows.add_column(column)
+    windows.add_row(str(window), f"{before.get('orders')} → {after.get('orders')}",
+                    f"{before.get('amount', 0):,.2f} → {after.get('amount', 0):,.2f}",
+                    f"{before.get('window_final')} → {after.get('window_final')}")
+    console.print(windows)
+    enriched = Table(title=f"{ENRICHED} (each order event with its customer's city as of the "
+                           f"event's commit): customer {customer}")
+    for column in ("position", "order_id", "city"):
+        enriched.add_column(column)
+    rows = [r for r in _table(readers.catalog, ENRICHED, "position").values()
+            if r["customer_id"] == customer]
+    for row in sorted(rows, key=lambda r: r["position"]):
+        enriched.add_row(str(row["position"]), str(row["order_id"]), str(row["city"]))
+    console.print(enriched)
+
+
+def _event_checks(readers: _Readers, events: OrderEvents) -> dict[str, bool]:
+    """The two event views against SQL over the event store and what the shop saw."""
+    with psycopg.connect(readers.dsn, autocommit=True) as conn:
+        windows = {r[0]: (r[1], r[2]) for r in conn.execute(ORDERS_PER_MINUTE_SQL)}
+        cities = events.expected_cities(conn)
+    have = {k: (r["orders"], r["amount"]) for k, r in
+            _table(readers.catalog, WINDOWED, "window_start").items()}
+    enriched = {k: (r["order_id"], r["customer_id"], r["city"]) for k, r in
+                _table(readers.catalog, ENRICHED, "position").items()}
+    return {WINDOWED: have == windows, ENRICHED: enriched == cities}

@@ -1,7 +1,8 @@
 """`lakefold demo` end to end on the embedded default: over the leftovers of an earlier run
-(its database, replication slot and sinks), it shows the four views, rebuilds one with a
-generation switch, leaves nothing running, and the revenue Delta table (read by an independent
-reader) equals the aggregate computed on the source."""
+(its database, replication slot and sinks), it shows the views (event time included: a window
+corrected by a late event, orders enriched as of their commit), rebuilds two with a generation
+switch (the enriched one to the same rows), leaves nothing running, and the revenue Delta
+table (read by an independent reader) equals the aggregate computed on the source."""
 
 import os
 import subprocess
@@ -23,7 +24,7 @@ from lakefold.projections.operations import Catalog
 
 LAKEFOLD = str(Path(sys.executable).parent / "lakefold")
 VIEWS = ("revenue_per_customer", "customer_cache", "product_search", "price_history",
-         "order_lines", "revenue_by_city")
+         "order_lines", "revenue_by_city", "orders_per_minute", "orders_with_city")
 
 
 def _processes_mentioning(text: str) -> list[psutil.Process]:
@@ -67,6 +68,7 @@ def test_demo_shows_rebuilds_and_checks_every_view_after_an_earlier_run(tmp_path
     assert out.returncode == 0, out.stderr[-3000:]
     for view in VIEWS:
         assert f"{view} equals the same data computed by SQL on the source" in out.stdout
+    assert "orders_with_city rebuilt equals its live generation's rows" in out.stdout
     assert "generation 1 -> 2" in out.stdout
     # the search shows why each hit ranks where it does: the text that matched
     assert "matched (why it ranks here)" in out.stdout

@@ -20,7 +20,7 @@ from lakefold.projections.operations import Catalog
 from tests.projections import helpers
 
 pytestmark = pytest.mark.timeout(900)
-KILLS = 3  # each kill starts a Spark driver (~16-25 s here); three random moments per run
+KILLS = 2  # each kill starts a Spark driver (~16-25 s here); two random moments per run
 
 
 def start_child(dsn: str, redis_url: str, home: str, mode: str) -> subprocess.Popen[bytes]:

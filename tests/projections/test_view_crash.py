@@ -29,7 +29,7 @@ from tests.projections.view_shop import oracle
 from tests.projections.window_oracle import BASE, check
 
 pytestmark = pytest.mark.timeout(900)
-KILLS = 10
+KILLS = 6
 
 
 def _start(dsn: str, home: str, mode: str) -> subprocess.Popen[bytes]:

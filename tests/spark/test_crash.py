@@ -19,7 +19,7 @@ from deltalake import DeltaTable
 from lakefold.eventstore import EventStore
 from lakefold.schemas import NewEvent
 
-KILLS = 3  # each kill starts a Spark driver (~16-25 s here); three random moments per run
+KILLS = 2  # each kill starts a Spark driver (~16-25 s here); two random moments per run
 EVENTS = 1_500
 STREAMS = 40
 ROOT = Path(__file__).resolve().parents[2]
