@@ -214,6 +214,7 @@ class EventFeed:
                          "ON CONFLICT DO NOTHING", (self.name,))
             if self.window is not None:
                 install_late_events(conn)
+            if self.window is not None or self.decoder is not None:
                 install_dead_letters(conn)
         if self.enricher is not None:
             self.enricher.create(conn)
@@ -287,7 +288,11 @@ class EventFeed:
         if deletes.num_rows:  # events of a deleted stream read in this very range
             gone = pc.is_in(events.column("stream_id"), deletes.column("stream_id").unique())
             events = events.filter(pc.invert(gone))
-        rows = self._rows(conn, events, self._order)
+        try:
+            rows = self._rows(conn, events, self._order)
+        except SparkTerminalError:  # payloads that do not fit the registered models
+            events = self._without_undecodable(conn, events)
+            rows = self._rows(conn, events, self._order)
         windows: frozenset[int] = frozenset()
         if self.window is not None:
             rows, windows, max_time = self._windowed(conn, rows, max_time)
@@ -351,6 +356,47 @@ class EventFeed:
                       "new version with an upcaster fixes old ones), then drop this letter",
                 attempts=1))
         add_dead_letters(conn, self.view, self.generation, letters)
+
+    def _without_undecodable(self, conn: psycopg.Connection[Any], events: pa.Table
+                             ) -> pa.Table:
+        """``events`` without those whose payload the registry's models cannot type, which
+        go to the dead letters with the reason (found by halving the batch)."""
+        decoder = self.decoder
+        assert decoder is not None  # noqa: S101 - only a decoder raises it
+        bad: list[tuple[int, str]] = []
+
+        def search(start: int, length: int) -> None:
+            part = events.slice(start, length)
+            try:
+                decoder.decode(part.column("type").combine_chunks(),
+                               part.column("schema_version").combine_chunks(),
+                               part.column("data").combine_chunks())
+            except SparkTerminalError as e:
+                if length == 1:
+                    bad.append((start, str(e)))
+                    return
+                half = length // 2
+                search(start, half)
+                search(start + half, length - half)
+
+        search(0, events.num_rows)
+        letters = []
+        for index, error in bad:
+            event = events.slice(index, 1).to_pylist()[0]
+            letters.append(NewDeadLetter(
+                ref=f"event:{self.alias}:{event['position']}", stage="view", source=self.alias,
+                position=int(event["position"]),
+                record={k: v if isinstance(v, int | float | bool | None) else str(v)
+                        for k, v in event.items()},
+                error=f"view {self.view}: event {event['position']} ({event['type']} version "
+                      f"{event['schema_version']} of stream {event['stream_id']}): {error}; "
+                      "it is left out of the view. Register a model (or an upcaster) that "
+                      "reads it, or append a corrected event, then drop this letter",
+                attempts=1))
+        add_dead_letters(conn, self.view, self.generation, letters)
+        keep = np.ones(events.num_rows, dtype=bool)
+        keep[[index for index, _ in bad]] = False
+        return events.filter(pa.array(keep))
 
     def _fold_replays(self, conn: psycopg.Connection[Any], batch: FeedBatch,
                       replayed_through: int) -> FeedBatch:
