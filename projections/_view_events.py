@@ -346,16 +346,20 @@ class EventFeed:
                 WINDOW_START, WINDOW_END)]).to_pylist():
             value = row[column]
             why = "is NULL" if value is None else f"is {str(value)!r}, not a time"
-            letters.append(NewDeadLetter(
-                ref=f"event:{self.alias}:{row['position']}", stage="view", source=self.alias,
-                position=int(row["position"]),
-                record={k: v if isinstance(v, int | float | bool | None) else str(v)
-                        for k, v in row.items()},
-                error=f"view {self.view}: event {row['position']}'s time {self.alias}."
-                      f"{column} {why}; it is in no window. Append a corrected event (a "
-                      "new version with an upcaster fixes old ones), then drop this letter",
-                attempts=1))
+            letters.append(self._letter(
+                row, f"event {row['position']}'s time {self.alias}.{column} {why}; it is in no "
+                "window. Append a corrected event (a new version with an upcaster fixes old "
+                "ones), then drop this letter"))
         add_dead_letters(conn, self.view, self.generation, letters)
+
+    def _letter(self, row: dict[str, Any], why: str) -> NewDeadLetter:
+        """A dead letter of this view for the event ``row`` (its values as JSON allows)."""
+        return NewDeadLetter(
+            ref=f"event:{self.alias}:{row['position']}", stage="view", source=self.alias,
+            position=int(row["position"]),
+            record={k: v if isinstance(v, int | float | bool | None) else str(v)
+                    for k, v in row.items()},
+            error=f"view {self.view}: {why}", attempts=1)
 
     def _without_undecodable(self, conn: psycopg.Connection[Any], events: pa.Table
                              ) -> pa.Table:
@@ -383,16 +387,11 @@ class EventFeed:
         letters = []
         for index, error in bad:
             event = events.slice(index, 1).to_pylist()[0]
-            letters.append(NewDeadLetter(
-                ref=f"event:{self.alias}:{event['position']}", stage="view", source=self.alias,
-                position=int(event["position"]),
-                record={k: v if isinstance(v, int | float | bool | None) else str(v)
-                        for k, v in event.items()},
-                error=f"view {self.view}: event {event['position']} ({event['type']} version "
-                      f"{event['schema_version']} of stream {event['stream_id']}): {error}; "
-                      "it is left out of the view. Register a model (or an upcaster) that "
-                      "reads it, or append a corrected event, then drop this letter",
-                attempts=1))
+            letters.append(self._letter(
+                event, f"event {event['position']} ({event['type']} version "
+                f"{event['schema_version']} of stream {event['stream_id']}): {error}; it is "
+                "left out of the view. Register a model (or an upcaster) that reads it, or "
+                "append a corrected event, then drop this letter"))
         add_dead_letters(conn, self.view, self.generation, letters)
         keep = np.ones(events.num_rows, dtype=bool)
         keep[[index for index, _ in bad]] = False

@@ -3,6 +3,7 @@ stream back as {key: row}, read the source table the same way."""
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
 from typing import Any
 
@@ -26,6 +27,23 @@ def wal_insert_lsn(dsn: str) -> int:
 def capture_now(config: CaptureConfig) -> CaptureStats:
     """Run the capture until everything committed so far is in the store."""
     return Capture(config).run(until_lsn=wal_insert_lsn(config.source_dsn))
+
+
+def running_capture(config: CaptureConfig) -> tuple[threading.Event, threading.Thread,
+                                                    list[BaseException]]:
+    """The capture running in a thread until the event is set; its errors in the list."""
+    stop = threading.Event()
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            Capture(config).run(stop=stop)
+        except BaseException as e:  # reported by the test
+            errors.append(e)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return stop, thread, errors
 
 
 def execute(dsn: str, *statements: str | sql.Composed, params: Any = None) -> None:

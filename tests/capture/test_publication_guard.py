@@ -9,7 +9,6 @@ equals the table (SQL oracle), including the rows changed and deleted while it w
 
 from __future__ import annotations
 
-import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -35,6 +34,7 @@ from tests.capture.conftest import (
     capture_settled,
     execute,
     replayed_rows,
+    running_capture,
     source_rows,
     stream_records,
 )
@@ -93,22 +93,6 @@ def app(pg: TestDatabase) -> Iterator[App]:
         yield session
     finally:
         session.close()
-
-
-def running_capture(config: CaptureConfig) -> tuple[threading.Event, threading.Thread,
-                                                    list[BaseException]]:
-    stop = threading.Event()
-    errors: list[BaseException] = []
-
-    def run() -> None:
-        try:
-            Capture(config).run(stop=stop)
-        except BaseException as e:  # reported by the test
-            errors.append(e)
-
-    thread = threading.Thread(target=run, daemon=True)
-    thread.start()
-    return stop, thread, errors
 
 
 # -- DDL while a capture runs ------------------------------------------------------------------

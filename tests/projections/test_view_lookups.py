@@ -9,7 +9,6 @@ follows the table at feed time (and a rebuild shows the difference). Bad lookups
 from __future__ import annotations
 
 import datetime as dt
-import threading
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
@@ -32,7 +31,7 @@ from lakefold.projections._view_validation import plan_views
 from lakefold.projections.exceptions import ProjectionDefinitionError, UnknownSourceError
 from lakefold.projections.operations import Catalog, SinkRoots
 from lakefold.schemas import EventRegistry
-from tests.capture.conftest import capture_now, execute
+from tests.capture.conftest import capture_now, execute, running_capture
 from tests.fixtures.postgres import TestDatabase
 from tests.projections.window_oracle import table
 
@@ -68,17 +67,7 @@ def _registry() -> Registry:
 def capturing(shop: CaptureConfig) -> Iterator[CaptureConfig]:
     """The shop's capture running in the background, with frequent heartbeats."""
     config = replace(shop, heartbeat=HeartbeatPolicy(interval=dt.timedelta(seconds=0.2)))
-    stop = threading.Event()
-    errors: list[BaseException] = []
-
-    def run() -> None:
-        try:
-            Capture(config).run(stop=stop)
-        except BaseException as e:  # reported by the test
-            errors.append(e)
-
-    thread = threading.Thread(target=run, daemon=True)
-    thread.start()
+    stop, thread, errors = running_capture(config)
     try:
         yield config
     finally:
