@@ -44,7 +44,7 @@ import pyarrow.compute as pc
 
 from lakefold.capture.store._arrow_columns import typed_array
 from lakefold.capture.store._changelog_store import ChangelogStore, stream_meta
-from lakefold.capture.store._derived_streams import DerivedStream, column_for, texts
+from lakefold.capture.store._derived_streams import DerivedStream, column_for, text_array
 from lakefold.capture.store._stream_state import StateChanges, StreamState
 from lakefold.projections._view_aggregates import AggregateState
 from lakefold.projections._view_events import EventFeed, EventInput, FeedBatch, store_head
@@ -280,7 +280,8 @@ class ViewMaintainer:
         if not closed or not find:
             return set()
         starts = pa.array(closed, pa.int64()).cast(TIME_TYPE)
-        values = texts(column_for(pa.field(WINDOW_START, TIME_TYPE), key=True), starts)
+        values = text_array(column_for(pa.field(WINDOW_START, TIME_TYPE), key=True),
+                            starts).to_pylist()
         state = self.states[window.input]
         rows = state.rows_where(conn, WINDOW_START, values)
         return self._partitions_of(conn, window.input, [rows])
@@ -447,7 +448,9 @@ class ViewMaintainer:
         target = next(c for c in self._schema.columns if c.name == self.plan.partition[index])
         typed = typed_array(source, pa.array(values, pa.string()))
         field = pa.field(target.name, _arrow_type(self._schema, target.name))
-        return texts(column_for(field, key=target.key), pc.cast(typed, field.type))
+        found: list[str | None] = text_array(column_for(field, key=target.key),
+                                             pc.cast(typed, field.type)).to_pylist()
+        return found
 
     def _diff(self, old: pa.Table, new: pa.Table) -> tuple[pa.Table, pa.Table, pa.Table]:
         """(upserts, the previous row of each upsert or an empty row, deletes)."""

@@ -20,12 +20,14 @@ from dataclasses import replace
 from datetime import datetime
 from typing import Any, Final
 
+import numpy as np
 import psycopg
 import pyarrow as pa
 import pyarrow.compute as pc
 from psycopg import sql
 
-from lakefold.capture.store._changelog_writer import NOTIFY_CHANNEL, encode_key
+from lakefold.capture.store._changelog_writer import NOTIFY_CHANNEL
+from lakefold.capture.store._record_copy import RECORD_COLUMNS, Records, record_copy
 from lakefold.capture.store._stream_schema import ColumnSchema, StreamSchema
 from lakefold.capture.store.exceptions import CaptureValueError, OwnershipError, StoreError
 
@@ -66,13 +68,15 @@ def column_for(field: pa.Field, *, key: bool) -> ColumnSchema:
         "cast it to a number, string, boolean, date, timestamp or decimal")
 
 
-def texts(column: ColumnSchema, values: pa.Array | pa.ChunkedArray) -> list[str | None]:
+def text_array(column: ColumnSchema, values: pa.Array | pa.ChunkedArray) -> pa.Array:
     """``values`` as the text ``typed_array`` reads back to the same values."""
+    if isinstance(values, pa.ChunkedArray):
+        values = values.combine_chunks()
     if column.kind == "bool":
-        return [None if v is None else ("t" if v else "f") for v in values.to_pylist()]
+        return pc.if_else(values, "t", "f")
     if column.kind == "timestamptz":
         values = pc.cast(values, pa.timestamp("us", tz="UTC"))
-    return pc.cast(values, pa.string()).to_pylist()  # type: ignore[no-any-return]
+    return pc.cast(values, pa.string())
 
 
 class DerivedStream:
@@ -136,18 +140,17 @@ class DerivedStream:
             if row is None:
                 raise StoreError(f"no derived stream {self.name!r}; create it first")
             stream_id, head = int(row[0]), int(row[1])
-            records = list(self._records(schema, upserts, old, deletes))
             start = head + 1
-            if not records:
+            n = upserts.num_rows + deletes.num_rows
+            if not n:
                 return start, start
             with conn.cursor() as cur, cur.copy(
-                    "COPY lakefold.changelog (position, ordinal, commit_lsn, xid, commit_ts, "
-                    "stream_id, schema_version, op, key, before, after) FROM STDIN") as copy:
-                for offset, (op, key, before, after) in enumerate(records):
-                    position = start + offset
-                    copy.write_row((position, position, commit_lsn, 0, commit_ts, stream_id,
-                                    schema.version, op, key, before, after))
-            end = start + len(records)
+                    f"COPY lakefold.changelog ({RECORD_COLUMNS}) FROM STDIN (FORMAT BINARY)"
+                    ) as copy:
+                copy.write(record_copy(_records(
+                    schema, upserts, old, deletes, stream_id=stream_id, start=start,
+                    commit_lsn=commit_lsn, commit_ts=commit_ts), n))
+            end = start + n
             conn.execute("UPDATE lakefold.changelog_streams SET head = %s, last_commit_ts = %s "
                          "WHERE stream_id = %s", (end - 1, commit_ts, stream_id))
             conn.execute("SELECT pg_notify(%s, %s)", (NOTIFY_CHANNEL, self.name))
@@ -172,22 +175,29 @@ class DerivedStream:
             conn.execute("DELETE FROM lakefold.changelog_streams WHERE stream_id = %s",
                          (row[0],))
 
-    @staticmethod
-    def _records(schema: StreamSchema, upserts: pa.Table, old: pa.Table, deletes: pa.Table
-                 ) -> list[tuple[str, bytes, list[str | None] | None, list[str | None] | None]]:
-        def rows(table: pa.Table) -> list[list[str | None]]:
-            if table.num_rows == 0:
-                return []
-            columns = [texts(c, table.column(c.name)) for c in schema.columns]
-            return [list(values) for values in zip(*columns, strict=True)]
 
-        key_at = [i for i, c in enumerate(schema.columns) if c.key]
-        out: list[tuple[str, bytes, list[str | None] | None, list[str | None] | None]] = []
-        befores = rows(old)
-        for i, after in enumerate(rows(upserts)):
-            before = befores[i] if befores and any(v is not None for v in befores[i]) else None
-            out.append(("u" if before is not None else "i",
-                        encode_key([after[k] for k in key_at]), before, after))
-        for before in rows(deletes):
-            out.append(("d", encode_key([before[k] for k in key_at]), before, None))
-        return out
+def _records(schema: StreamSchema, upserts: pa.Table, old: pa.Table, deletes: pa.Table, *,
+             stream_id: int, start: int, commit_lsn: int, commit_ts: datetime) -> Records:
+    """The records of a batch: an update for each upsert with an old row (an insert without;
+    ``old`` may be empty: all inserts), then a delete for each deleted row; keys and images as the texts a typed read reads back."""
+    def columns(table: pa.Table) -> list[pa.Array]:
+        return [text_array(c, table.column(c.name)) for c in schema.columns]
+
+    width = len(schema.columns)
+    new, gone = columns(upserts), columns(deletes)
+    before = columns(old) if old.num_rows else [pa.nulls(upserts.num_rows, pa.string())] * width
+    updated = pa.array(np.zeros(upserts.num_rows, dtype=bool))
+    for values in before:  # an old row with any value: an update
+        updated = pc.or_(updated, pc.is_valid(values))
+    key_at = [i for i, c in enumerate(schema.columns) if c.key]
+    nulls = [pa.nulls(deletes.num_rows, pa.string())] * width
+    return Records(
+        stream_id, schema.version, start, start, commit_lsn, commit_ts,
+        ops=pa.concat_arrays([pc.if_else(updated, "u", "i"),
+                              pa.array(["d"] * deletes.num_rows, pa.string())]),
+        keys=[pa.concat_arrays([new[k], gone[k]]) for k in key_at],
+        before=[pa.concat_arrays([b, d]) for b, d in zip(before, gone, strict=True)],
+        has_before=pa.concat_arrays([updated, pa.array(np.ones(deletes.num_rows, dtype=bool))]),
+        after=[pa.concat_arrays([a, z]) for a, z in zip(new, nulls, strict=True)],
+        has_after=pa.concat_arrays([pa.array(np.ones(upserts.num_rows, dtype=bool)),
+                                    pa.array(np.zeros(deletes.num_rows, dtype=bool))]))

@@ -28,31 +28,23 @@ searches the segments after the rows (``latest_with_key``).
 from __future__ import annotations
 
 import functools
-import struct
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import datetime
 from typing import Any, Final
 
-import numpy as np
 import psycopg
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from lakefold.capture.store._changelog_writer import (
     CHANGELOG_COPY,
-    COPY_HEADER,
-    COPY_TRAILER,
-    NULL_FIELD,
-    TEXT_OID,
     encode_key,
 )
+from lakefold.capture.store._record_copy import Records, record_copy
 from lakefold.capture.store.exceptions import CaptureLookupError, CaptureValueError, StoreError
 
-# Binary COPY stores a timestamptz as microseconds since 2000-01-01 UTC (PostgreSQL's epoch).
-_PG_EPOCH: Final = datetime(2000, 1, 1, tzinfo=UTC)
 _COMPRESSION: Final = pa.ipc.IpcWriteOptions(compression="zstd")
-_ARRAY_HEADER: Final = struct.Struct(">iiiii")  # ndim, flags, element oid, dim, lbound
 _EXPLODE_LOCK: Final = 0x6C667367  # "lfsg": advisory lock space, keyed by stream id
 
 INSERT: Final = (
@@ -229,65 +221,9 @@ def explode(cur: psycopg.Cursor[Any], stream_id: int, lo: int, hi: int) -> int:
 
 
 def binary_copy(segment: Segment, rows: pa.Table, key_indexes: Sequence[int]) -> bytes:
-    """The segment's records as the binary COPY data of ``_changelog_writer.CHANGELOG_COPY``, built
-    column-wise (one Arrow kernel per field, not Python per row)."""
-    n = rows.num_rows
-    positions = np.arange(segment.first_position, segment.first_position + n, dtype=np.int64)
-    ordinals = np.arange(segment.first_ordinal, segment.first_ordinal + n, dtype=np.int64)
-    texts = [_text_field(rows.column(i)) for i in range(rows.num_columns)]
-    after = pc.binary_join_element_wise(*texts, b"") if texts else pa.nulls(n, pa.binary())
-    array_header = _ARRAY_HEADER.pack(1, 0, TEXT_OID, rows.num_columns, 1)
-    key = pc.binary_join_element_wise(*(texts[i] for i in key_indexes), b"") \
-        if key_indexes else None
-    row_fields = [
-        pa.scalar(struct.pack(">h", 11)),
-        _int8_field(positions), _int8_field(ordinals),
-        _constant(">iq", 8, segment.commit_lsn), _constant(">iq", 8, 0),
-        _constant(">iq", 8, (segment.commit_ts - _PG_EPOCH) // timedelta(microseconds=1)),
-        _constant(">ii", 4, segment.stream_id), _constant(">ii", 4, segment.schema_version),
-        pa.scalar(b"\x00\x00\x00\x01r"),
-        _nullable_field(key) if key is not None else pa.scalar(NULL_FIELD),
-        pa.scalar(NULL_FIELD),
-        pc.binary_join_element_wise(_lengths(pc.add(pc.binary_length(after), 20)),
-                                    pa.scalar(array_header), after, b""),
-    ]
-    records = pc.binary_join_element_wise(*row_fields, b"")
-    offsets = records.buffers()[1]
-    start, end = (np.frombuffer(offsets, dtype=np.int32)[[records.offset,
-                                                          records.offset + n]]
-                  if offsets is not None else (0, 0))
-    body = records.buffers()[2]
-    return COPY_HEADER + (body[start:end].to_pybytes() if body is not None else b"") + \
-        COPY_TRAILER
-
-
-def _lengths(lengths: pa.Array) -> pa.Array:
-    """Each value as a 4-byte big-endian binary (-1 for null)."""
-    values = np.asarray(pc.fill_null(lengths, -1).to_numpy(zero_copy_only=False),
-                        dtype=">i4")
-    return pa.FixedSizeBinaryArray.from_buffers(
-        pa.binary(4), len(values), [None, pa.py_buffer(values.tobytes())]).cast(pa.binary())
-
-
-def _int8_field(values: np.ndarray) -> pa.Array:
-    packed = np.empty(len(values), dtype=[("length", ">i4"), ("value", ">i8")])
-    packed["length"] = 8
-    packed["value"] = values
-    return pa.FixedSizeBinaryArray.from_buffers(
-        pa.binary(12), len(values), [None, pa.py_buffer(packed.tobytes())]).cast(pa.binary())
-
-
-def _constant(fmt: str, length: int, value: int) -> pa.Scalar:
-    return pa.scalar(struct.pack(fmt, length, value))
-
-
-def _text_field(column: pa.ChunkedArray) -> pa.Array:
-    """A text column as binary COPY fields: length and UTF-8 bytes, or the NULL marker."""
-    return _nullable_field(column.combine_chunks().cast(pa.binary()))
-
-
-def _nullable_field(values: pa.Array) -> pa.Array:
-    """Binary values as binary COPY fields (length and bytes, or the NULL marker)."""
-    return pc.binary_join_element_wise(_lengths(pc.binary_length(values)),
-                                       pc.fill_null(values, b""), b"")
-
+    """The segment's records as binary COPY data (``_record_copy``)."""
+    columns = [rows.column(i) for i in range(rows.num_columns)]
+    return record_copy(Records(
+        segment.stream_id, segment.schema_version, segment.first_position,
+        segment.first_ordinal, segment.commit_lsn, segment.commit_ts, "r",
+        keys=[columns[i] for i in key_indexes], after=columns), rows.num_rows)
