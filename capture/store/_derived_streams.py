@@ -179,7 +179,8 @@ class DerivedStream:
 def _records(schema: StreamSchema, upserts: pa.Table, old: pa.Table, deletes: pa.Table, *,
              stream_id: int, start: int, commit_lsn: int, commit_ts: datetime) -> Records:
     """The records of a batch: an update for each upsert with an old row (an insert without;
-    ``old`` may be empty: all inserts), then a delete for each deleted row; keys and images as the texts a typed read reads back."""
+    ``old`` may be empty: all inserts), then a delete for each deleted row; keys and images
+    as the texts a typed read reads back."""
     def columns(table: pa.Table) -> list[pa.Array]:
         return [text_array(c, table.column(c.name)) for c in schema.columns]
 
