@@ -6,7 +6,8 @@ A view keeps each input's current rows in a state moved forward from a changelog
 generation has a *feed*: a derived stream (``lakefold_feeds.<view>_g<N>_<input>``) that holds
 one row per event, keyed by ``position``, and its progress in ``lakefold.event_feeds`` (the
 next global position to read). ``advance`` runs at the start of the view's batch: it reads
-the events after the feed's position up to the store's head (every position up to the head is
+the events after the feed's position up to the store's head, at most the view's
+``max_records_per_batch`` positions at a time (every position up to the head is
 final, see ``eventstore._sequencer``, so ``read_events_range`` reads them on a connection of
 its own), and, in the batch's store transaction, appends them as inserts and moves the feed's
 position, so a crash rolls the feed back with the batch.
@@ -181,7 +182,7 @@ class EventFeed:
 
     def __init__(self, store_dsn: str, *, view: str, generation: int, alias: str,
                  source: EventInput, registry: EventRegistry | None,
-                 window: Window | None = None) -> None:
+                 window: Window | None = None, limit: int = 1_000_000) -> None:
         self.dsn = store_dsn
         self.view = view
         self.generation = generation
@@ -190,6 +191,8 @@ class EventFeed:
         self.name = feed_stream(view, generation, alias)
         self.stream = DerivedStream(self.name)
         self.decoder = payload_decoder(view, alias, source, registry)
+        #: The most global positions one batch reads (a backlog is fed in several batches).
+        self.limit = limit
         #: The window over this input's events (None: not windowed, one row per event).
         self.window = window
         #: An event's columns (with its lookups'); ``schema``: a feed row's (with the
@@ -235,7 +238,8 @@ class EventFeed:
     def advance(self, conn: psycopg.Connection[Any], state: StreamState, head: int
                 ) -> FeedBatch:
         """Feed the events after the feed's position up to ``head`` (the store's head, read
-        before the caller's transaction began), in the caller's transaction; ``state`` is the
+        before the caller's transaction began; at most ``limit`` positions), in the caller's
+        transaction; ``state`` is the
         view's state of this feed (to find the rows of a deleted stream). A windowed feed
         also folds in the late events replayed since its last batch."""
         assert self._stream_schema is not None  # noqa: S101 - create() runs first
@@ -243,6 +247,7 @@ class EventFeed:
             "SELECT next_position, max_event_time, replayed_through, mark_lsn, mark_head "
             "FROM lakefold.event_feeds WHERE stream = %s FOR UPDATE",
             (self.name,)).fetchone()  # type: ignore[misc]
+        head = min(head, int(start) + self.limit - 1)
         end = max(int(start), head + 1)
         if self.enricher is not None and self.enricher.by_commit:
             end = self._commit_gate(conn, int(start), head, mark_lsn, mark_head)

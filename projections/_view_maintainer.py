@@ -124,7 +124,7 @@ class ViewMaintainer:
                  inputs: Mapping[str, str], query: Query, plan: ViewPlan,
                  events: Mapping[str, EventInput] | None = None,
                  registry: EventRegistry | None = None,
-                 window: Window | None = None) -> None:
+                 window: Window | None = None, feed_limit: int = 1_000_000) -> None:
         self.view = view
         self.generation = generation
         self.owner = view_owner(view, generation)
@@ -134,8 +134,8 @@ class ViewMaintainer:
         #: Event inputs, each fed into a derived stream of this generation (``_view_events``).
         self.feeds = {alias: EventFeed(
             store_dsn, view=view, generation=generation, alias=alias, source=source,
-            registry=registry, window=window if window and window.input == alias else None)
-            for alias, source in (events or {}).items()}
+            registry=registry, window=window if window and window.input == alias else None,
+            limit=feed_limit) for alias, source in (events or {}).items()}
         # name in the query → stream
         self.inputs = dict(inputs) | {alias: f.name for alias, f in self.feeds.items()}
         self.query = query

@@ -75,7 +75,8 @@ class ViewRun:
         self.maintainer = ViewMaintainer(
             spark, store_dsn, view=view.name, generation=self.generation, inputs=inputs,
             query=view.query, plan=checked.plan, registry=view.registry, window=view.window,
-            events={a: s.events for a, s in view.inputs.items() if s.events is not None})
+            events={a: s.events for a, s in view.inputs.items() if s.events is not None},
+            feed_limit=view.options.max_records_per_batch)
         #: Input name → the stream it reads (a table's, a generation of another view's, or
         #: this generation's feed of events).
         self.inputs = dict(self.maintainer.inputs)

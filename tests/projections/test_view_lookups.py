@@ -23,7 +23,7 @@ from pydantic import BaseModel
 from lakefold.capture import Capture, CaptureConfig
 from lakefold.capture._options import HeartbeatPolicy
 from lakefold.eventstore import EventStore
-from lakefold.projections import Runner, RunnerConfig, lookup
+from lakefold.projections import ProjectionOptions, Runner, RunnerConfig, lookup
 from lakefold.projections._api import Registry, registering_into, view
 from lakefold.projections._model import changelog, events
 from lakefold.projections._target_specs import delta_table
@@ -58,6 +58,7 @@ def _registry() -> Registry:
             view(name, inputs={"orders": events("order", types=["order.placed"])},
                  key=["position"], target=delta_table("upsert", keys=["position"]),
                  registry=_types(), query=QUERY,
+                 options=ProjectionOptions(max_records_per_batch=3),  # several batches
                  enrich={"orders": lookup(changelog("public.customers"), on="customer_id",
                                           columns=["city", "name"], as_of=as_of)})
     return registry
