@@ -30,11 +30,16 @@
                         exists, so a crash in between is recognised (``_slot_intent``).
 ``capture_owners``      the live capture of each slot and take-over requests (``_slot_ownership``).
 
+``store_installs``      the fingerprint of the DDL that installed the tables: ``install`` runs
+                        it again only when it changed (its ALTERs take table locks).
+
 ``install`` is idempotent and safe to run concurrently (it takes an advisory lock).
 """
 
 from __future__ import annotations
 
+import hashlib
+import re
 from typing import Any, Final
 
 import psycopg
@@ -268,6 +273,12 @@ def create_staging(conn: psycopg.Connection[Any], slot: str) -> None:
     conn.execute(sql.SQL(_STAGING_DDL).format(sql.Identifier(f"capture_staging_{slot}")))
 
 
+#: What installed the changelog tables (a store installed by another version runs the DDL).
+_FINGERPRINT: Final = hashlib.sha256(_DDL.encode()).hexdigest()
+#: The tables the DDL creates (one missing: it runs again).
+_TABLES: Final = tuple(re.findall(r"CREATE TABLE IF NOT EXISTS (\S+) \(", _DDL))
+
+
 def drop_staging(conn: psycopg.Connection[Any], slot: str) -> None:
     conn.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(staging_table(slot)))
 
@@ -280,12 +291,33 @@ def install(conn: psycopg.Connection[Any]) -> None:
     """
     with conn.transaction():
         conn.execute("SELECT pg_advisory_xact_lock(%s)", (_INSTALL_LOCK,))
+        if _installed_as_is(conn):
+            return  # no DDL: its ALTERs lock tables that running views and captures use
         try:
             with conn.transaction():
                 conn.execute("CREATE SCHEMA IF NOT EXISTS lakefold")
         except (errors.UniqueViolation, errors.DuplicateSchema):
             pass  # created concurrently by another lakefold component: that is fine
         conn.execute(_DDL)
+        conn.execute("CREATE TABLE IF NOT EXISTS lakefold.store_installs (component text "
+                     "PRIMARY KEY, fingerprint text NOT NULL, installed_at timestamptz NOT "
+                     "NULL DEFAULT now())")
+        conn.execute("INSERT INTO lakefold.store_installs (component, fingerprint) VALUES "
+                     "('changelog', %s) ON CONFLICT (component) DO UPDATE SET fingerprint = "
+                     "EXCLUDED.fingerprint, installed_at = now()", (_FINGERPRINT,))
+
+
+def _installed_as_is(conn: psycopg.Connection[Any]) -> bool:
+    """True when this very DDL was installed before (and its tables are there): running it
+    again would change nothing, but its ``ALTER TABLE`` and ``CREATE INDEX`` statements take
+    table locks that deadlock with a view's batch or a capture writing meanwhile."""
+    row = conn.execute("SELECT bool_and(to_regclass(t) IS NOT NULL) FROM unnest(%s::text[]) t",
+                       (["lakefold.store_installs", *_TABLES],)).fetchone()
+    if not (row and row[0]):
+        return False
+    found = conn.execute("SELECT fingerprint FROM lakefold.store_installs "
+                         "WHERE component = 'changelog'").fetchone()
+    return found is not None and found[0] == _FINGERPRINT
 
 
 def is_installed(conn: psycopg.Connection[Any]) -> bool:

@@ -300,8 +300,8 @@ def test_a_store_compacted_before_removed_to_existed_counts_it_removed(pg: TestD
     with ChangelogStore(pg.dsn) as store:
         store.compact(STREAM, tombstone_retention=timedelta(0))
         compacted_to = store.compaction_state(STREAM).compacted_to
-    # the store as the release before readers left it
-    execute(pg.dsn, "DROP TABLE lakefold.changelog_readers",
+    # the store as the release before readers left it (which did not note its installs)
+    execute(pg.dsn, "DROP TABLE lakefold.store_installs", "DROP TABLE lakefold.changelog_readers",
             "ALTER TABLE lakefold.changelog_compaction DROP COLUMN removed_to, "
             "DROP COLUMN expired_to, DROP COLUMN keep_history, DROP COLUMN keep_history_reason")
     with ChangelogStore(pg.dsn) as store:

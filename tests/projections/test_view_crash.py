@@ -122,19 +122,30 @@ def test_sigkill_loop_over_a_chain_of_views(shop: CaptureConfig, tmp_path: Any) 
 WINDOW_KILLS = 3
 
 
-def _append_views(store: EventStore, rng: random.Random, clock: list[dt.datetime],
-                  count: int) -> None:
-    """Page views, a few out of order, some later than the allowed lateness, some untimed."""
-    for _ in range(count):
-        clock[0] += dt.timedelta(seconds=rng.randrange(0, 40))
-        delay = rng.choice((0, 0, 0, rng.randrange(0, 60), rng.randrange(100, 600)))
-        data: dict[str, Any] = {"page": rng.choice(("/", "/cart")), "ms": rng.randrange(99)}
-        if rng.random() > 0.05:
-            data["occurred_at"] = (clock[0] - dt.timedelta(seconds=delay)).isoformat()
-        store.append(f"site-{rng.randrange(4)}", [NewEvent(type="page.viewed", data=data)])
+def _append_views(dsn: str, store: EventStore, rng: random.Random, clock: list[dt.datetime],
+                  count: int, cities: dict[str, str | None]) -> None:
+    """Page views, a few out of order, some later than the allowed lateness, some untimed;
+    each by a customer who may just have moved (``cities``: event id → the city then)."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        for _ in range(count):
+            if rng.random() < 0.2:
+                conn.execute("UPDATE customers SET city = %s WHERE id = %s",
+                             (rng.choice(("Oslo", "Lima", "Pune", "Rome")), rng.randrange(1, 7)))
+            clock[0] += dt.timedelta(seconds=rng.randrange(0, 40))
+            delay = rng.choice((0, 0, 0, rng.randrange(0, 60), rng.randrange(100, 600)))
+            customer = rng.randrange(1, 8)  # customer 7 does not exist: no city
+            data: dict[str, Any] = {"page": rng.choice(("/", "/cart")),
+                                    "ms": rng.randrange(99), "customer": customer}
+            if rng.random() > 0.05:
+                data["occurred_at"] = (clock[0] - dt.timedelta(seconds=delay)).isoformat()
+            found = conn.execute("SELECT city FROM customers WHERE id = %s",
+                                 (customer,)).fetchone()
+            result = store.append(f"site-{rng.randrange(4)}", [NewEvent(
+                type="page.viewed", data=data)])
+            cities[str(result.events[0].event_id)] = None if found is None else found[0]
 
 
-WINDOW_VIEWS = ("per_minute", "minute_totals")
+WINDOW_VIEWS = ("per_minute", "minute_totals", "views_with_city")
 
 
 def test_sigkill_loop_over_windowed_views_with_late_events(shop: CaptureConfig,
@@ -143,7 +154,9 @@ def test_sigkill_loop_over_windowed_views_with_late_events(shop: CaptureConfig,
     rng = random.Random(11)
     store = EventStore(dsn)
     store.install()
+    store.record_commit_order()  # every view is enriched as of its commit
     clock = [BASE]
+    cities: dict[str, str | None] = {}
     busy = 0
     try:
         for _ in range(WINDOW_KILLS):
@@ -154,9 +167,11 @@ def test_sigkill_loop_over_windowed_views_with_late_events(shop: CaptureConfig,
             assert child.stdout is not None
             assert child.stdout.readline().strip() == b"started"
             before = _heads(dsn, WINDOW_VIEWS)
-            _append_views(store, rng, clock, 30)
+            _append_views(dsn, store, rng, clock, 30, cities)
+            capture_now(shop)  # the markers (and the moves) stored: enrichment can go on
             busy += _wait_for_progress(dsn, before, 60, WINDOW_VIEWS)
-            _append_views(store, rng, clock, 30)
+            _append_views(dsn, store, rng, clock, 30, cities)
+            capture_now(shop)
             time.sleep(rng.uniform(0.0, 1.0))
             os.killpg(child.pid, signal.SIGKILL)
             child.wait()
@@ -174,6 +189,14 @@ def test_sigkill_loop_over_windowed_views_with_late_events(shop: CaptureConfig,
             with psycopg.connect(dsn) as conn:
                 (late,) = conn.execute("SELECT count(*) FROM lakefold.late_events "
                                        "WHERE view = 'per_minute'").fetchone() or (0,)
+                positions = {str(e): int(p) for e, p in conn.execute(
+                    "SELECT e.event_id, p.first_position + e.ordinal FROM lakefold.events e "
+                    "JOIN lakefold.event_positions p ON p.xid = e.xid "
+                    "WHERE e.category = 'site'")}
             assert late > 0
+            # each view enriched with the city its customer had when it was appended
+            enriched = _table(catalog, "views_with_city", "position")
+            assert {p: r["city"] for p, r in enriched.items()} == {
+                positions[e]: city for e, city in cities.items()}
     finally:
         store.close()

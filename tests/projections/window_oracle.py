@@ -33,6 +33,7 @@ class PageViewed(BaseModel):
     page: str
     ms: int
     occurred_at: dt.datetime | None = None
+    customer: int | None = None  # who viewed it (the SIGKILL loop's enriched view)
 
 
 def event_types() -> EventRegistry:
