@@ -61,8 +61,9 @@ def markers_installed(conn: psycopg.Connection[Any]) -> bool:
 def install_commit_markers(conn: psycopg.Connection[Any]) -> None:
     """Make every later append write a commit marker (idempotent). Creating the trigger waits
     for appends in flight (a short table lock); appends after it carry markers."""
-    if markers_installed(conn):
-        return
+    row = conn.execute("SELECT to_regclass('lakefold.event_runs') IS NULL").fetchone()
+    if (row and row[0]) or markers_installed(conn):
+        return  # no event store yet (a feed tries again each batch), or installed
     with conn.transaction():
         conn.execute("SET LOCAL lock_timeout = '10s'")
         conn.execute(_INSTALL)
