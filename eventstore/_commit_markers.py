@@ -58,15 +58,19 @@ def markers_installed(conn: psycopg.Connection[Any]) -> bool:
     return bool(row and row[0])
 
 
-def install_commit_markers(conn: psycopg.Connection[Any]) -> None:
-    """Make every later append write a commit marker (idempotent). Creating the trigger waits
-    for appends in flight (a short table lock); appends after it carry markers."""
+def install_commit_markers(conn: psycopg.Connection[Any]) -> bool:
+    """Make every later append write a commit marker (idempotent); False when there is no
+    event store yet. Creating the trigger waits for appends in flight (a short table lock);
+    appends after it carry markers."""
     row = conn.execute("SELECT to_regclass('lakefold.event_runs') IS NULL").fetchone()
-    if (row and row[0]) or markers_installed(conn):
-        return  # no event store yet (a feed tries again each batch), or installed
+    if row and row[0]:
+        return False  # no event store yet
+    if markers_installed(conn):
+        return True
     with conn.transaction():
         conn.execute("SET LOCAL lock_timeout = '10s'")
         conn.execute(_INSTALL)
+    return True
 
 
 def transaction_ranges(conn: psycopg.Connection[Any], start: int, end: int

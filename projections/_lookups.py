@@ -206,6 +206,8 @@ class Enricher:
         self.histories = {lk.table: TableHistory(lk.table) for lk in lookups}
         #: Slot of each looked-up table's stream (filled by ``create``).
         self.slots: dict[str, str] = {}
+        #: Whether appends write commit markers (``ensure_markers``).
+        self._markers = False
 
     @property
     def by_commit(self) -> bool:
@@ -237,7 +239,12 @@ class Enricher:
                     f"the table is captured from {source} and the events are in database "
                     f"{here[1]} (system {here[0]}); keep the event store in the captured "
                     "database, or use as_of='latest' (not replay-stable)")
-        install_commit_markers(conn)
+        self.ensure_markers(conn)
+
+    def ensure_markers(self, conn: psycopg.Connection[Any]) -> None:
+        """Install the commit markers once the event store exists (checked until then)."""
+        if not self._markers:
+            self._markers = install_commit_markers(conn)
 
     def flushed(self, conn: psycopg.Connection[Any]) -> int:
         """The WAL position below which every commit of the source is stored by the

@@ -43,7 +43,7 @@ from lakefold.capture.store._derived_streams import DerivedStream, column_for
 from lakefold.capture.store._stream_schema import StreamSchema
 from lakefold.capture.store._stream_state import StreamState
 from lakefold.capture.store.exceptions import CaptureValueError
-from lakefold.eventstore._commit_markers import install_commit_markers, wal_insert_lsn
+from lakefold.eventstore._commit_markers import wal_insert_lsn
 from lakefold.eventstore.arrow import EVENTS_ARROW_SCHEMA, head_position, read_events_range
 from lakefold.projections._deadletters import (
     NewDeadLetter,
@@ -271,7 +271,7 @@ class EventFeed:
         earlier batch (recorded before the markers existed; a new mark then). Sets
         ``self._order``, the fed events' commit LSNs. See ``_lookups``."""
         assert self.enricher is not None  # noqa: S101 - only with lookups
-        install_commit_markers(conn)  # the event store may have come after the view
+        self.enricher.ensure_markers(conn)  # the event store may have come after the view
         order = self.enricher.commit_order(conn, start, head + 1)
         if mark_lsn is not None and mark_head is not None and \
                 self.enricher.flushed(conn) >= mark_lsn:
