@@ -19,8 +19,8 @@ typed by the registered models of the input's types and upcast to their current 
 (a type lacking a field gives NULL); without one, ``data`` and ``metadata`` as JSON text.
 
 An input with lookups (``_lookups``) has their tables' columns after those, as of each event's
-commit, filled in when the event is fed; such a feed feeds the events committed before a WAL
-position the capture has stored (``EventFeed._commit_gate``).
+commit, filled in when the event is fed; such a feed feeds an event once the capture has
+stored its commit marker (``EventFeed._commit_gate``).
 
 A deleted stream (its ``$stream.deleted`` record) deletes the rows of its events: a view over
 events equals the same query over the events a read of the store returns.
