@@ -29,6 +29,7 @@ if TYPE_CHECKING:  # the real names for type checkers; at run time they load laz
         view,
     )
     from lakefold.projections._deadletters import DeadLetter, DeadLetters
+    from lakefold.projections._interval_joins import IntervalJoin, interval_join
     from lakefold.projections._lookups import Lookup, lookup
     from lakefold.projections._model import ProjectionOptions, Record, changelog, events
     from lakefold.projections._redis import RedisCacheReader
@@ -85,6 +86,7 @@ _EXPORTS: dict[str, str] = {
     "UnknownSourceError": "exceptions",
     "Window": "_windows", "hopping": "_windows", "tumbling": "_windows",
     "Lookup": "_lookups", "lookup": "_lookups",
+    "IntervalJoin": "_interval_joins", "interval_join": "_interval_joins",
 }
 
 __all__ = [
@@ -97,6 +99,7 @@ __all__ = [
     "EventSource",
     "Fold",
     "IncompatibleTargetError",
+    "IntervalJoin",
     "Lookup",
     "MatchedText",
     "MissingKeyError",
@@ -126,6 +129,7 @@ __all__ = [
     "delta_table",
     "events",
     "hopping",
+    "interval_join",
     "load_projections",
     "lookup",
     "projection",

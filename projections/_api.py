@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, overload
 
+from lakefold.projections._interval_joins import IntervalJoin
 from lakefold.projections._model import (
     ProjectionOptions,
     check_name,
@@ -284,7 +285,7 @@ def view(name: str, *, inputs: Mapping[str, ViewInputs],
          key: str | list[str] | tuple[str, ...], target: Target, query: Query,
          options: ProjectionOptions | None = None,
          registry: EventRegistry | None = None, window: Window | None = None,
-         enrich: Enrichments | None = None) -> View: ...
+         enrich: Enrichments | None = None, join: IntervalJoin | None = None) -> View: ...
 
 
 @overload
@@ -292,22 +293,24 @@ def view(name: str, *, inputs: Mapping[str, ViewInputs],
          key: str | list[str] | tuple[str, ...], target: Target, query: None = None,
          options: ProjectionOptions | None = None,
          registry: EventRegistry | None = None, window: Window | None = None,
-         enrich: Enrichments | None = None) -> Callable[[Callable[..., Any]], View]: ...
+         enrich: Enrichments | None = None, join: IntervalJoin | None = None
+         ) -> Callable[[Callable[..., Any]], View]: ...
 
 
 def view(name: str, *, inputs: Mapping[str, ViewInputs],
          key: str | list[str] | tuple[str, ...], target: Target, query: Query | None = None,
          options: ProjectionOptions | None = None, registry: EventRegistry | None = None,
-         window: Window | None = None, enrich: Enrichments | None = None
-         ) -> View | Callable[[Callable[..., Any]], View]:
+         window: Window | None = None, enrich: Enrichments | None = None,
+         join: IntervalJoin | None = None) -> View | Callable[[Callable[..., Any]], View]:
     """Register a view: ``query`` is Spark SQL over the inputs' names; without it, ``view``
     decorates a function taking the inputs' DataFrames by name (see ``_view_api``);
     ``window``: a window over event time (``tumbling``/``hopping``, see ``_windows``);
     ``enrich``: event input name → ``lookup(...)``s of tables' rows as of each event's
-    commit (see ``_lookups``)."""
+    commit (see ``_lookups``); ``join``: an ``interval_join`` of two event inputs within
+    a time bound (see ``_interval_joins``)."""
     if query is None:
         define = view_decorator(name, inputs=inputs, key=key, target=target, options=options,
-                                registry=registry, window=window, enrich=enrich)
+                                registry=registry, window=window, enrich=enrich, join=join)
 
         def register(function: Callable[..., Any]) -> View:
             return current_registry().add_view(define(function))
@@ -315,7 +318,7 @@ def view(name: str, *, inputs: Mapping[str, ViewInputs],
         return register
     return current_registry().add_view(define_view(
         name, inputs=inputs, query=query, key=key, target=target, options=options,
-        registry=registry, window=window, enrich=enrich))
+        registry=registry, window=window, enrich=enrich, join=join))
 
 
 class Fold:

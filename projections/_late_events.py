@@ -44,6 +44,10 @@ _DDL: Final = [
     "CREATE SEQUENCE IF NOT EXISTS lakefold.late_event_replay_seq",
     """CREATE INDEX IF NOT EXISTS late_events_replays ON lakefold.late_events
         (view, input, replay_seq) WHERE status = 'replayed'""",
+    # Late events of an interval join (``_interval_joins``): the "window" is the span of
+    # times a partner had to come in; added after the first release.
+    "ALTER TABLE lakefold.late_events ADD COLUMN IF NOT EXISTS joined boolean NOT NULL "
+    "DEFAULT false",
 ]
 _INSTALL_LOCK: Final = 0x6C66_4C45  # "lfLE"
 #: Namespace of the per-view lock that orders replays with the feeds that fold them.
@@ -87,25 +91,26 @@ def _times(micros: np.ndarray) -> list[datetime]:
 
 
 def record_late(conn: psycopg.Connection[Any], view: str, input_name: str,
-                positions: np.ndarray, starts: np.ndarray, size_us: int,
-                times: np.ndarray, watermarks: np.ndarray) -> set[tuple[int, int]]:
+                positions: np.ndarray, starts: np.ndarray, size_us: int | np.ndarray,
+                times: np.ndarray, watermarks: np.ndarray, *, joined: bool = False
+                ) -> set[tuple[int, int]]:
     """Record late (event, window) pairs in the caller's transaction (a pair recorded before,
     by an earlier run or generation, stays as it is). Returns the pairs among them that were
-    replayed: those count in their windows."""
+    replayed: those count in their windows. ``joined``: late events of an interval join,
+    whose window is the span in which a partner had to come in."""
     if not len(positions):
         return set()
-    rows = list(zip(positions.tolist(), _times(starts), _times(starts + size_us),
+    ends = starts + size_us
+    rows = list(zip(positions.tolist(), _times(starts), _times(ends),
                     _times(times), _times(watermarks),
-                    [(w - s - size_us) / 1e6 for w, s in zip(watermarks.tolist(),
-                                                              starts.tolist(), strict=True)],
-                    strict=True))
+                    ((watermarks - ends) / 1e6).tolist(), strict=True))
     with conn.cursor() as cur:
         cur.executemany(
             "INSERT INTO lakefold.late_events (view, input, position, window_start, "
-            "window_end, event_time, watermark, late_by) "
-            "VALUES (%s, %s, %s, %s, %s, %s, %s, make_interval(secs => %s)) "
+            "window_end, event_time, watermark, late_by, joined) "
+            "VALUES (%s, %s, %s, %s, %s, %s, %s, make_interval(secs => %s), %s) "
             "ON CONFLICT DO NOTHING",
-            [(view, input_name, *row) for row in rows])
+            [(view, input_name, *row, joined) for row in rows])
     replayed = conn.execute(
         "SELECT position, (extract(epoch FROM window_start) * 1000000)::bigint "
         "FROM lakefold.late_events WHERE view = %s AND input = %s AND status = 'replayed' "
@@ -173,6 +178,13 @@ def replay_late(conn: psycopg.Connection[Any], view: str,
     install_late_events(conn)
     with conn.transaction():
         _replay_lock(conn, view)
+        if conn.execute("SELECT EXISTS (SELECT FROM lakefold.late_events WHERE view = %s "
+                        "AND joined)", (view,)).fetchone() == (True,):
+            raise ProjectionDefinitionError(
+                f"view {view} is an interval join: a late event cannot be folded back in, "
+                "because the events it would have joined may be forgotten already; rebuild "
+                "the view with a larger allowed lateness (interval_join(lateness=...)) to "
+                "join it")
         rows = conn.execute(
             "UPDATE lakefold.late_events SET status = 'replayed', replayed_at = now(), "
             "replay_seq = nextval('lakefold.late_event_replay_seq') "

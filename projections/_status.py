@@ -162,8 +162,11 @@ def _view_sources(catalog: Catalog, dsn: str, name: str, definition: dict[str, A
 
 def _window_status(dsn: str, name: str, definition: dict[str, Any],
                    generation: Generation) -> tuple[int, str | None]:
-    """A windowed view's late events not replayed, and its watermark."""
+    """A windowed (or interval-join) view's late events not replayed, and its watermark."""
     window = definition.get("window")
+    join = definition.get("interval_join")
+    if join:  # both joined feeds keep the largest event time of the two
+        window = {"input": str(join["left"]).split(".")[0], "lateness": join["lateness"]}
     if not window:
         return 0, None
     stream = feed_stream(name, generation.generation, window["input"])

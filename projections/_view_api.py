@@ -18,7 +18,9 @@ a category, optionally some types; rows keyed by ``position``, see ``_view_event
 view (its name, or the ``View``). With ``registry=`` (an ``EventRegistry``), event inputs have
 their payload's fields as columns, typed and upcast; without it, ``data`` as JSON text.
 ``enrich={"orders": lookup("shop.customers", on="customer_id")}`` adds a captured table's
-row to each event of an event input, as of the event's commit (``_lookups``).
+row to each event of an event input, as of the event's commit (``_lookups``);
+``join=interval_join(left=..., right=...)`` joins two event inputs within a time bound stated
+in the query, with bounded state (``_interval_joins``).
 Checks, each raising a ``ProjectionDefinitionError`` that says what to fix:
 
 - when defined: the names, the inputs' kinds, a key, a target keyed by that key that does not
@@ -35,6 +37,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
+from lakefold.projections._interval_joins import IntervalJoin
 from lakefold.projections._lookups import Lookup
 from lakefold.projections._model import ProjectionOptions, check_name, fingerprint
 from lakefold.projections._targets import Target
@@ -89,6 +92,8 @@ class View:
     registry: EventRegistry | None = None
     #: A window over event time on one input (``_windows``).
     window: Window | None = None
+    #: A join of two event inputs within a time bound (``_interval_joins``).
+    join: IntervalJoin | None = None
 
     @property
     def upstream(self) -> list[str]:
@@ -105,7 +110,8 @@ class View:
             "key": list(self.key),
             "target": vars(self.target) | {"kind": self.target.kind},
         } | ({} if self.registry is None else {"registry": self._payloads()}) \
-            | ({} if self.window is None else {"window": self.window.describe()})
+            | ({} if self.window is None else {"window": self.window.describe()}) \
+            | ({} if self.join is None else {"interval_join": self.join.describe()})
 
     def _payloads(self) -> dict[str, Any]:
         """The registry's types and versions of the event inputs (a new version of one, or
@@ -187,7 +193,7 @@ def define_view(name: str, *, inputs: Mapping[str, Input],
                 query: Query, key: str | Sequence[str], target: Target,
                 options: ProjectionOptions | None = None,
                 registry: EventRegistry | None = None, window: Window | None = None,
-                enrich: Enrichments | None = None) -> View:
+                enrich: Enrichments | None = None, join: IntervalJoin | None = None) -> View:
     """A view, checked as far as it can be without the stores and Spark."""
     check_name("view", name)
     checked_inputs = _enrich(name, _inputs(name, inputs), enrich)
@@ -214,9 +220,43 @@ def define_view(name: str, *, inputs: Mapping[str, Input],
                 f"view {name}: input {alias} reads event type(s) {', '.join(unknown)}, which "
                 f"the registry does not know; register them (registry.event(...)) or drop "
                 "them from events(types=...)")
+    _check_join(name, checked_inputs, window, join)
     _check_window(name, checked_inputs, checked_key, window)
     return View(name, checked_inputs, query, checked_key, target,
-                options or ProjectionOptions(), registry, window)
+                options or ProjectionOptions(), registry, window, join)
+
+
+def _check_join(name: str, inputs: Mapping[str, ViewInput], window: Window | None,
+                join: object) -> None:
+    if join is None:
+        return
+    if not isinstance(join, IntervalJoin):
+        raise ProjectionDefinitionError(
+            f"view {name}: join={join!r} is not an interval_join(left=..., right=...)")
+    if window is not None:
+        raise ProjectionDefinitionError(
+            f"view {name}: a view has a window or an interval join, not both; join in one "
+            "view and window the joined rows in a view over it")
+    for side in (join.left, join.right):
+        source = inputs.get(side)
+        if source is None:
+            raise ProjectionDefinitionError(
+                f"view {name}: the interval join names input {side!r}, which the view does "
+                f"not have; its inputs are {', '.join(inputs)}")
+        if source.events is None:
+            raise ProjectionDefinitionError(
+                f"view {name}: the interval join is over input {side}, a {source.label}; "
+                "interval joins are over event inputs (events(...)); join a table's rows "
+                "with an equal-key join, or as of each event's commit with lookup(...)")
+        if source.events.lookups:
+            raise ProjectionDefinitionError(
+                f"view {name}: input {side} of the interval join has lookups (enrich=); "
+                "enrich the events in a view over the join instead")
+    others = [alias for alias in inputs if alias not in (join.left, join.right)]
+    if others:
+        raise ProjectionDefinitionError(
+            f"view {name}: an interval join view reads its two event inputs only, not "
+            f"{', '.join(others)}; join those in a view over it")
 
 
 def _check_window(name: str, inputs: Mapping[str, ViewInput], key: tuple[str, ...],
@@ -248,12 +288,13 @@ def view_decorator(name: str, *, inputs: Mapping[str, Input],
                    key: str | Sequence[str], target: Target,
                    options: ProjectionOptions | None = None,
                    registry: EventRegistry | None = None, window: Window | None = None,
-                   enrich: Enrichments | None = None
+                   enrich: Enrichments | None = None, join: IntervalJoin | None = None
                    ) -> Callable[[Callable[..., Any]], View]:
     """``@view(...)`` over a DataFrame function (see the module docstring)."""
     def define(function: Callable[..., Any]) -> View:
         return define_view(name, inputs=inputs, query=function, key=key, target=target,
-                           options=options, registry=registry, window=window, enrich=enrich)
+                           options=options, registry=registry, window=window, enrich=enrich,
+                           join=join)
 
     return define
 

@@ -147,17 +147,24 @@ def event_schema(view: str, alias: str, decoder: PayloadDecoder | None,
     return schema if window is None else windowed_schema(view, alias, schema, window)
 
 
+def check_time_column(view: str, alias: str, schema: pa.Schema, column: str,
+                      what: str) -> None:
+    """Refuse ``what`` (a window, a join) over ``alias.column`` unless the input has that
+    column and it can hold an event time."""
+    if column not in schema.names:
+        raise ProjectionDefinitionError(
+            f"view {view}: the {what} is over {alias}.{column}, but input {alias} has no "
+            f"column {column!r}; its columns are {', '.join(schema.names)}")
+    if not is_time_type(schema.field(column).type):
+        raise ProjectionDefinitionError(
+            f"view {view}: the {what} is over {alias}.{column}, of type "
+            f"{schema.field(column).type}, which is not a time; use a timestamp (or "
+            "ISO-8601 text) column")
+
+
 def windowed_schema(view: str, alias: str, schema: pa.Schema, window: Window) -> pa.Schema:
     """An input's columns with the window columns after them (see ``_windows``)."""
-    if window.time not in schema.names:
-        raise ProjectionDefinitionError(
-            f"view {view}: the window is over {alias}.{window.time}, but input {alias} has no "
-            f"column {window.time!r}; its columns are {', '.join(schema.names)}")
-    if not is_time_type(schema.field(window.time).type):
-        raise ProjectionDefinitionError(
-            f"view {view}: the window is over {alias}.{window.time}, of type "
-            f"{schema.field(window.time).type}, which is not a time; use a timestamp (or "
-            "ISO-8601 text) column")
+    check_time_column(view, alias, schema, window.time, "window")
     clash = [n for n in (WINDOW_START, WINDOW_END) if n in schema.names]
     if clash:
         raise ProjectionDefinitionError(
@@ -165,6 +172,20 @@ def windowed_schema(view: str, alias: str, schema: pa.Schema, window: Window) ->
             "adds; rename that column")
     return schema.append(pa.field(WINDOW_START, TIME_TYPE)).append(
         pa.field(WINDOW_END, TIME_TYPE))
+
+
+@dataclass(frozen=True)
+class FeedRead:
+    """What ``EventFeed.read`` found: the feed rows of the events read (without window
+    columns), the rows of deleted streams to delete, the newest event's time, the position
+    after them, the feed's largest event time and replays folded so far, before them."""
+
+    rows: pa.Table
+    deletes: pa.Table
+    moment: datetime
+    end: int
+    max_time: int | None
+    replayed: int
 
 
 @dataclass(frozen=True)
@@ -239,10 +260,22 @@ class EventFeed:
                 ) -> FeedBatch:
         """Feed the events after the feed's position up to ``head`` (the store's head, read
         before the caller's transaction began; at most ``limit`` positions), in the caller's
-        transaction; ``state`` is the
-        view's state of this feed (to find the rows of a deleted stream). A windowed feed
-        also folds in the late events replayed since its last batch."""
-        assert self._stream_schema is not None  # noqa: S101 - create() runs first
+        transaction; ``state`` is the view's state of this feed (to find the rows of a
+        deleted stream). A windowed feed also folds in the late events replayed since its
+        last batch."""
+        read = self.read(conn, state, head)
+        rows, windows, max_time = read.rows, frozenset[int](), read.max_time
+        if self.window is not None and rows.num_rows:
+            rows, windows, max_time = self._windowed(conn, rows, max_time)
+        batch = self.write(conn, read, rows, max_time, windows)
+        if self.window is not None:
+            batch = self._fold_replays(conn, batch, read.replayed)
+        return batch
+
+    def read(self, conn: psycopg.Connection[Any], state: StreamState, head: int) -> FeedRead:
+        """The feed's rows of the events after its position up to ``head`` (see
+        ``advance``), not written yet; events whose payload the models cannot read are
+        dead-lettered."""
         start, max_time, replayed, mark_lsn, mark_head = conn.execute(
             "SELECT next_position, max_event_time, replayed_through, mark_lsn, mark_head "
             "FROM lakefold.event_feeds WHERE stream = %s FOR UPDATE",
@@ -256,12 +289,35 @@ class EventFeed:
         events = pa.Table.from_batches(list(read_events_range(
             self.dsn, int(start), end, category=self.source.category,
             types=self.source.types or None)), schema=EVENTS_ARROW_SCHEMA)
-        batch = self._append(conn, state, events, max_time)
-        if self.window is not None:
-            batch = self._fold_replays(conn, batch, int(replayed))
+        top = None if max_time is None else int(max_time)
+        if events.num_rows == 0:
+            empty = self.event_schema.empty_table()
+            return FeedRead(empty, self.schema.empty_table(), datetime.now(UTC), end, top,
+                            int(replayed))
+        deletion = pc.equal(events.column("type"), STREAM_DELETED_TYPE)
+        deletes = self._deleted_rows(conn, state, events.filter(deletion))
+        events = events.filter(pc.invert(deletion))
+        if deletes.num_rows:  # events of a deleted stream read in this very range
+            gone = pc.is_in(events.column("stream_id"), deletes.column("stream_id").unique())
+            events = events.filter(pc.invert(gone))
+        try:
+            rows = self._rows(conn, events, self._order)
+        except SparkTerminalError:  # payloads that do not fit the registered models
+            events = self._without_undecodable(conn, events)
+            rows = self._rows(conn, events, self._order)
+        moment = pc.max(events.column("recorded_at")).as_py() if events.num_rows else \
+            datetime.now(UTC)
+        return FeedRead(rows, deletes, moment, end, top, int(replayed))
+
+    def write(self, conn: psycopg.Connection[Any], read: FeedRead, rows: pa.Table,
+              max_time: int | None, windows: frozenset[int] = frozenset()) -> FeedBatch:
+        """Append ``rows`` (of ``read``, as the feed keeps them) and ``read``'s deletes, and
+        move the feed's position past ``read``, with ``max_time`` its largest event time."""
+        appended = self._write(conn, rows, read.deletes, read.moment) \
+            if rows.num_rows or read.deletes.num_rows else 0
         conn.execute("UPDATE lakefold.event_feeds SET next_position = %s, max_event_time = %s "
-                     "WHERE stream = %s", (end, batch.max_event_time, self.name))
-        return batch
+                     "WHERE stream = %s", (read.end, max_time, self.name))
+        return FeedBatch(appended, windows, max_time)
 
     def _commit_gate(self, conn: psycopg.Connection[Any], start: int, head: int,
                      mark_lsn: int | None, mark_head: int | None) -> int:
@@ -283,28 +339,6 @@ class EventFeed:
                          "WHERE stream = %s", (wal_insert_lsn(conn), head, self.name))
         self._order = order
         return max(start, head + 1 if unknown is None else unknown)
-
-    def _append(self, conn: psycopg.Connection[Any], state: StreamState,
-                events: pa.Table, max_time: int | None) -> FeedBatch:
-        if events.num_rows == 0:
-            return FeedBatch(0, max_event_time=max_time)
-        deletion = pc.equal(events.column("type"), STREAM_DELETED_TYPE)
-        deletes = self._deleted_rows(conn, state, events.filter(deletion))
-        events = events.filter(pc.invert(deletion))
-        if deletes.num_rows:  # events of a deleted stream read in this very range
-            gone = pc.is_in(events.column("stream_id"), deletes.column("stream_id").unique())
-            events = events.filter(pc.invert(gone))
-        try:
-            rows = self._rows(conn, events, self._order)
-        except SparkTerminalError:  # payloads that do not fit the registered models
-            events = self._without_undecodable(conn, events)
-            rows = self._rows(conn, events, self._order)
-        windows: frozenset[int] = frozenset()
-        if self.window is not None:
-            rows, windows, max_time = self._windowed(conn, rows, max_time)
-        top = events.column("recorded_at")
-        moment = pc.max(top).as_py() if events.num_rows else datetime.now(UTC)
-        return FeedBatch(self._write(conn, rows, deletes, moment), windows, max_time)
 
     def _write(self, conn: psycopg.Connection[Any], rows: pa.Table, deletes: pa.Table,
                moment: datetime) -> int:
@@ -333,7 +367,7 @@ class EventFeed:
             take = np.concatenate([take, found.late_rows[back]])
             starts = np.concatenate([starts, found.late_starts[back]])
         if len(found.no_time):
-            self._dead_letter(conn, rows.take(pa.array(found.no_time)))
+            self.dead_letter_times(conn, rows.take(pa.array(found.no_time)), window.time)
         return (self._window_rows(rows, take, starts), frozenset(starts.tolist()),
                 found.max_time)
 
@@ -344,18 +378,19 @@ class EventFeed:
             .append_column(WINDOW_END, pa.array(starts + self.window.size_us, pa.int64())
                            .cast(TIME_TYPE)).cast(self.schema)
 
-    def _dead_letter(self, conn: psycopg.Connection[Any], rows: pa.Table) -> None:
-        assert self.window is not None  # noqa: S101 - only for a windowed feed
-        column = self.window.time
+    def dead_letter_times(self, conn: psycopg.Connection[Any], rows: pa.Table,
+                          column: str) -> None:
+        """Dead-letter the events ``rows`` whose time ``column`` is NULL or not a time."""
+        install_dead_letters(conn)
         letters = []
         for row in rows.select([c for c in rows.column_names if c not in (
                 WINDOW_START, WINDOW_END)]).to_pylist():
             value = row[column]
             why = "is NULL" if value is None else f"is {str(value)!r}, not a time"
             letters.append(self._letter(
-                row, f"event {row['position']}'s time {self.alias}.{column} {why}; it is in no "
-                "window. Append a corrected event (a new version with an upcaster fixes old "
-                "ones), then drop this letter"))
+                row, f"event {row['position']}'s time {self.alias}.{column} {why}; it is in "
+                "no window or join. Append a corrected event (a new version with an upcaster "
+                "fixes old ones), then drop this letter"))
         add_dead_letters(conn, self.view, self.generation, letters)
 
     def _letter(self, row: dict[str, Any], why: str) -> NewDeadLetter:

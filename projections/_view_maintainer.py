@@ -38,6 +38,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import psycopg
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -46,6 +47,8 @@ from lakefold.capture.store._arrow_columns import typed_array
 from lakefold.capture.store._changelog_store import ChangelogStore, stream_meta
 from lakefold.capture.store._derived_streams import DerivedStream, column_for, text_array
 from lakefold.capture.store._stream_state import StateChanges, StreamState
+from lakefold.projections._deadletters import install_dead_letters
+from lakefold.projections._late_events import install_late_events, record_late
 from lakefold.projections._view_aggregates import AggregateState
 from lakefold.projections._view_events import EventFeed, EventInput, FeedBatch, store_head
 from lakefold.projections._view_plan import Query, ViewPlan, analyze, view_frame
@@ -55,7 +58,13 @@ from lakefold.projections._window_book import (
     install_window_book,
     open_windows,
 )
-from lakefold.projections._windows import TIME_TYPE, WINDOW_FINAL, WINDOW_START, Window
+from lakefold.projections._windows import (
+    TIME_TYPE,
+    WINDOW_FINAL,
+    WINDOW_START,
+    Window,
+    event_times,
+)
 from lakefold.projections.exceptions import MissingKeyError, ProjectionStateError
 from lakefold.schemas import EventRegistry
 from lakefold.spark._query import no_duplicate_error_logs
@@ -131,6 +140,8 @@ class ViewMaintainer:
         self.dsn = store_dsn
         #: The view's window over event time (``_windows``), over one of its event inputs.
         self.window = window
+        #: The view's join of two event inputs within a time bound (``_interval_joins``).
+        self.join = plan.join
         #: Event inputs, each fed into a derived stream of this generation (``_view_events``).
         self.feeds = {alias: EventFeed(
             store_dsn, view=view, generation=generation, alias=alias, source=source,
@@ -170,6 +181,9 @@ class ViewMaintainer:
             feed.create(conn)
         if self.window is not None:
             install_window_book(conn)
+        if self.join is not None:
+            install_late_events(conn)
+            install_dead_letters(conn)
         for name, state in self.states.items():
             lookups = (*wanted.get(name, ()), *(("stream_id",) if name in self.feeds else ()))
             state.create(conn, lookups)
@@ -206,8 +220,11 @@ class ViewMaintainer:
         with conn.transaction():
             conn.execute("SELECT pg_advisory_xact_lock(%s, %s)",
                          (LOCK_NAMESPACE, zlib.crc32(self.owner.encode()) & 0x7FFF_FFFF))
-            fed = {alias: feed.advance(conn, self.states[alias], event_head)
-                   for alias, feed in self.feeds.items()}
+            if self.join is not None:
+                fed = self._feed_join(conn, event_head)
+            else:
+                fed = {alias: feed.advance(conn, self.states[alias], event_head)
+                       for alias, feed in self.feeds.items()}
             watermark = self._watermark(fed)
             heads = dict(conn.execute(
                 "SELECT name, head FROM lakefold.changelog_streams WHERE name = ANY(%s)",
@@ -227,7 +244,12 @@ class ViewMaintainer:
                                               find=affected is not None)
                 if affected is not None:
                     affected |= closing
+            kept: pa.Table | None = None
+            if self.join is not None:
+                affected, kept = self._join_partitions(conn, affected, watermark)
             if affected is not None and not affected:
+                if kept is not None:
+                    self._forget(conn, kept, watermark)
                 return BatchResult({n: c.end for n, c in changes.items()}, 0, 0, 0, (0, 0))
             failed: dict[Partition, str] = {}
             if self.aggregates is not None:
@@ -244,6 +266,8 @@ class ViewMaintainer:
                                            deletes=deletes, commit_lsn=commit_lsn,
                                            commit_ts=commit_ts)
             self.own.apply(conn, positions[1])
+            if kept is not None:
+                self._forget(conn, kept, watermark)
         return BatchResult({n: c.end for n, c in changes.items()},
                            None if affected is None else len(affected), upserts.num_rows,
                            deletes.num_rows, positions, self._named(failed))
@@ -260,11 +284,103 @@ class ViewMaintainer:
 
     def _watermark(self, fed: Mapping[str, FeedBatch]) -> int | None:
         """The view's watermark after the batch's events (microseconds since the epoch):
-        the largest event time of its windowed input minus the allowed lateness."""
+        the largest event time of its windowed input (of both joined inputs) minus the
+        allowed lateness."""
+        if self.join is not None:
+            top = fed[self.join.left].max_event_time
+            return None if top is None else top - self.join.lateness_us
         if self.window is None:
             return None
         top = fed[self.window.input].max_event_time
         return None if top is None else top - self.window.lateness_us
+
+    # ------------------------------------------------------------------ interval joins
+
+    def _feed_join(self, conn: psycopg.Connection[Any], head: int) -> dict[str, FeedBatch]:
+        """Feed both joined inputs' events, classified together in commit order: the late
+        ones recorded (``_interval_joins``), those without a time dead-lettered, the others
+        appended; both feeds keep the largest event time of the two."""
+        join = self.join
+        assert join is not None  # noqa: S101 - only for an interval join
+        sides = [(join.left, join.left_time, True), (join.right, join.right_time, False)]
+        reads = {alias: self.feeds[alias].read(conn, self.states[alias], head)
+                 for alias, _, _ in sides}
+        floor = np.iinfo(np.int64).min
+        parts = []
+        for alias, column, is_left in sides:
+            rows = reads[alias].rows
+            times, missing = event_times(rows.column(column))
+            if missing.any():
+                self.feeds[alias].dead_letter_times(
+                    conn, rows.filter(pa.array(missing)), column)
+            parts.append((rows.column("position").to_numpy(), np.where(missing, floor, times),
+                          np.full(rows.num_rows, is_left), missing))
+        positions = np.concatenate([p[0] for p in parts])
+        order = np.argsort(positions, kind="stable")
+        late, marks, top = join.classify(np.concatenate([p[2] for p in parts])[order],
+                                         np.concatenate([p[1] for p in parts])[order],
+                                         reads[join.left].max_time)
+        unordered_late = np.empty_like(late)
+        unordered_late[order] = late
+        unordered_marks = np.empty_like(marks)
+        unordered_marks[order] = marks
+        out, at = {}, 0
+        for (alias, _, is_left), (where, times, _, missing) in zip(sides, parts, strict=True):
+            count = len(where)
+            side_late, side_marks = unordered_late[at:at + count], unordered_marks[at:at + count]
+            at += count
+            record_late(conn, self.view, alias, where[side_late], times[side_late],
+                        join.bounds[1] if is_left else 0, times[side_late],
+                        side_marks[side_late], joined=True)
+            keep = ~side_late & ~missing
+            read = reads[alias]
+            out[alias] = self.feeds[alias].write(conn, read, read.rows.filter(pa.array(keep)),
+                                                 top)
+        return out
+
+    def _join_partitions(self, conn: psycopg.Connection[Any], affected: set[Partition] | None,
+                         watermark: int | None) -> tuple[set[Partition], pa.Table]:
+        """The left events to compute this batch (all of them: None), and the left state's
+        rows with their times. A left outer join computes a left event once, when its bound
+        passed (final): those not final are held back, those that became final added."""
+        join = self.join
+        assert join is not None  # noqa: S101 - only for an interval join
+        state = self.states[join.left]
+        raw = state.rows(conn)
+        keys = [(p,) for p in state.raw_column(conn, raw, "position")]
+        if affected is None:
+            affected = set(keys)
+        if join.outer:
+            final = self._kept_times(conn, join.left, raw, join.left_time) + join.bounds[1] \
+                < (watermark if watermark is not None else np.iinfo(np.int64).min)
+            done = {k for k, f in zip(keys, final, strict=True) if f}
+            affected = (affected - set(keys)) | done
+        return affected, raw
+
+    def _kept_times(self, conn: psycopg.Connection[Any], alias: str, raw: pa.Table,
+                    column: str) -> np.ndarray:
+        state = self.states[alias]
+        times, _ = event_times(_data(state.typed(conn, raw)).column(column))
+        return times
+
+    def _forget(self, conn: psycopg.Connection[Any], left_rows: pa.Table,
+                watermark: int | None) -> None:
+        """Forget the joined events no event to come can join (``_interval_joins``)."""
+        join = self.join
+        assert join is not None  # noqa: S101 - only for an interval join
+        if watermark is None:
+            return
+        if left_rows.num_rows:
+            gone = join.forget_left(
+                self._kept_times(conn, join.left, left_rows, join.left_time), watermark)
+            self.states[join.left].forget(
+                conn, left_rows.column("_position").to_numpy()[gone].tolist())
+        right = self.states[join.right]
+        rows = right.rows(conn)
+        if rows.num_rows:
+            gone = join.forget_right(
+                self._kept_times(conn, join.right, rows, join.right_time), watermark)
+            right.forget(conn, rows.column("_position").to_numpy()[gone].tolist())
 
     def _close_windows(self, conn: psycopg.Connection[Any], fed: FeedBatch,
                        watermark: int | None, *, find: bool) -> set[Partition]:

@@ -33,6 +33,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Final
 
+from lakefold.projections._interval_joins import IntervalJoin, bound_join
 from lakefold.projections._plan_trees import (
     Node,
     conjuncts,
@@ -112,6 +113,8 @@ class ViewPlan:
     lookups: Mapping[str, Lookup]
     #: Set when the view is one GROUP BY kept by its changes (``_view_aggregates``).
     aggregate: AggregatePlan | None = None
+    #: Set for a join of two event inputs within a time bound (``_interval_joins``).
+    join: IntervalJoin | None = None
 
     @property
     def inputs(self) -> tuple[str, ...]:
@@ -433,10 +436,27 @@ def view_frame(spark: SparkSession, schemas: Mapping[str, StructType | str],
 
 
 def analyze(spark: SparkSession, view: str, schemas: Mapping[str, StructType | str],
-            query: Query, key: Sequence[str]) -> ViewPlan:
-    """Analyze a view over inputs with ``schemas`` (see ``analyze_plan``)."""
+            query: Query, key: Sequence[str], join: IntervalJoin | None = None) -> ViewPlan:
+    """Analyze a view over inputs with ``schemas`` (see ``analyze_plan``), with its
+    interval join's bound read off the plan (``_interval_joins``)."""
     df = view_frame(spark, schemas, query)
     plan = df._jdf.queryExecution().analyzed().toJSON()
     analyzed = analyze_plan(view, plan, key, list(schemas))
+    if join is not None:
+        analyzed = _joined(view, analyzed, bound_join(view, join, plan_tree(json.loads(plan))))
     return replace(analyzed, columns={f.name: f.dataType.simpleString()
                                       for f in df.schema.fields})
+
+
+def _joined(view: str, plan: ViewPlan, join: IntervalJoin) -> ViewPlan:
+    """``plan`` with its interval join, once its partitions are the left events (a left
+    event's rows computed on their own, so forgetting one changes no output row)."""
+    if dict(plan.direct) != {join.left: ("position",)} or set(plan.lookups) != {join.right}:
+        raise MissingKeyError(
+            f"view {view}: an interval join's key starts with the left input's position "
+            f"(e.g. SELECT {join.left}.position AS {join.left}_position, "
+            f"{join.right}.position AS {join.right}_position ... with key=["
+            f"'{join.left}_position', '{join.right}_position']), so each left event's rows "
+            f"are computed on their own and can be forgotten once its bound passed; this "
+            f"key partitions by {', '.join(plan.partition)} ({plan.describe()})")
+    return replace(plan, join=join)

@@ -19,7 +19,11 @@ from lakefold.capture.store._derived_streams import column_for
 from lakefold.capture.store.exceptions import CaptureValueError, UnknownStreamError
 from lakefold.projections._lookups import enrichment_fields
 from lakefold.projections._view_api import View, check_views
-from lakefold.projections._view_events import event_schema, payload_decoder
+from lakefold.projections._view_events import (
+    check_time_column,
+    event_schema,
+    payload_decoder,
+)
 from lakefold.projections._view_maintainer import describe_inputs, drift_message, input_schema
 from lakefold.projections._view_plan import ViewPlan, analyze, view_frame
 from lakefold.projections._windows import WINDOW_FINAL, WINDOW_START
@@ -87,6 +91,10 @@ def plan_views(spark: SparkSession, views: Mapping[str, View], store_dsn: str,
                                            event_schema(name, alias, decoder))
                 schemas[alias] = streamed(event_schema(
                     name, alias, decoder, window, [f for group in fields for f in group]))
+                if view.join is not None and alias in (view.join.left, view.join.right):
+                    column = view.join.left_time if alias == view.join.left else \
+                        view.join.right_time
+                    check_time_column(name, alias, schemas[alias], column, "interval join")
             elif source.table is not None:
                 try:
                     schemas[alias] = input_schema(store_dsn, source.table)
@@ -98,7 +106,7 @@ def plan_views(spark: SparkSession, views: Mapping[str, View], store_dsn: str,
         spark_schemas = {alias: from_arrow_schema(s) for alias, s in schemas.items()}
         try:
             with no_duplicate_error_logs():  # the error below says it once
-                plan = analyze(spark, name, spark_schemas, view.query, view.key)
+                plan = analyze(spark, name, spark_schemas, view.query, view.key, view.join)
                 output = view_frame(spark, spark_schemas, view.query).toArrow().schema
         except (AnalysisException, PySparkTypeError, PySparkValueError) as e:
             if name in established and on_drift is not None:

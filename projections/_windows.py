@@ -77,7 +77,7 @@ def duration(what: str, value: object, *, zero: bool = False) -> timedelta:
     return found
 
 
-def _micros(value: timedelta) -> int:
+def micros(value: timedelta) -> int:
     return (value.days * 86_400 + value.seconds) * 1_000_000 + value.microseconds
 
 
@@ -97,15 +97,15 @@ class Window:
 
     @property
     def size_us(self) -> int:
-        return _micros(self.size)
+        return micros(self.size)
 
     @property
     def slide_us(self) -> int:
-        return _micros(self.slide)
+        return micros(self.slide)
 
     @property
     def lateness_us(self) -> int:
-        return _micros(self.lateness)
+        return micros(self.lateness)
 
     def describe(self) -> dict[str, object]:
         return {"kind": self.kind, "input": self.input, "time": self.time,
@@ -144,7 +144,7 @@ def _window(kind: str, on: object, size: object, slide: object, lateness: object
         raise ProjectionDefinitionError(
             f"{kind} window: slide {slide!r} is longer than size {size!r}, which would skip "
             "events between windows; make the slide at most the size")
-    if _micros(checked_size) % _micros(checked_slide):
+    if micros(checked_size) % micros(checked_slide):
         raise ProjectionDefinitionError(
             f"{kind} window: size {size!r} is not a whole number of slides {slide!r}; "
             "choose a slide that divides the size")

@@ -230,6 +230,16 @@ class StreamState:
                          "WHERE owner = %s AND stream = %s", (end, self.owner, self.stream))
         return StateChanges(before, after, truncated, start, end)
 
+    def forget(self, conn: psycopg.Connection[Any], positions: Iterable[int]) -> int:
+        """Delete the rows written by the records at ``positions`` from the state, as if they
+        had never been there (no change is reported: for rows that can no longer matter,
+        such as an interval join's events behind its bound). Returns how many went."""
+        wanted = sorted(set(positions))
+        if not wanted:
+            return 0
+        return conn.execute(sql.SQL("DELETE FROM {} WHERE position = ANY(%s)")
+                            .format(self.table), (wanted,)).rowcount
+
     # ------------------------------------------------------------------ reading
 
     def rows_where(self, conn: psycopg.Connection[Any], column: str,
