@@ -47,7 +47,7 @@ if TYPE_CHECKING:  # the real names for type checkers; at run time they load laz
         search_index,
     )
     from lakefold.projections._view_api import View
-    from lakefold.projections._windows import Window, hopping, tumbling
+    from lakefold.projections._windows import Window, hopping, session, tumbling
     from lakefold.projections.exceptions import (
         BehindCompactionError,
         IncompatibleTargetError,
@@ -85,6 +85,7 @@ _EXPORTS: dict[str, str] = {
     "RecordFailedError": "exceptions", "StatefulChangelogError": "exceptions",
     "UnknownSourceError": "exceptions",
     "Window": "_windows", "hopping": "_windows", "tumbling": "_windows",
+    "session": "_windows",
     "Lookup": "_lookups", "lookup": "_lookups",
     "IntervalJoin": "_interval_joins", "interval_join": "_interval_joins",
 }
@@ -135,6 +136,7 @@ __all__ = [
     "projection",
     "redis_cache",
     "search_index",
+    "session",
     "table_catalog",
     "tumbling",
     "view",

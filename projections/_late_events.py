@@ -44,10 +44,11 @@ _DDL: Final = [
     "CREATE SEQUENCE IF NOT EXISTS lakefold.late_event_replay_seq",
     """CREATE INDEX IF NOT EXISTS late_events_replays ON lakefold.late_events
         (view, input, replay_seq) WHERE status = 'replayed'""",
-    # Late events of an interval join (``_interval_joins``): the "window" is the span of
-    # times a partner had to come in; added after the first release.
-    "ALTER TABLE lakefold.late_events ADD COLUMN IF NOT EXISTS joined boolean NOT NULL "
-    "DEFAULT false",
+    # What an event was late for: "window" (it can be replayed into it), "session" (the
+    # session it hit, ``_session_windows``) or "join" (the span in which a partner had to
+    # come, ``_interval_joins``); added after the first release.
+    "ALTER TABLE lakefold.late_events ADD COLUMN IF NOT EXISTS kind text NOT NULL "
+    "DEFAULT 'window'",
 ]
 _INSTALL_LOCK: Final = 0x6C66_4C45  # "lfLE"
 #: Namespace of the per-view lock that orders replays with the feeds that fold them.
@@ -92,12 +93,12 @@ def _times(micros: np.ndarray) -> list[datetime]:
 
 def record_late(conn: psycopg.Connection[Any], view: str, input_name: str,
                 positions: np.ndarray, starts: np.ndarray, size_us: int | np.ndarray,
-                times: np.ndarray, watermarks: np.ndarray, *, joined: bool = False
+                times: np.ndarray, watermarks: np.ndarray, *, kind: str = "window"
                 ) -> set[tuple[int, int]]:
     """Record late (event, window) pairs in the caller's transaction (a pair recorded before,
     by an earlier run or generation, stays as it is). Returns the pairs among them that were
-    replayed: those count in their windows. ``joined``: late events of an interval join,
-    whose window is the span in which a partner had to come in."""
+    replayed: those count in their windows. ``kind``: what the event was late for (see the
+    table's DDL)."""
     if not len(positions):
         return set()
     ends = starts + size_us
@@ -107,10 +108,10 @@ def record_late(conn: psycopg.Connection[Any], view: str, input_name: str,
     with conn.cursor() as cur:
         cur.executemany(
             "INSERT INTO lakefold.late_events (view, input, position, window_start, "
-            "window_end, event_time, watermark, late_by, joined) "
+            "window_end, event_time, watermark, late_by, kind) "
             "VALUES (%s, %s, %s, %s, %s, %s, %s, make_interval(secs => %s), %s) "
             "ON CONFLICT DO NOTHING",
-            [(view, input_name, *row, joined) for row in rows])
+            [(view, input_name, *row, kind) for row in rows])
     replayed = conn.execute(
         "SELECT position, (extract(epoch FROM window_start) * 1000000)::bigint "
         "FROM lakefold.late_events WHERE view = %s AND input = %s AND status = 'replayed' "
@@ -178,13 +179,16 @@ def replay_late(conn: psycopg.Connection[Any], view: str,
     install_late_events(conn)
     with conn.transaction():
         _replay_lock(conn, view)
-        if conn.execute("SELECT EXISTS (SELECT FROM lakefold.late_events WHERE view = %s "
-                        "AND joined)", (view,)).fetchone() == (True,):
+        found = conn.execute("SELECT kind FROM lakefold.late_events WHERE view = %s AND "
+                             "kind <> 'window' LIMIT 1", (view,)).fetchone()
+        if found is not None:
+            what, why = ("interval join", "the events it would have joined may be forgotten "
+                         "already") if found[0] == "join" else \
+                ("session windows", "it would merge sessions already final")
             raise ProjectionDefinitionError(
-                f"view {view} is an interval join: a late event cannot be folded back in, "
-                "because the events it would have joined may be forgotten already; rebuild "
-                "the view with a larger allowed lateness (interval_join(lateness=...)) to "
-                "join it")
+                f"view {view}: a late event of its {what} cannot be folded back in, because "
+                f"{why}; rebuild the view with a larger allowed lateness (lateness=...) to "
+                "count it")
         rows = conn.execute(
             "UPDATE lakefold.late_events SET status = 'replayed', replayed_at = now(), "
             "replay_seq = nextval('lakefold.late_event_replay_seq') "

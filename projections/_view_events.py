@@ -29,9 +29,9 @@ events equals the same query over the events a read of the store returns.
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
-from dataclasses import dataclass
-from datetime import UTC, datetime
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
 from typing import Any, Final
 
 import numpy as np
@@ -39,7 +39,7 @@ import psycopg
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from lakefold.capture.store._derived_streams import DerivedStream, column_for
+from lakefold.capture.store._derived_streams import DerivedStream, column_for, text_array
 from lakefold.capture.store._stream_schema import StreamSchema
 from lakefold.capture.store._stream_state import StreamState
 from lakefold.capture.store.exceptions import CaptureValueError
@@ -52,6 +52,7 @@ from lakefold.projections._deadletters import (
 )
 from lakefold.projections._late_events import install_late_events, pending_replays, record_late
 from lakefold.projections._lookups import CommitOrder, Enricher, Lookup, enrichment_fields
+from lakefold.projections._session_windows import assign_sessions
 from lakefold.projections._windows import (
     TIME_TYPE,
     WINDOW_END,
@@ -165,6 +166,11 @@ def check_time_column(view: str, alias: str, schema: pa.Schema, column: str,
 def windowed_schema(view: str, alias: str, schema: pa.Schema, window: Window) -> pa.Schema:
     """An input's columns with the window columns after them (see ``_windows``)."""
     check_time_column(view, alias, schema, window.time, "window")
+    missing = [c for c in window.by if c not in schema.names]
+    if missing:
+        raise ProjectionDefinitionError(
+            f"view {view}: the session window is by {', '.join(missing)}, which input {alias} "
+            f"does not have; its columns are {', '.join(schema.names)}")
     clash = [n for n in (WINDOW_START, WINDOW_END) if n in schema.names]
     if clash:
         raise ProjectionDefinitionError(
@@ -191,11 +197,13 @@ class FeedRead:
 @dataclass(frozen=True)
 class FeedBatch:
     """What ``EventFeed.advance`` fed: rows appended, the window starts they fell in (of a
-    windowed feed, in microseconds), the feed's largest event time after it."""
+    windowed feed, in microseconds), the feed's largest event time after it, and of a
+    session window each session's end by its start."""
 
     appended: int
     windows: frozenset[int] = frozenset()
     max_event_time: int | None = None
+    ends: Mapping[int, int] = field(default_factory=dict)
 
 
 class EventFeed:
@@ -265,6 +273,10 @@ class EventFeed:
         last batch."""
         read = self.read(conn, state, head)
         rows, windows, max_time = read.rows, frozenset[int](), read.max_time
+        if self.window is not None and self.window.kind == "session":
+            if rows.num_rows:
+                return self._sessions(conn, state, read)
+            return self.write(conn, read, rows, max_time)
         if self.window is not None and rows.num_rows:
             rows, windows, max_time = self._windowed(conn, rows, max_time)
         batch = self.write(conn, read, rows, max_time, windows)
@@ -310,14 +322,85 @@ class EventFeed:
         return FeedRead(rows, deletes, moment, end, top, int(replayed))
 
     def write(self, conn: psycopg.Connection[Any], read: FeedRead, rows: pa.Table,
-              max_time: int | None, windows: frozenset[int] = frozenset()) -> FeedBatch:
-        """Append ``rows`` (of ``read``, as the feed keeps them) and ``read``'s deletes, and
-        move the feed's position past ``read``, with ``max_time`` its largest event time."""
-        appended = self._write(conn, rows, read.deletes, read.moment) \
-            if rows.num_rows or read.deletes.num_rows else 0
+              max_time: int | None, windows: frozenset[int] = frozenset(),
+              moved: pa.Table | None = None, ends: Mapping[int, int] | None = None
+              ) -> FeedBatch:
+        """Append ``rows`` (of ``read``, as the feed keeps them), ``read``'s deletes and the
+        rows ``moved`` out of their window (a session's), and move the feed's position past
+        ``read``, with ``max_time`` its largest event time."""
+        deletes = read.deletes if moved is None or not moved.num_rows else \
+            pa.concat_tables([read.deletes, moved.cast(read.deletes.schema)])
+        appended = self._write(conn, rows, deletes, read.moment) \
+            if rows.num_rows or deletes.num_rows else 0
         conn.execute("UPDATE lakefold.event_feeds SET next_position = %s, max_event_time = %s "
                      "WHERE stream = %s", (read.end, max_time, self.name))
-        return FeedBatch(appended, windows, max_time)
+        return FeedBatch(appended, windows, max_time, dict(ends or {}))
+
+    def _sessions(self, conn: psycopg.Connection[Any], state: StreamState,
+                  read: FeedRead) -> FeedBatch:
+        """Feed a session-windowed batch (``_session_windows``): the events' rows in their
+        sessions, the earlier rows of sessions that moved deleted and written again, the late
+        events recorded, those without a time dead-lettered."""
+        window = self.window
+        assert window is not None  # noqa: S101 - only for a session window
+        rows = read.rows
+        times, missing = event_times(rows.column(window.time))
+        if missing.any():
+            self.dead_letter_times(conn, rows.filter(pa.array(missing)), window.time)
+        keys = list(zip(*(rows.column(c).to_pylist() for c in window.by), strict=True))
+        earlier = self._session_rows(conn, state, set(keys))
+        found = assign_sessions(
+            window.size_us, window.lateness_us, keys, times, missing,
+            [(k, p, t, s, e) for k, p, t, s, e, _ in earlier], read.max_time)
+        positions = rows.column("position").to_numpy()
+        if found.late:
+            late = np.array([i for i, _, _, _ in found.late], dtype=np.int64)
+            starts = np.array([s for _, _, s, _ in found.late], dtype=np.int64)
+            ends = np.array([e for _, _, _, e in found.late], dtype=np.int64)
+            record_late(conn, self.view, self.alias, positions[late], starts, ends - starts,
+                        times[late], np.array([w for _, w, _, _ in found.late], np.int64),
+                        kind="session")
+        take = np.array([i for i, _, _ in found.new_rows], dtype=np.int64)
+        fresh = self._window_rows(rows, take, np.array([s for _, s, _ in found.new_rows],
+                                                       dtype=np.int64),
+                                  np.array([e for _, _, e in found.new_rows], dtype=np.int64))
+        by_position = {p: row for _, p, _, _, _, row in earlier}
+        moved = [(by_position[p], old, new, end) for p, old, new, end in found.moved]
+        gone = [row for row, old, new, _ in moved if old != new]  # same start: an upsert
+        again = [row | {WINDOW_START: _moment(new), WINDOW_END: _moment(end)}
+                 for row, _, new, end in moved]
+        out = pa.concat_tables([fresh, pa.Table.from_pylist(again, schema=self.schema)])
+        by_start = {s: e for _, s, e in found.new_rows} | {n: e for _, _, n, e in found.moved}
+        return self.write(conn, read, out, found.max_time, frozenset(by_start), moved=pa.Table
+                          .from_pylist(gone, schema=self.schema), ends=by_start)
+
+    def _session_rows(self, conn: psycopg.Connection[Any], state: StreamState,
+                      keys: set[tuple[Any, ...]]
+                      ) -> list[tuple[tuple[Any, ...], int, int, int, int, dict[str, Any]]]:
+        """The fed rows of ``keys``' sessions: (key, position, time, window start, window end,
+        the row)."""
+        window = self.window
+        assert window is not None  # noqa: S101 - only for a session window
+        first = self.schema.field(window.by[0])
+        values = pa.array(sorted({k[0] for k in keys if k[0] is not None}, key=repr),
+                          first.type)
+        texts = text_array(column_for(first, key=False), values).to_pylist()
+        if any(k[0] is None for k in keys):
+            texts.append(None)
+        typed = _data(state.typed(conn, state.rows_where(conn, first.name, texts)))
+        if typed.num_rows == 0:
+            return []
+        typed = typed.select(self.schema.names).cast(self.schema)
+        times, _ = event_times(typed.column(window.time))
+        starts = pc.cast(typed.column(WINDOW_START), pa.int64()).to_pylist()
+        ends = pc.cast(typed.column(WINDOW_END), pa.int64()).to_pylist()
+        out = []
+        for row, at, start, end in zip(typed.to_pylist(), times.tolist(), starts, ends,
+                                       strict=True):
+            key = tuple(row[c] for c in window.by)
+            if key in keys:
+                out.append((key, int(row["position"]), at, int(start), int(end), row))
+        return out
 
     def _commit_gate(self, conn: psycopg.Connection[Any], start: int, head: int,
                      mark_lsn: int | None, mark_head: int | None) -> int:
@@ -371,12 +454,14 @@ class EventFeed:
         return (self._window_rows(rows, take, starts), frozenset(starts.tolist()),
                 found.max_time)
 
-    def _window_rows(self, rows: pa.Table, take: np.ndarray, starts: np.ndarray) -> pa.Table:
+    def _window_rows(self, rows: pa.Table, take: np.ndarray, starts: np.ndarray,
+                     ends: np.ndarray | None = None) -> pa.Table:
         assert self.window is not None  # noqa: S101 - only for a windowed feed
         out = rows.take(pa.array(take, pa.int64()))
+        ends = starts + self.window.size_us if ends is None else ends
         return out.append_column(WINDOW_START, pa.array(starts, pa.int64()).cast(TIME_TYPE)) \
-            .append_column(WINDOW_END, pa.array(starts + self.window.size_us, pa.int64())
-                           .cast(TIME_TYPE)).cast(self.schema)
+            .append_column(WINDOW_END, pa.array(ends, pa.int64()).cast(TIME_TYPE)) \
+            .cast(self.schema)
 
     def dead_letter_times(self, conn: psycopg.Connection[Any], rows: pa.Table,
                           column: str) -> None:
@@ -506,6 +591,10 @@ def feed_position(conn: psycopg.Connection[Any], stream: str) -> int:
     row = conn.execute("SELECT next_position FROM lakefold.event_feeds WHERE stream = %s",
                        (stream,)).fetchone()
     return 1 if row is None else int(row[0])
+
+
+def _moment(micros: int) -> datetime:
+    return datetime(1970, 1, 1, tzinfo=UTC) + timedelta(microseconds=micros)
 
 
 def _data(table: pa.Table) -> pa.Table:

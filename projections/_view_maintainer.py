@@ -60,6 +60,7 @@ from lakefold.projections._window_book import (
 )
 from lakefold.projections._windows import (
     TIME_TYPE,
+    WINDOW_END,
     WINDOW_FINAL,
     WINDOW_START,
     Window,
@@ -185,7 +186,8 @@ class ViewMaintainer:
             install_late_events(conn)
             install_dead_letters(conn)
         for name, state in self.states.items():
-            lookups = (*wanted.get(name, ()), *(("stream_id",) if name in self.feeds else ()))
+            lookups = (*wanted.get(name, ()), *(("stream_id",) if name in self.feeds else ()),
+                       *(self.window.by if self.window and self.window.input == name else ()))
             state.create(conn, lookups)
             # A durable reader: compaction never drops a delete this view has not applied.
             self.store.commit_reader(self.owner, self.inputs[name], state.position(conn) - 1)
@@ -331,7 +333,7 @@ class ViewMaintainer:
             at += count
             record_late(conn, self.view, alias, where[side_late], times[side_late],
                         join.bounds[1] if is_left else 0, times[side_late],
-                        side_marks[side_late], joined=True)
+                        side_marks[side_late], kind="join")
             keep = ~side_late & ~missing
             read = reads[alias]
             out[alias] = self.feeds[alias].write(conn, read, read.rows.filter(pa.array(keep)),
@@ -389,10 +391,12 @@ class ViewMaintainer:
         (not when the batch recomputes everything anyway)."""
         window = self.window
         assert window is not None  # noqa: S101 - only for a windowed view
-        open_windows(conn, self.owner, fed.windows)
+        sessions = window.kind == "session"
+        open_windows(conn, self.owner, fed.windows, fed.ends if sessions else None)
         if watermark is None:
             return set()
-        closed = close_windows(conn, self.owner, watermark - window.size_us)
+        closed = close_windows(conn, self.owner, watermark if sessions else
+                               watermark - window.size_us, by_end=sessions)
         if not closed or not find:
             return set()
         starts = pa.array(closed, pa.int64()).cast(TIME_TYPE)
@@ -408,8 +412,12 @@ class ViewMaintainer:
         window = self.window
         if window is None:
             return rows
-        starts = pc.cast(rows.column(WINDOW_START), TIME_TYPE).cast(pa.int64())
-        final = pc.less_equal(pc.add(starts, window.size_us),
+        if window.kind == "session":  # a session ends where its last event's gap does
+            ends = pc.cast(rows.column(WINDOW_END), TIME_TYPE).cast(pa.int64())
+        else:
+            ends = pc.add(pc.cast(rows.column(WINDOW_START), TIME_TYPE).cast(pa.int64()),
+                          window.size_us)
+        final = pc.less_equal(ends,
                               pa.scalar(watermark if watermark is not None else -2**62,
                                         pa.int64()))
         final = pc.fill_null(final, False)

@@ -26,7 +26,7 @@ from lakefold.projections._view_events import (
 )
 from lakefold.projections._view_maintainer import describe_inputs, drift_message, input_schema
 from lakefold.projections._view_plan import ViewPlan, analyze, view_frame
-from lakefold.projections._windows import WINDOW_FINAL, WINDOW_START
+from lakefold.projections._windows import WINDOW_END, WINDOW_FINAL, WINDOW_START, Window
 from lakefold.projections.exceptions import (
     IncompatibleTargetError,
     MissingKeyError,
@@ -116,7 +116,7 @@ def plan_views(spark: SparkSession, views: Mapping[str, View], store_dsn: str,
             raise ProjectionDefinitionError(
                 f"view {name} does not fit its inputs: {str(e).splitlines()[0]}") from e
         if view.window is not None:
-            output = _windowed_output(name, output)
+            output = _windowed_output(name, output, view.window)
         try:
             checked[name] = CheckedView(view, plan, streamed(output))
         except CaptureValueError as e:
@@ -124,8 +124,13 @@ def plan_views(spark: SparkSession, views: Mapping[str, View], store_dsn: str,
     return checked
 
 
-def _windowed_output(view: str, output: pa.Schema) -> pa.Schema:
+def _windowed_output(view: str, output: pa.Schema, window: Window) -> pa.Schema:
     """A windowed view's output: the query's columns and ``window_final``."""
+    if window.kind == "session" and WINDOW_END not in output.names:
+        raise MissingKeyError(
+            f"view {view}: a session-windowed view outputs {WINDOW_END} (select it, and group "
+            "by it: a session's end moves as it grows, and says when it is final); its columns "
+            f"are {', '.join(output.names)}")
     if WINDOW_START not in output.names:
         raise MissingKeyError(
             f"view {view}: a windowed view outputs {WINDOW_START} (select it, and group by "

@@ -21,6 +21,7 @@ whole minute. A timestamp without a time zone is read as UTC.
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Final
@@ -85,7 +86,7 @@ def micros(value: timedelta) -> int:
 class Window:
     """A window over one input's timestamp column (see the module docstring)."""
 
-    kind: str  # "tumbling" or "hopping"
+    kind: str  # "tumbling", "hopping" or "session" (``_session_windows``)
     input: str
     time: str
     size: timedelta
@@ -94,6 +95,8 @@ class Window:
     #: "updates": a window's row is written as it changes, with ``window_final``;
     #: "final": only once its window is final (emit on window close).
     emit: str = "updates"
+    #: Of a session window: the input's columns a session is of (the gap is ``size``).
+    by: tuple[str, ...] = ()
 
     @property
     def size_us(self) -> int:
@@ -110,7 +113,8 @@ class Window:
     def describe(self) -> dict[str, object]:
         return {"kind": self.kind, "input": self.input, "time": self.time,
                 "size": self.size.total_seconds(), "slide": self.slide.total_seconds(),
-                "lateness": self.lateness.total_seconds(), "emit": self.emit}
+                "lateness": self.lateness.total_seconds(), "emit": self.emit} \
+            | ({"by": list(self.by)} if self.by else {})
 
     def assign(self, times: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """For event times (int64 microseconds since the epoch), every (event index, window
@@ -138,7 +142,8 @@ def _window(kind: str, on: object, size: object, slide: object, lateness: object
             f"{kind}(emit={emit!r}): emit is 'updates' (a window's row as it changes, with "
             "window_final) or 'final' (only once the window is final)")
     alias, column = on.split(".")
-    checked_size = duration(f"{kind} window size", size)
+    what = "gap" if kind == "session" else "size"
+    checked_size = duration(f"{kind} window {what}", size)
     checked_slide = duration(f"{kind} window slide", slide)
     if checked_slide > checked_size:
         raise ProjectionDefinitionError(
@@ -165,6 +170,21 @@ def hopping(on: str, size: str | timedelta, slide: str | timedelta, *,
     """Windows of ``size`` starting every ``slide`` (Spark's and Flink's sliding windows);
     an event is in ``size / slide`` of them."""
     return _window("hopping", on, size, slide, lateness, emit)
+
+
+def session(on: str, gap: str | timedelta, *, by: str | Sequence[str],
+            lateness: str | timedelta = "0s", emit: str = "updates") -> Window:
+    """Session windows over ``on`` ('input.column'): per value of the input's ``by``
+    columns, events less than ``gap`` apart share a session, from the first event's time to
+    the last one's plus the gap (see ``_session_windows``)."""
+    columns = [by] if isinstance(by, str) else list(by) if isinstance(by, Sequence) else []
+    if not columns or not all(isinstance(c, str) and c for c in columns):
+        raise ProjectionDefinitionError(
+            f"session(by={by!r}): name the input's column(s) a session is of, e.g. "
+            "by='user_id' (a session is per user, device, ...)")
+    found = _window("session", on, gap, gap, lateness, emit)
+    return Window(found.kind, found.input, found.time, found.size, found.slide,
+                  found.lateness, found.emit, tuple(columns))
 
 
 def event_times(values: pa.Array | pa.ChunkedArray) -> tuple[np.ndarray, np.ndarray]:

@@ -66,7 +66,12 @@ def env(pg, tmp_path):
     return {"LAKEFOLD_STORE_DSN": pg.dsn, "LAKEFOLD_HOME": str(tmp_path), "COLUMNS": "200"}
 
 
-def test_the_search_command_shows_what_matched(env) -> None:
+def test_the_search_command_shows_what_matched(env, monkeypatch) -> None:
+    from lakefold import _cli_projections
+
+    # the command's console was made when its module was imported, by whichever test came
+    # first (COLUMNS of that moment): give it the width the rows are checked at
+    monkeypatch.setattr(_cli_projections._out, "width", 200)
     result = CliRunner().invoke(app, ["search", "product_search", "oak lamp"], env=env)
     assert result.exit_code == 0, result.output
     rows = [line for line in result.output.splitlines() if "made to last" in line

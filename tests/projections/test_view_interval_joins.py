@@ -164,9 +164,9 @@ def _check(dsn: str, catalog: Catalog, name: str) -> None:
         found = {(r["search"], r["click"], r["session"], r["item"]) for r in got}
     assert found == rows
     with psycopg.connect(dsn) as conn:
-        listed = conn.execute("SELECT position, joined FROM lakefold.late_events "
+        listed = conn.execute("SELECT position, kind FROM lakefold.late_events "
                               "WHERE view = %s", (name,)).fetchall()
-        assert {p for p, _ in listed} == late and all(j for _, j in listed)
+        assert {p for p, _ in listed} == late and all(k == "join" for _, k in listed)
         generation = catalog.current(name).generation
         owner = view_owner(name, generation)
         for alias, wanted in (("s", left), ("c", right)):

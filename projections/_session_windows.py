@@ -1,0 +1,94 @@
+"""Session windows: the events of one key (a user, a device) whose times are less than a gap
+apart form a session, from its first event's time to its last event's time plus the gap (as in
+Spark's ``session_window`` and Flink's session windows).
+
+A session changes as events come: an event within the gap of a session extends it, one
+between two sessions merges them. The windowed input's feed therefore *moves* rows: the rows of
+the events of merged or extended sessions are deleted under their old ``window_start`` and
+written under the new one, so the view recomputes the old session's partition (its row goes)
+and the new one's.
+
+**Lateness**, by the log as for fixed windows (``_windows``): the watermark before an event is
+the largest event time before it in commit order (itself included) minus the allowed lateness;
+a session is *closed* once the watermark reached its end. An event is late when it would
+change a closed session (its time is within the gap of one) or would be a session closed
+already (its time plus the gap is at or below the watermark): closed sessions stay as they
+were written, final. A late event is listed (``lakefold late list``); it cannot be replayed,
+because folding it in would merge sessions already final.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+
+@dataclass
+class _Session:
+    start: int
+    last: int
+    #: The batch's events in it (indexes into the batch).
+    new: set[int] = field(default_factory=set)
+    #: Events fed before: position → the (start, end) its row was written with.
+    old: dict[int, tuple[int, int]] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Sessions:
+    """What a batch of events does to the sessions of their keys."""
+
+    #: (batch index, session start, session end) of every event fed on time.
+    new_rows: list[tuple[int, int, int]]
+    #: (position, old start, new start, new end) of every earlier event whose session moved.
+    moved: list[tuple[int, int, int, int]]
+    #: (batch index, the watermark it came behind, start and end of the session it hit).
+    late: list[tuple[int, int, int, int]]
+    #: The largest event time after the batch.
+    max_time: int | None
+
+
+def assign_sessions(gap: int, lateness: int, keys: Sequence[Hashable], times: np.ndarray,
+                    missing: np.ndarray, earlier: Sequence[tuple[Hashable, int, int, int, int]],
+                    max_before: int | None) -> Sessions:
+    """Sessions after the batch's events (in commit order; ``keys``, ``times`` in
+    microseconds, ``missing``: no time) given the ``earlier`` fed rows of their keys as
+    ``(key, position, time, window start, window end)`` (see the module docstring)."""
+    sessions: dict[Hashable, list[_Session]] = {}
+    for key, position, at, start, end in earlier:
+        found = sessions.setdefault(key, [])
+        match = next((s for s in found if s.start == start), None)
+        if match is None:
+            match = _Session(start, at)
+            found.append(match)
+        match.last = max(match.last, at)
+        match.old[position] = (start, end)
+    top = max_before
+    late = []
+    for index, (key, at, gone) in enumerate(zip(keys, times.tolist(), missing.tolist(),
+                                                strict=True)):
+        if gone:
+            continue
+        top = at if top is None else max(top, at)
+        watermark = top - lateness
+        found = sessions.setdefault(key, [])
+        touching = [s for s in found if at < s.last + gap and at + gap > s.start]
+        closed = [s for s in touching if s.last + gap <= watermark]
+        if closed or at + gap <= watermark:
+            hit = closed[0] if closed else _Session(at, at)
+            late.append((index, watermark, hit.start, hit.last + gap))
+            continue
+        merged = _Session(min([at, *(s.start for s in touching)]),
+                          max([at, *(s.last for s in touching)]),
+                          {index}.union(*(s.new for s in touching)),
+                          {k: v for s in touching for k, v in s.old.items()})
+        sessions[key] = [s for s in found if s not in touching] + [merged]
+    new_rows, moved = [], []
+    for found in sessions.values():
+        for session in found:
+            end = session.last + gap
+            new_rows += [(index, session.start, end) for index in session.new]
+            moved += [(position, was[0], session.start, end)
+                      for position, was in session.old.items() if was != (session.start, end)]
+    return Sessions(sorted(new_rows), sorted(moved), late, top)
