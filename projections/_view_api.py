@@ -265,8 +265,8 @@ def _check_window(name: str, inputs: Mapping[str, ViewInput], key: tuple[str, ..
         return
     if not isinstance(window, Window):
         raise ProjectionDefinitionError(
-            f"view {name}: window={window!r} is not a window; use tumbling(...) or "
-            "hopping(...)")
+            f"view {name}: window={window!r} is not a window; use tumbling(...), hopping(...) or "
+            "session(...)")
     source = inputs.get(window.input)
     if source is None:
         raise ProjectionDefinitionError(

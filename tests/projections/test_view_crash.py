@@ -1,8 +1,9 @@
 """SIGKILL loops over views: a runner keeping order_lines and revenue_by_city (a view over
 order_lines) is killed at random moments in either stage while the source keeps changing;
 afterwards both Delta tables equal the same SQL on the source, row for row. The same for a
-windowed view with late events and a view over it: every event is counted in its window or
-listed late, exactly once."""
+windowed view with late events and a view over it (every event is counted in its window or
+listed late, exactly once), an interval join and session windows (equal to SQL, late events
+listed, the join's state holding exactly what can still join)."""
 
 from __future__ import annotations
 
@@ -25,6 +26,9 @@ from lakefold.eventstore import EventStore
 from lakefold.projections.operations import Catalog
 from lakefold.schemas import NewEvent
 from tests.capture.conftest import capture_now
+from tests.projections.test_view_interval_joins import VIEWS as JOINS
+from tests.projections.test_view_interval_joins import append_web, check_join
+from tests.projections.test_view_sessions import append_visit, check_sessions
 from tests.projections.view_shop import oracle
 from tests.projections.window_oracle import BASE, check
 
@@ -145,7 +149,19 @@ def _append_views(dsn: str, store: EventStore, rng: random.Random, clock: list[d
             cities[str(result.events[0].event_id)] = None if found is None else found[0]
 
 
-WINDOW_VIEWS = ("per_minute", "minute_totals", "views_with_city")
+def _append_web_and_visits(store: EventStore, rng: random.Random, clock: list[dt.datetime],
+                           count: int) -> None:
+    """Searches and clicks, and visits, a few out of order or late, some untimed."""
+    for i in range(count):
+        at = clock[0] - dt.timedelta(seconds=rng.choice((0, 0, rng.randrange(0, 90),
+                                                          rng.randrange(100, 900))))
+        timed = rng.random() > 0.05
+        append_web(store, rng.random() < 0.5, rng.choice("ab"), at if timed else None, f"w{i}")
+        append_visit(store, rng.choice(("ann", "bob")), at if timed else None, i)
+
+
+WINDOW_VIEWS = ("per_minute", "minute_totals", "views_with_city", *JOINS, "visits",
+                "final_visits")
 
 
 def test_sigkill_loop_over_windowed_views_with_late_events(shop: CaptureConfig,
@@ -168,6 +184,7 @@ def test_sigkill_loop_over_windowed_views_with_late_events(shop: CaptureConfig,
             assert child.stdout.readline().strip() == b"started"
             before = _heads(dsn, WINDOW_VIEWS)
             _append_views(dsn, store, rng, clock, 30, cities)
+            _append_web_and_visits(store, rng, clock, 20)
             capture_now(shop)  # the markers (and the moves) stored: enrichment can go on
             busy += _wait_for_progress(dsn, before, 60, WINDOW_VIEWS)
             _append_views(dsn, store, rng, clock, 30, cities)
@@ -194,6 +211,10 @@ def test_sigkill_loop_over_windowed_views_with_late_events(shop: CaptureConfig,
                     "JOIN lakefold.event_positions p ON p.xid = e.xid "
                     "WHERE e.category = 'site'")}
             assert late > 0
+            # searches joined to clicks, and visits in sessions, as SQL says, late ones listed
+            for name in JOINS:
+                check_join(dsn, catalog, name)
+            check_sessions(dsn, catalog)
             # each view enriched with the city its customer had when it was appended
             enriched = _table(catalog, "views_with_city", "position")
             assert {p: r["city"] for p, r in enriched.items()} == {

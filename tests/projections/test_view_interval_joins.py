@@ -89,18 +89,33 @@ def _inputs() -> dict[str, Any]:
     return {"s": events("web", types=["searched"]), "c": events("web", types=["clicked"])}
 
 
-def _registry(batch: int | None = None) -> Registry:
+def define_joins(batch: int | None = None) -> None:
+    """Register the joined views (into the current registry; also the SIGKILL loop's)."""
     from lakefold.projections import ProjectionOptions
 
-    registry = Registry()
     options = ProjectionOptions(max_records_per_batch=batch) if batch else None
+    for name, (_, _, _, query) in VIEWS.items():
+        view(name, inputs=_inputs(), key=["search", "click"], query=query,
+             target=delta_table("upsert", keys=["search", "click"]), registry=_types(),
+             join=interval_join(left="s.occurred_at", right="c.occurred_at",
+                                lateness="1 minute"), options=options)
+
+
+def _registry(batch: int | None = None) -> Registry:
+    registry = Registry()
     with registering_into(registry):
-        for name, (_, _, _, query) in VIEWS.items():
-            view(name, inputs=_inputs(), key=["search", "click"], query=query,
-                 target=delta_table("upsert", keys=["search", "click"]), registry=_types(),
-                 join=interval_join(left="s.occurred_at", right="c.occurred_at",
-                                    lateness="1 minute"), options=options)
+        define_joins(batch)
     return registry
+
+
+def append_web(store: EventStore, search: bool, session: str, at: dt.datetime | None,
+               value: str) -> None:
+    """Append a search (or a click) of ``session`` at ``at`` (None: without a time)."""
+    data: dict[str, Any] = {"session": session, "query" if search else "item": value}
+    if at is not None:
+        data["occurred_at"] = at.isoformat()
+    store.append(f"web-{session}", [NewEvent(type="searched" if search else "clicked",
+                                             data=data)])
 
 
 def _events(dsn: str) -> list[tuple[int, str, str, str, int | None]]:
@@ -154,7 +169,8 @@ def _expected(dsn: str, name: str) -> tuple[set[tuple[Any, ...]], set[int], int 
     return rows, late, watermark, left, right
 
 
-def _check(dsn: str, catalog: Catalog, name: str) -> None:
+def check_join(dsn: str, catalog: Catalog, name: str) -> None:
+    """The view equals SQL, its late events are listed, its state keeps what can join."""
     rows, late, _, left, right = _expected(dsn, name)
     got = table(catalog, name)
     found: set[tuple[Any, ...]]
@@ -205,16 +221,11 @@ def test_interval_joins_equal_sql_with_bounded_state(spark: Any, pg: TestDatabas
                 for search, session, step, delay, timed in batch:
                     clock[0] += dt.timedelta(seconds=step)
                     counter[0] += 1
-                    data: dict[str, Any] = {"session": session}
-                    data["query" if search else "item"] = f"v{counter[0]}"
-                    if timed:
-                        data["occurred_at"] = (clock[0] - dt.timedelta(seconds=delay)
-                                               ).isoformat()
-                    store.append(f"web-{session}", [NewEvent(
-                        type="searched" if search else "clicked", data=data)])
+                    append_web(store, search, session, clock[0] - dt.timedelta(
+                        seconds=delay) if timed else None, f"v{counter[0]}")
                 runner.run(until_caught_up=True, timeout=120)
                 for name in VIEWS:
-                    _check(dsn, catalog, name)
+                    check_join(dsn, catalog, name)
 
     try:
         run()
@@ -232,7 +243,7 @@ def test_interval_joins_equal_sql_with_bounded_state(spark: Any, pg: TestDatabas
         with Runner(spark, _registry(), config) as runner, Catalog(dsn) as catalog:
             runner.run(until_caught_up=True, timeout=120)
             for name in VIEWS:
-                _check(dsn, catalog, name)
+                check_join(dsn, catalog, name)
                 assert table(catalog, name) and _expected(dsn, name)[1]
         with Catalog(dsn) as catalog, psycopg.connect(dsn, autocommit=True) as conn:
             # events without a time are dead letters of each view, saying why

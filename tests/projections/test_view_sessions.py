@@ -53,16 +53,29 @@ def _types() -> EventRegistry:
     return registry
 
 
+def define_sessions(batch: int | None = None) -> None:
+    """Register the session views (into the current registry; also the SIGKILL loop's)."""
+    options = ProjectionOptions(max_records_per_batch=batch) if batch else None
+    for name, emit in (("visits", "updates"), ("final_visits", "final")):
+        view(name, inputs={"v": events("visit", types=["visited"])}, key=KEY, query=QUERY,
+             target=delta_table("upsert", keys=KEY), registry=_types(), options=options,
+             window=session("v.occurred_at", "5 minutes", by="user",
+                            lateness="2 minutes", emit=emit))
+
+
 def _registry(batch: int | None = None) -> Registry:
     registry = Registry()
-    options = ProjectionOptions(max_records_per_batch=batch) if batch else None
     with registering_into(registry):
-        for name, emit in (("visits", "updates"), ("final_visits", "final")):
-            view(name, inputs={"v": events("visit", types=["visited"])}, key=KEY, query=QUERY,
-                 target=delta_table("upsert", keys=KEY), registry=_types(), options=options,
-                 window=session("v.occurred_at", "5 minutes", by="user",
-                                lateness="2 minutes", emit=emit))
+        define_sessions(batch)
     return registry
+
+
+def append_visit(store: EventStore, user: str, at: dt.datetime | None, ms: int) -> None:
+    """Append a visit of ``user`` at ``at`` (None: without a time)."""
+    data: dict[str, Any] = {"user": user, "ms": ms}
+    if at is not None:
+        data["occurred_at"] = at.isoformat()
+    store.append(f"visit-{user}", [NewEvent(type="visited", data=data)])
 
 
 def _expected(dsn: str) -> tuple[dict[tuple[int, str], tuple[int, int, int]], set[int], int]:
@@ -109,7 +122,8 @@ def _expected(dsn: str) -> tuple[dict[tuple[int, str], tuple[int, int, int]], se
     return expected, late, (-2**62 if top is None else top - LATENESS)
 
 
-def _check(dsn: str, catalog: Catalog) -> None:
+def check_sessions(dsn: str, catalog: Catalog) -> None:
+    """Both session views equal SQL, and their late events are listed."""
     expected, late, watermark = _expected(dsn)
     for name in ("visits", "final_visits"):
         rows = table(catalog, name)
@@ -143,10 +157,7 @@ def test_sessions_equal_sql_with_late_events_listed(spark: Any, pg: TestDatabase
 
     def append(user: str, at: dt.datetime | None) -> None:
         counter[0] += 1
-        data: dict[str, Any] = {"user": user, "ms": counter[0]}
-        if at is not None:
-            data["occurred_at"] = at.isoformat()
-        store.append(f"visit-{user}", [NewEvent(type="visited", data=data)])
+        append_visit(store, user, at, counter[0])
 
     @settings(max_examples=6, deadline=None, derandomize=True,
               suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -158,7 +169,7 @@ def test_sessions_equal_sql_with_late_events_listed(spark: Any, pg: TestDatabase
                     clock[0] += dt.timedelta(seconds=step)
                     append(user, clock[0] - dt.timedelta(seconds=delay) if timed else None)
                 runner.run(until_caught_up=True, timeout=120)
-                _check(dsn, catalog)
+                check_sessions(dsn, catalog)
 
     try:
         run()
@@ -170,12 +181,12 @@ def test_sessions_equal_sql_with_late_events_listed(spark: Any, pg: TestDatabase
         append("cy", None)
         with Runner(spark, _registry(), config) as runner, Catalog(dsn) as catalog:
             runner.run(until_caught_up=True, timeout=120)
-            _check(dsn, catalog)
+            check_sessions(dsn, catalog)
             assert len([r for r in table(catalog, "visits") if r["user"] == "cy"]) == 2
             append("cy", clock[0] + dt.timedelta(minutes=3))
             append("ann", clock[0] - dt.timedelta(minutes=50))
             runner.run(until_caught_up=True, timeout=120)
-            _check(dsn, catalog)
+            check_sessions(dsn, catalog)
             (merged,) = [r for r in table(catalog, "visits") if r["user"] == "cy"]
             assert merged["pages"] == 3
         with Catalog(dsn) as catalog, psycopg.connect(dsn, autocommit=True) as conn:
