@@ -45,8 +45,9 @@ _DDL: Final = [
     """CREATE INDEX IF NOT EXISTS late_events_replays ON lakefold.late_events
         (view, input, replay_seq) WHERE status = 'replayed'""",
     # What an event was late for: "window" (it can be replayed into it), "session" (the
-    # session it hit, ``_session_windows``) or "join" (the span in which a partner had to
-    # come, ``_interval_joins``); added after the first release.
+    # session it hit, ``_session_windows``), "join" (the span in which a partner had to
+    # come, ``_interval_joins``) or "change" (a table's change, ``_changelog_windows``);
+    # added after the first release.
     "ALTER TABLE lakefold.late_events ADD COLUMN IF NOT EXISTS kind text NOT NULL "
     "DEFAULT 'window'",
 ]
@@ -182,9 +183,11 @@ def replay_late(conn: psycopg.Connection[Any], view: str,
         found = conn.execute("SELECT kind FROM lakefold.late_events WHERE view = %s AND "
                              "kind <> 'window' LIMIT 1", (view,)).fetchone()
         if found is not None:
-            what, why = ("interval join", "the events it would have joined may be forgotten "
-                         "already") if found[0] == "join" else \
-                ("session windows", "it would merge sessions already final")
+            what, why = {
+                "join": ("interval join", "the events it would have joined may be forgotten "
+                         "already"),
+                "session": ("session windows", "it would merge sessions already final"),
+            }.get(found[0], ("windowed table", "the row may have changed since"))
             raise ProjectionDefinitionError(
                 f"view {view}: a late event of its {what} cannot be folded back in, because "
                 f"{why}; rebuild the view with a larger allowed lateness (lateness=...) to "

@@ -272,12 +272,15 @@ def _check_window(name: str, inputs: Mapping[str, ViewInput], key: tuple[str, ..
         raise ProjectionDefinitionError(
             f"view {name}: the window is over {window.input}.{window.time}, but the view has "
             f"no input {window.input!r}; its inputs are {', '.join(inputs)}")
-    if source.events is None:
+    if source.view is not None or (source.table is not None and window.kind == "session"):
         raise ProjectionDefinitionError(
             f"view {name}: the window is over {window.input}.{window.time}, and "
-            f"{window.input} is a {source.label}; windows are over event inputs "
-            "(events(...)) so far; window a table's changes by reading them through a view "
-            "over events, or group by a date_trunc of the column")
+            f"{window.input} is a {source.label}; "
+            + ("session windows are over event inputs (events(...)) so far; tumbling and "
+               "hopping windows also over a captured table (changelog(...))"
+               if source.table is not None else
+               "windows are over event inputs (events(...)) and captured tables "
+               "(changelog(...)); window the upstream view's inputs instead"))
     if WINDOW_START not in key:
         raise MissingKeyError(
             f"view {name}: a windowed view's key holds {WINDOW_START} (a window's rows are "

@@ -72,7 +72,8 @@ from lakefold.spark.exceptions import SparkTerminalError
 EVENT_COLUMNS: Final = ("position", "event_id", "stream_id", "stream_version", "category",
                         "type", "schema_version", "recorded_at", "correlation_id",
                         "causation_id")
-_DDL: Final = [
+#: The feeds' progress (also of windowed tables' feeds, ``_changelog_windows``).
+FEED_DDL: Final = [
     """CREATE TABLE IF NOT EXISTS lakefold.event_feeds (
         stream text PRIMARY KEY,
         next_position bigint NOT NULL DEFAULT 1)""",
@@ -204,6 +205,9 @@ class FeedBatch:
     windows: frozenset[int] = frozenset()
     max_event_time: int | None = None
     ends: Mapping[int, int] = field(default_factory=dict)
+    #: True when the batch moved the largest event time (windows may close without a row
+    #: written: the events or changes that moved it were late).
+    watermark_moved: bool = False
 
 
 class EventFeed:
@@ -240,7 +244,7 @@ class EventFeed:
     def create(self, conn: psycopg.Connection[Any]) -> None:
         """Create the feed's stream and progress (idempotent)."""
         with conn.transaction():
-            for statement in _DDL:
+            for statement in FEED_DDL:
                 conn.execute(statement)
             conn.execute("INSERT INTO lakefold.event_feeds (stream) VALUES (%s) "
                          "ON CONFLICT DO NOTHING", (self.name,))
@@ -256,7 +260,7 @@ class EventFeed:
     def drop(self, conn: psycopg.Connection[Any]) -> None:
         """Forget the feed's progress (``self.stream.drop`` deletes its stream)."""
         with conn.transaction():
-            for statement in _DDL:
+            for statement in FEED_DDL:
                 conn.execute(statement)
             conn.execute("DELETE FROM lakefold.event_feeds WHERE stream = %s", (self.name,))
 
@@ -334,7 +338,8 @@ class EventFeed:
             if rows.num_rows or deletes.num_rows else 0
         conn.execute("UPDATE lakefold.event_feeds SET next_position = %s, max_event_time = %s "
                      "WHERE stream = %s", (read.end, max_time, self.name))
-        return FeedBatch(appended, windows, max_time, dict(ends or {}))
+        return FeedBatch(appended, windows, max_time, dict(ends or {}),
+                         max_time != read.max_time)
 
     def _sessions(self, conn: psycopg.Connection[Any], state: StreamState,
                   read: FeedRead) -> FeedBatch:

@@ -47,6 +47,7 @@ from lakefold.capture.store._arrow_columns import typed_array
 from lakefold.capture.store._changelog_store import ChangelogStore, stream_meta
 from lakefold.capture.store._derived_streams import DerivedStream, column_for, text_array
 from lakefold.capture.store._stream_state import StateChanges, StreamState
+from lakefold.projections._changelog_windows import ChangelogWindowFeed
 from lakefold.projections._deadletters import install_dead_letters
 from lakefold.projections._late_events import install_late_events, record_late
 from lakefold.projections._view_aggregates import AggregateState
@@ -143,11 +144,18 @@ class ViewMaintainer:
         self.window = window
         #: The view's join of two event inputs within a time bound (``_interval_joins``).
         self.join = plan.join
-        #: Event inputs, each fed into a derived stream of this generation (``_view_events``).
-        self.feeds = {alias: EventFeed(
-            store_dsn, view=view, generation=generation, alias=alias, source=source,
-            registry=registry, window=window if window and window.input == alias else None,
-            limit=feed_limit) for alias, source in (events or {}).items()}
+        self.store = ChangelogStore(store_dsn)
+        #: Event inputs, each fed into a derived stream of this generation (``_view_events``),
+        #: and a windowed table's changes (``_changelog_windows``).
+        self.feeds: dict[str, EventFeed | ChangelogWindowFeed] = {
+            alias: EventFeed(store_dsn, view=view, generation=generation, alias=alias,
+                             source=source, registry=registry,
+                             window=window if window and window.input == alias else None,
+                             limit=feed_limit) for alias, source in (events or {}).items()}
+        if window is not None and window.input in inputs:
+            self.feeds[window.input] = ChangelogWindowFeed(
+                self.store, view=view, generation=generation, alias=window.input,
+                table=inputs[window.input], window=window, owner=self.owner, limit=feed_limit)
         # name in the query → stream
         self.inputs = dict(inputs) | {alias: f.name for alias, f in self.feeds.items()}
         self.query = query
@@ -159,7 +167,6 @@ class ViewMaintainer:
         self.own = StreamState(self.owner, self.output.name)
         self.aggregates = None if plan.aggregate is None or window else AggregateState(
             self.owner, plan.aggregate, self.states[plan.aggregate.input])
-        self.store = ChangelogStore(store_dsn)
         self._schema: Any = None
 
     # ------------------------------------------------------------------ set-up
@@ -179,14 +186,18 @@ class ViewMaintainer:
         if self.feeds:
             self.store.install()  # a view over events only, where nothing was captured
         for feed in self.feeds.values():
-            feed.create(conn)
+            if isinstance(feed, ChangelogWindowFeed):
+                feed.create(conn, self.store)
+            else:
+                feed.create(conn)
         if self.window is not None:
             install_window_book(conn)
         if self.join is not None:
             install_late_events(conn)
             install_dead_letters(conn)
         for name, state in self.states.items():
-            lookups = (*wanted.get(name, ()), *(("stream_id",) if name in self.feeds else ()),
+            events = isinstance(self.feeds.get(name), EventFeed)
+            lookups = (*wanted.get(name, ()), *(("stream_id",) if events else ()),
                        *(self.window.by if self.window and self.window.input == name else ()))
             state.create(conn, lookups)
             # A durable reader: compaction never drops a delete this view has not applied.
@@ -218,21 +229,25 @@ class ViewMaintainer:
     def step(self) -> BatchResult | None:
         """Apply everything up to the inputs' heads as one batch; None when nothing is new."""
         conn = self.connection()
-        event_head = store_head(self.dsn) if self.feeds else 0  # final up to here
+        event_head = store_head(self.dsn) if any(  # final up to here
+            isinstance(f, EventFeed) for f in self.feeds.values()) else 0
         with conn.transaction():
             conn.execute("SELECT pg_advisory_xact_lock(%s, %s)",
                          (LOCK_NAMESPACE, zlib.crc32(self.owner.encode()) & 0x7FFF_FFFF))
             if self.join is not None:
                 fed = self._feed_join(conn, event_head)
             else:
-                fed = {alias: feed.advance(conn, self.states[alias], event_head)
+                fed = {alias: feed.advance(conn, self.states[alias], self.store)
+                       if isinstance(feed, ChangelogWindowFeed) else
+                       feed.advance(conn, self.states[alias], event_head)
                        for alias, feed in self.feeds.items()}
             watermark = self._watermark(fed)
             heads = dict(conn.execute(
                 "SELECT name, head FROM lakefold.changelog_streams WHERE name = ANY(%s)",
                 (list(self.inputs.values()),)).fetchall())
             starts = {name: state.position(conn) for name, state in self.states.items()}
-            if all(int(heads.get(self.inputs[n], 0)) + 1 <= starts[n] for n in self.inputs):
+            if all(int(heads.get(self.inputs[n], 0)) + 1 <= starts[n] for n in self.inputs) \
+                    and not any(f.watermark_moved for f in fed.values()):
                 return None
             changes = {name: state.apply(conn, int(heads.get(self.inputs[name], 0)) + 1)
                        for name, state in self.states.items()}
@@ -305,7 +320,8 @@ class ViewMaintainer:
         join = self.join
         assert join is not None  # noqa: S101 - only for an interval join
         sides = [(join.left, join.left_time, True), (join.right, join.right_time, False)]
-        reads = {alias: self.feeds[alias].read(conn, self.states[alias], head)
+        feeds = {a: f for a, f in self.feeds.items() if isinstance(f, EventFeed)}
+        reads = {alias: feeds[alias].read(conn, self.states[alias], head)
                  for alias, _, _ in sides}
         floor = np.iinfo(np.int64).min
         parts = []
@@ -313,7 +329,7 @@ class ViewMaintainer:
             rows = reads[alias].rows
             times, missing = event_times(rows.column(column))
             if missing.any():
-                self.feeds[alias].dead_letter_times(
+                feeds[alias].dead_letter_times(
                     conn, rows.filter(pa.array(missing)), column)
             parts.append((rows.column("position").to_numpy(), np.where(missing, floor, times),
                           np.full(rows.num_rows, is_left), missing))
@@ -336,7 +352,7 @@ class ViewMaintainer:
                         side_marks[side_late], kind="join")
             keep = ~side_late & ~missing
             read = reads[alias]
-            out[alias] = self.feeds[alias].write(conn, read, read.rows.filter(pa.array(keep)),
+            out[alias] = feeds[alias].write(conn, read, read.rows.filter(pa.array(keep)),
                                                  top)
         return out
 

@@ -36,6 +36,7 @@ import psycopg
 from lakefold.capture.store import ChangelogStore
 from lakefold.core.exceptions import TerminalError, TransientError
 from lakefold.projections._catalog import Catalog, Generation, hold_generation
+from lakefold.projections._changelog_windows import ChangelogWindowFeed
 from lakefold.projections._deadletters import DeadLetters, NewDeadLetter
 from lakefold.projections._run_report import ProjectionReport
 from lakefold.projections._targets import TargetContext
@@ -95,8 +96,11 @@ class ViewRun:
         self._lock: psycopg.Connection[Any] | None = None
 
     def upstream_inputs(self) -> dict[str, str]:
-        """The streams this generation reads that others write (not its own event feeds)."""
-        return {k: v for k, v in self.inputs.items() if k not in self.maintainer.feeds}
+        """The streams this generation reads that others write (not its own event feeds; of
+        a windowed table, the table's stream its feed reads)."""
+        feeds = self.maintainer.feeds
+        return {k: v for k, v in self.inputs.items() if k not in feeds} | {
+            k: f.source_stream for k, f in feeds.items() if isinstance(f, ChangelogWindowFeed)}
 
     def publish(self) -> None:
         """Point the target's readers at this generation (Redis readers follow a pointer)."""

@@ -23,6 +23,7 @@ from lakefold.projections._view_events import (
     check_time_column,
     event_schema,
     payload_decoder,
+    windowed_schema,
 )
 from lakefold.projections._view_maintainer import describe_inputs, drift_message, input_schema
 from lakefold.projections._view_plan import ViewPlan, analyze, view_frame
@@ -100,6 +101,9 @@ def plan_views(spark: SparkSession, views: Mapping[str, View], store_dsn: str,
                     schemas[alias] = input_schema(store_dsn, source.table)
                 except UnknownStreamError as e:
                     raise UnknownSourceError(f"view {name}: input {alias}: {e}") from e
+                if view.window is not None and view.window.input == alias:  # a feed's rows
+                    schemas[alias] = streamed(windowed_schema(name, alias, schemas[alias],
+                                                              view.window))
             else:
                 assert source.view is not None  # noqa: S101 - an input is one or the other
                 schemas[alias] = checked[source.view].output
