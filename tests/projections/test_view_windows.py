@@ -168,9 +168,12 @@ def test_windows_that_cannot_work_are_refused(spark: Any, shop: CaptureConfig) -
         check(tumbling("views.at", "1m"))
     with pytest.raises(ProjectionDefinitionError, match="no input 'clicks'"):
         check(tumbling("clicks.occurred_at", "1m"))
-    with pytest.raises(ProjectionDefinitionError, match="windows are over event inputs"):
+    with pytest.raises(ProjectionDefinitionError, match="has no column 'created_at'"):
         check(tumbling("customers.created_at", "1m"), query="SELECT * FROM customers",
               inputs={"customers": changelog("public.customers")})
+    with pytest.raises(ProjectionDefinitionError, match="window the upstream view's inputs"):
+        check(tumbling("up.occurred_at", "1m"), query="SELECT * FROM up",
+              inputs={"up": "per_minute"})
     with pytest.raises(MissingKeyError, match="key holds window_start"):
         check(tumbling("views.occurred_at", "1m"), on=["page"])
     with pytest.raises(ProjectionDefinitionError, match="outputs window_final"):
