@@ -21,7 +21,6 @@ text that is not a time, is in no window: it goes to the dead letters with the r
 
 from __future__ import annotations
 
-from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import numpy as np
@@ -48,7 +47,7 @@ from lakefold.projections._view_events import (
     feed_stream,
     windowed_schema,
 )
-from lakefold.projections._windows import WINDOW_END, WINDOW_START, Window, event_times
+from lakefold.projections._windows import WINDOW_END, WINDOW_START, Window, event_times, moment
 
 Row = dict[str, Any]
 
@@ -225,9 +224,9 @@ class ChangelogWindowFeed:
                changes: pa.Table) -> int:
         assert self._stream_schema is not None  # noqa: S101 - create() runs first
         size = self.window.size_us
-        upserts = [row | {WINDOW_START: _moment(k[-1]), WINDOW_END: _moment(k[-1] + size)}
+        upserts = [row | {WINDOW_START: moment(k[-1]), WINDOW_END: moment(k[-1] + size)}
                    for k, row in final.items() if row is not None]
-        deletes = [dict(zip(self.keys, k[:-1], strict=True)) | {WINDOW_START: _moment(k[-1])}
+        deletes = [dict(zip(self.keys, k[:-1], strict=True)) | {WINDOW_START: moment(k[-1])}
                    for k, row in final.items() if row is None]
         if not upserts and not deletes:
             return 0
@@ -253,8 +252,3 @@ class ChangelogWindowFeed:
             error=f"view {self.view}: the row of {self.source_stream} at position {position}: "
             f"its time {column} {why}; it is in no window. Give the row a time; its next "
             "change is fed, then drop this letter", attempts=1)
-
-
-def _moment(micros: int) -> datetime:
-    return datetime(1970, 1, 1, tzinfo=UTC) + timedelta(microseconds=micros)
-

@@ -31,7 +31,7 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from typing import Any, Final
 
 import numpy as np
@@ -61,6 +61,7 @@ from lakefold.projections._windows import (
     classify,
     event_times,
     is_time_type,
+    moment,
 )
 from lakefold.projections.exceptions import ProjectionDefinitionError
 from lakefold.schemas import EventRegistry
@@ -372,7 +373,7 @@ class EventFeed:
         by_position = {p: row for _, p, _, _, _, row in earlier}
         moved = [(by_position[p], old, new, end) for p, old, new, end in found.moved]
         gone = [row for row, old, new, _ in moved if old != new]  # same start: an upsert
-        again = [row | {WINDOW_START: _moment(new), WINDOW_END: _moment(end)}
+        again = [row | {WINDOW_START: moment(new), WINDOW_END: moment(end)}
                  for row, _, new, end in moved]
         out = pa.concat_tables([fresh, pa.Table.from_pylist(again, schema=self.schema)])
         by_start = {s: e for _, s, e in found.new_rows} | {n: e for _, _, n, e in found.moved}
@@ -596,10 +597,6 @@ def feed_position(conn: psycopg.Connection[Any], stream: str) -> int:
     row = conn.execute("SELECT next_position FROM lakefold.event_feeds WHERE stream = %s",
                        (stream,)).fetchone()
     return 1 if row is None else int(row[0])
-
-
-def _moment(micros: int) -> datetime:
-    return datetime(1970, 1, 1, tzinfo=UTC) + timedelta(microseconds=micros)
 
 
 def _data(table: pa.Table) -> pa.Table:

@@ -23,7 +23,7 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Final
 
 import numpy as np
@@ -80,6 +80,11 @@ def duration(what: str, value: object, *, zero: bool = False) -> timedelta:
 
 def micros(value: timedelta) -> int:
     return (value.days * 86_400 + value.seconds) * 1_000_000 + value.microseconds
+
+
+def moment(micros_since_epoch: int) -> datetime:
+    """The UTC time ``micros_since_epoch`` microseconds after the epoch."""
+    return datetime(1970, 1, 1, tzinfo=UTC) + timedelta(microseconds=micros_since_epoch)
 
 
 @dataclass(frozen=True)

@@ -162,6 +162,7 @@ def test_windows_over_a_table_equal_the_simulated_rows(spark: Any, placed: Captu
               amount: int) -> None:
         """Run one statement; the simulation sees every row it wrote (PostgreSQL logs an
         update that changes nothing, too)."""
+        statement: tuple[str, tuple[Any, ...]]
         if what == "insert":
             clock[0] += dt.timedelta(seconds=abs(seconds) % 60)
             at = clock[0] + dt.timedelta(seconds=min(seconds, 0))
