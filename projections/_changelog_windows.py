@@ -230,14 +230,14 @@ class ChangelogWindowFeed:
                    for k, row in final.items() if row is None]
         if not upserts and not deletes:
             return 0
-        moment = pc.max(changes.column("_commit_ts")).as_py()  # the newest change's commit
+        committed = pc.max(changes.column("_commit_ts")).as_py()  # the newest change's commit
         schema = self.schema
         table = pa.Table.from_pylist(upserts, schema=schema)
         start, end = self.stream.append(
             conn, self._stream_schema, upserts=table,
             old=pa.Table.from_pylist([{}] * len(upserts), schema=schema),
             deletes=pa.Table.from_pylist(deletes, schema=schema), commit_lsn=0,
-            commit_ts=moment)
+            commit_ts=committed)
         return end - start
 
     def _letter(self, row: Row, position: int) -> NewDeadLetter:

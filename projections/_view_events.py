@@ -322,9 +322,9 @@ class EventFeed:
         except SparkTerminalError:  # payloads that do not fit the registered models
             events = self._without_undecodable(conn, events)
             rows = self._rows(conn, events, self._order)
-        moment = pc.max(events.column("recorded_at")).as_py() if events.num_rows else \
+        newest = pc.max(events.column("recorded_at")).as_py() if events.num_rows else \
             datetime.now(UTC)
-        return FeedRead(rows, deletes, moment, end, top, int(replayed))
+        return FeedRead(rows, deletes, newest, end, top, int(replayed))
 
     def write(self, conn: psycopg.Connection[Any], read: FeedRead, rows: pa.Table,
               max_time: int | None, windows: frozenset[int] = frozenset(),
@@ -430,11 +430,11 @@ class EventFeed:
         return max(start, head + 1 if unknown is None else unknown)
 
     def _write(self, conn: psycopg.Connection[Any], rows: pa.Table, deletes: pa.Table,
-               moment: datetime) -> int:
+               committed: datetime) -> int:
         assert self._stream_schema is not None  # noqa: S101 - create() runs first
         old = pa.Table.from_pylist([{}] * rows.num_rows, schema=rows.schema)
         start, end = self.stream.append(conn, self._stream_schema, upserts=rows, old=old,
-                                        deletes=deletes, commit_lsn=0, commit_ts=moment)
+                                        deletes=deletes, commit_lsn=0, commit_ts=committed)
         return end - start
 
     def _windowed(self, conn: psycopg.Connection[Any], rows: pa.Table, max_time: int | None
@@ -549,9 +549,9 @@ class EventFeed:
         starts = [s for p in positions for s in wanted[p]]
         out = self._window_rows(rows, np.array(take, dtype=np.int64),
                                 np.array(starts, dtype=np.int64))
-        moment = pc.max(events.column("recorded_at")).as_py() if events.num_rows else \
+        newest = pc.max(events.column("recorded_at")).as_py() if events.num_rows else \
             datetime.now(UTC)
-        appended = self._write(conn, out, self.schema.empty_table(), moment)
+        appended = self._write(conn, out, self.schema.empty_table(), newest)
         conn.execute("UPDATE lakefold.event_feeds SET replayed_through = %s WHERE stream = %s",
                      (through, self.name))
         return FeedBatch(batch.appended + appended, batch.windows | frozenset(starts),
