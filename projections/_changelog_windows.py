@@ -32,6 +32,8 @@ from psycopg import sql
 from lakefold.capture.store._changelog_store import (
     ChangelogStore,
     copy_records,
+    data_columns,
+    row_schema,
     stream_meta,
     typed,
 )
@@ -51,9 +53,6 @@ from lakefold.projections._windows import WINDOW_END, WINDOW_START, Window, even
 
 Row = dict[str, Any]
 
-
-def _data(table: pa.Table) -> pa.Table:
-    return table.drop_columns([c for c in table.column_names if c.startswith("_")])
 
 
 class ChangelogWindowFeed:
@@ -75,7 +74,7 @@ class ChangelogWindowFeed:
         meta = stream_meta(conn, table)
         assert meta.latest is not None  # noqa: S101 - checked when the view was planned
         self.keys = [c.name for c in meta.latest.columns if c.key]
-        source = _data(store.read(table, from_position=2**62, limit=1)).schema
+        source = row_schema(store, table)
         self.schema = windowed_schema(view, alias, source, window)
         self._stream_schema: StreamSchema | None = None
 
@@ -121,7 +120,7 @@ class ChangelogWindowFeed:
         letters: list[NewDeadLetter] = []
         window = self.window
         times, missing = event_times(changes.column(window.time))
-        data = _data(changes).select([c for c in self.schema.names
+        data = data_columns(changes).select([c for c in self.schema.names
                                       if c not in (WINDOW_START, WINDOW_END)]).to_pylist()
         ops = changes.column("_op").to_pylist()
         positions = changes.column("_position").to_pylist()
@@ -209,7 +208,7 @@ class ChangelogWindowFeed:
             values = pc.unique(pc.cast(changes.column(first.name), first.type))
             texts = text_array(column_for(first, key=True), values).to_pylist()
             raw = state.rows_where(conn, first.name, texts)
-        rows = _data(state.typed(conn, raw))
+        rows = data_columns(state.typed(conn, raw))
         if rows.num_rows == 0:
             return {}
         rows = rows.select(self.schema.names).cast(self.schema)

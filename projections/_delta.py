@@ -27,6 +27,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
@@ -269,18 +270,14 @@ def _latest_per_key(rows: pa.Table, keys: list[str]) -> pa.Table:
     """One row per key: the one with the highest ``_position`` (else the last one)."""
     if rows.num_rows < 2:
         return rows
-    order = pa.array(range(rows.num_rows), pa.int64())
+    order = pa.array(np.arange(rows.num_rows, dtype=np.int64))
     ranked = rows.append_column("__order", order)
-    sort = [(POSITION_COLUMN, "descending")] if POSITION_COLUMN in rows.column_names else []
-    ranked = ranked.sort_by([*sort, ("__order", "descending")])
-    seen: set[tuple[Any, ...]] = set()
-    keep: list[int] = []
-    columns = [ranked.column(k).to_pylist() for k in keys]
-    for index, key in enumerate(zip(*columns, strict=True)):
-        if key not in seen:
-            seen.add(key)
-            keep.append(index)
-    return ranked.take(pa.array(keep, pa.int64())).drop_columns(["__order"])
+    sort = [(POSITION_COLUMN, "ascending")] if POSITION_COLUMN in rows.column_names else []
+    ranked = ranked.sort_by([*sort, ("__order", "ascending")])
+    ranked = ranked.set_column(ranked.schema.get_field_index("__order"), "__order", order)
+    last = ranked.select([*keys, "__order"]).group_by(keys, use_threads=False) \
+        .aggregate([("__order", "max")]).column("__order_max")
+    return ranked.take(pc.take(last, pc.sort_indices(last))).drop_columns(["__order"])
 
 
 def _cast_like(rows: pa.Table, schema: pa.Schema) -> pa.Table:

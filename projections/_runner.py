@@ -396,7 +396,8 @@ class Runner:
                         break
                 if deadline is not None and time.monotonic() > deadline:
                     raise ProjectionTimeoutError(f"projections not caught up within {timeout} s")
-                stop.wait(self.config.poll_seconds)
+                if views_quiet:  # else the views go on at once: they may have more to do
+                    stop.wait(self.config.poll_seconds)
         finally:
             self.stop_all()
             if self.views is not None:

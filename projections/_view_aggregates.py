@@ -48,12 +48,16 @@ import pyarrow.csv as pacsv
 from psycopg import sql
 
 from lakefold.capture.store._arrow_columns import typed_array
+from lakefold.capture.store._stream_schema import ColumnSchema
 from lakefold.capture.store._stream_state import STATE_SCHEMA, StateChanges, StreamState
 from lakefold.projections._plan_trees import expression_trees, walk
 
 _INTEGRAL = {"tinyint", "smallint", "int", "bigint", "byte", "short", "integer", "long"}
 _DECIMAL = re.compile(r"decimal\((\d+),(\d+)\)")
-_DELTA = "lf_agg_delta"
+#: The column of the group key (text, never NULL) that ``_touched`` adds to the rows.
+GROUP_KEY = "_gkey"
+#: The temporary table of a batch's signed images (dropped at commit).
+DELTA_TABLE = "lf_agg_delta"
 _EXACT = Context(prec=100)
 
 
@@ -195,12 +199,14 @@ def _divide(numerator: int, denominator: int) -> int:
 class AggregateState:
     """The state of one view generation kept by its changes (see the module docstring)."""
 
-    def __init__(self, owner: str, plan: AggregatePlan, state: StreamState) -> None:
+    def __init__(self, owner: str, plan: AggregatePlan, state: StreamState | None) -> None:
         self.plan = plan
         self.state = state
         digest = hashlib.sha1(owner.encode(), usedforsecurity=False).hexdigest()[:16]
-        self.groups = sql.Identifier(STATE_SCHEMA, f"agg_{digest}")
-        self.values = {column: sql.Identifier(STATE_SCHEMA, f"agg_{digest}_v{i}")
+        #: The state's table names start with it (in ``lakefold_state``).
+        self.name = f"agg_{digest}"
+        self.groups = sql.Identifier(STATE_SCHEMA, self.name)
+        self.values = {column: sql.Identifier(STATE_SCHEMA, f"{self.name}_v{i}")
                        for i, column in enumerate(plan.multisets)}
         self._kinds = {m.column: m.kind for m in plan.measures if m.column is not None}
 
@@ -238,6 +244,7 @@ class AggregateState:
         """Fold a batch's images into the state (``change`` None: rebuild it from all of the
         input's rows) and return the rows of the groups it touched (all groups on a rebuild),
         typed as ``output``."""
+        assert self.state is not None  # noqa: S101 - kept from an input's state
         if change is None:
             for table in (self.groups, *self.values.values()):
                 conn.execute(sql.SQL("TRUNCATE {}").format(table))
@@ -246,17 +253,30 @@ class AggregateState:
             signed = [(-1, change.before), (1, change.after)]
         self._load(conn, signed)
         self._fold(conn)
-        return self._touched(conn, output, everything=change is None)
+        return self._touched(conn, output, everything=change is None).drop_columns([GROUP_KEY])
+
+    @property
+    def texts(self) -> list[str]:
+        """The delta's text columns: ``g<i>`` per grouping column, ``x<i>`` per input column
+        an aggregate reads."""
+        return [f"g{i}" for i in range(len(self.plan.groups))] + \
+            [f"x{i}" for i in range(len(self.plan.columns))]
+
+    def _create_delta(self, conn: psycopg.Connection[Any], *extra: str) -> None:
+        """The temporary delta table of signed images (dropped at commit), with ``extra``
+        text columns after ``sign``."""
+        conn.execute(sql.SQL("CREATE TEMP TABLE IF NOT EXISTS {} (sign int NOT NULL, {}) "
+                             "ON COMMIT DROP").format(
+            sql.Identifier(DELTA_TABLE),
+            sql.SQL(", ").join(sql.SQL("{} text").format(sql.Identifier(n))
+                               for n in (*extra, *self.texts))))
 
     def _load(self, conn: psycopg.Connection[Any], signed: list[tuple[int, pa.Table]]) -> None:
         """The signed images into the temporary delta table (one CSV ``COPY``)."""
+        assert self.state is not None  # noqa: S101 - kept from an input's state
         columns = [c for _, c in self.plan.groups] + list(self.plan.columns)
-        names = ["sign"] + [f"g{i}" for i in range(len(self.plan.groups))] + \
-            [f"x{i}" for i in range(len(self.plan.columns))]
-        conn.execute(sql.SQL("CREATE TEMP TABLE {} (sign int NOT NULL, {}) ON COMMIT DROP")
-                     .format(sql.Identifier(_DELTA),
-                             sql.SQL(", ").join(sql.SQL("{} text").format(sql.Identifier(n))
-                                                for n in names[1:])))
+        names = ["sign", *self.texts]
+        self._create_delta(conn)
         parts = []
         for sign, raw in signed:
             if raw.num_rows == 0:
@@ -264,22 +284,18 @@ class AggregateState:
             arrays = [pa.array(np.full(raw.num_rows, sign, dtype=np.int32))]
             arrays += [self.state.raw_array(conn, raw, c) for c in columns]
             parts.append(pa.Table.from_arrays(arrays, names=names))
-        if not parts:
-            return
-        buffer = io.BytesIO()
-        pacsv.write_csv(pa.concat_tables(parts), buffer,
-                        pacsv.WriteOptions(include_header=False, quoting_style="all_valid"))
-        with conn.cursor() as cur, cur.copy(sql.SQL("COPY {} FROM STDIN (FORMAT csv)")
-                                            .format(sql.Identifier(_DELTA))) as copy:
-            copy.write(buffer.getvalue())
+        if parts:
+            copy_csv(conn, pa.concat_tables(parts), sql.Identifier(DELTA_TABLE))
 
     def _gkey(self, prefix: str = "") -> sql.Composable:
         return sql.SQL("json_build_array({})::text").format(sql.SQL(", ").join(
             sql.SQL(prefix + "g{}").format(sql.SQL(str(i)))
             for i in range(len(self.plan.groups))))
 
-    def _fold(self, conn: psycopg.Connection[Any]) -> None:
-        delta = sql.Identifier(_DELTA)
+    def _fold(self, conn: psycopg.Connection[Any], *, retracting: bool = True) -> None:
+        """Fold the delta into the state; ``retracting``: it holds rows of sign -1 (values
+        and groups may empty; with only +1 rows none can)."""
+        delta = sql.Identifier(DELTA_TABLE)
         gs = [sql.SQL("g{}").format(sql.SQL(str(i))) for i in range(len(self.plan.groups))]
         names, picks, updates = [], [], []
         for i, column in enumerate(self.plan.columns):
@@ -309,18 +325,25 @@ class AggregateState:
                 "DO UPDATE SET n = t.n + excluded.n").format(
                     table=table, gkey=self._gkey(), value=self._cast(column, x), delta=delta,
                     x=x))
+            if not retracting:
+                continue
             conn.execute(sql.SQL(
                 "DELETE FROM {table} v USING (SELECT DISTINCT {gkey} AS gkey FROM {delta}) d "
                 "WHERE v.gkey = d.gkey AND v.n = 0").format(table=table, gkey=self._gkey(),
                                                               delta=delta))
+        if not retracting:
+            return
         conn.execute(sql.SQL(
             "DELETE FROM {groups} g USING (SELECT DISTINCT {gkey} AS gkey FROM {delta}) d "
             "WHERE g.gkey = d.gkey AND g.rows = 0").format(
                 groups=self.groups, gkey=self._gkey(), delta=delta))
 
     def _touched(self, conn: psycopg.Connection[Any], output: pa.Schema, *,
-                 everything: bool) -> pa.Table:
-        """The output rows of the groups in the delta (all groups: ``everything``)."""
+                 everything: bool, also: sql.Composable | None = None,
+                 keep_delta: bool = False) -> pa.Table:
+        """The output rows of the groups in the delta (all groups: ``everything``), and
+        those matching the condition ``also`` on the group table ``g``, each with its group
+        key (column ``GROUP_KEY``); the delta is dropped unless ``keep_delta``."""
         selects: list[sql.Composable] = [sql.SQL("g.g{}").format(sql.SQL(str(i)))
                                          for i in range(len(self.plan.groups))]
         selects.append(sql.SQL("g.rows"))
@@ -334,20 +357,23 @@ class AggregateState:
                         .format(table),
                         sql.SQL("(SELECT count(*) FROM {} v WHERE v.gkey = g.gkey)")
                         .format(table)]
-        where = sql.SQL("") if everything else sql.SQL(
-            " WHERE g.gkey IN (SELECT {} FROM {})").format(self._gkey(),
-                                                           sql.Identifier(_DELTA))
-        rows = conn.execute(sql.SQL("SELECT {} FROM {} g{}").format(
-            sql.SQL(", ").join(selects), self.groups, where)).fetchall()
-        conn.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(sql.Identifier(_DELTA)))
-        return self._rows(conn, rows, output)
+        selects.append(sql.SQL("g.gkey"))
+        query = sql.SQL("SELECT {} FROM {} g").format(sql.SQL(", ").join(selects), self.groups)
+        if not everything:  # each part by its index (an OR would scan every group)
+            query = sql.SQL("{q} WHERE g.gkey IN (SELECT {gkey} FROM {delta}){also}").format(
+                q=query, gkey=self._gkey(), delta=sql.Identifier(DELTA_TABLE),
+                also=sql.SQL("") if also is None else
+                sql.SQL(" UNION {} WHERE {}").format(query, also))
+        rows = conn.execute(query).fetchall()
+        if not keep_delta:
+            conn.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(sql.Identifier(DELTA_TABLE)))
+        return self._rows(conn, rows, output).append_column(
+            GROUP_KEY, pa.array([r[-1] for r in rows], pa.string()))
 
     def _rows(self, conn: psycopg.Connection[Any], rows: list[tuple[Any, ...]],
               output: pa.Schema) -> pa.Table:
         n_groups, n_columns = len(self.plan.groups), len(self.plan.columns)
-        meta = self.state.meta(conn)
-        assert meta.latest is not None  # noqa: S101 - a state with rows has a schema
-        by_name = {c.name: c for c in meta.latest.columns}
+        by_name = self._columns(conn)
         arrays: dict[str, pa.Array] = {}
         for i, (name, column) in enumerate(self.plan.groups):
             texts = pa.array([r[i] for r in rows], pa.string())
@@ -377,6 +403,13 @@ class AggregateState:
             arrays[measure.name] = pa.array(values, field.type)
         return pa.table([arrays[f.name] for f in output], schema=output)
 
+    def _columns(self, conn: psycopg.Connection[Any]) -> dict[str, ColumnSchema]:
+        """The input's columns (to type the texts the state keeps), by name."""
+        assert self.state is not None  # noqa: S101 - kept from an input's state
+        meta = self.state.meta(conn)
+        assert meta.latest is not None  # noqa: S101 - a state with rows has a schema
+        return {c.name: c for c in meta.latest.columns}
+
     @staticmethod
     def _sum_or_average(measure: Measure, count: int, total: str) -> Any:
         if count == 0:
@@ -389,3 +422,14 @@ class AggregateState:
             return float(int(exact)) / count
         return spark_average(exact, count, *decimal)
 
+
+
+def copy_csv(conn: psycopg.Connection[Any], table: pa.Table, target: sql.Composable) -> None:
+    """``table``'s rows into ``target`` with one CSV ``COPY`` (a NULL is an unquoted empty
+    field, every value is quoted)."""
+    buffer = io.BytesIO()
+    pacsv.write_csv(table, buffer,
+                    pacsv.WriteOptions(include_header=False, quoting_style="all_valid"))
+    with conn.cursor() as cur, cur.copy(sql.SQL("COPY {} FROM STDIN (FORMAT csv)")
+                                        .format(target)) as copy:
+        copy.write(buffer.getvalue())

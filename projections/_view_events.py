@@ -29,16 +29,17 @@ events equals the same query over the events a read of the store returns.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 import numpy as np
 import psycopg
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from lakefold.capture.store._changelog_store import data_columns
 from lakefold.capture.store._derived_streams import DerivedStream, column_for, text_array
 from lakefold.capture.store._stream_schema import StreamSchema
 from lakefold.capture.store._stream_state import StreamState
@@ -68,6 +69,9 @@ from lakefold.schemas import EventRegistry
 from lakefold.schemas.events import STREAM_DELETED_TYPE
 from lakefold.spark._event_payloads import PayloadDecoder
 from lakefold.spark.exceptions import SparkTerminalError
+
+if TYPE_CHECKING:
+    from lakefold.projections._window_aggregates import WindowAggregates
 
 #: The event columns every event input has (payload columns follow).
 EVENT_COLUMNS: Final = ("position", "event_id", "stream_id", "stream_version", "category",
@@ -194,6 +198,10 @@ class FeedRead:
     end: int
     max_time: int | None
     replayed: int
+    #: The streams whose deletion records were read.
+    deleted: frozenset[str] = frozenset()
+    #: The first global position read.
+    start: int = 1
 
 
 @dataclass(frozen=True)
@@ -209,6 +217,10 @@ class FeedBatch:
     #: True when the batch moved the largest event time (windows may close without a row
     #: written: the events or changes that moved it were late).
     watermark_moved: bool = False
+    #: The newest event's recording time (the time of the rows the batch gives).
+    moment: datetime | None = None
+    #: The feed's largest event time before the batch.
+    max_event_time_before: int | None = None
 
 
 class EventFeed:
@@ -241,6 +253,9 @@ class EventFeed:
         self._stream_schema: StreamSchema | None = None
         #: This batch's commit order of the events it feeds (lookups as of commit).
         self._order: CommitOrder | None = None
+        #: Set when the feed's window rows are folded into the view's aggregates instead of
+        #: written to its stream (``_window_aggregates``).
+        self.folder: WindowAggregates | None = None
 
     def create(self, conn: psycopg.Connection[Any]) -> None:
         """Create the feed's stream and progress (idempotent)."""
@@ -269,27 +284,29 @@ class EventFeed:
         """The next global position the feed reads (1: nothing fed yet)."""
         return feed_position(conn, self.name)
 
-    def advance(self, conn: psycopg.Connection[Any], state: StreamState, head: int
+    def advance(self, conn: psycopg.Connection[Any], state: StreamState | None, head: int
                 ) -> FeedBatch:
         """Feed the events after the feed's position up to ``head`` (the store's head, read
         before the caller's transaction began; at most ``limit`` positions), in the caller's
         transaction; ``state`` is the view's state of this feed (to find the rows of a
-        deleted stream). A windowed feed also folds in the late events replayed since its
-        last batch."""
+        deleted stream; None when the feed folds its rows). A windowed feed also folds in
+        the late events replayed since its last batch."""
         read = self.read(conn, state, head)
         rows, windows, max_time = read.rows, frozenset[int](), read.max_time
         if self.window is not None and self.window.kind == "session":
             if rows.num_rows:
+                assert state is not None  # noqa: S101 - sessions move their rows, kept there
                 return self._sessions(conn, state, read)
             return self.write(conn, read, rows, max_time)
         if self.window is not None and rows.num_rows:
             rows, windows, max_time = self._windowed(conn, rows, max_time)
         batch = self.write(conn, read, rows, max_time, windows)
         if self.window is not None:
-            batch = self._fold_replays(conn, batch, read.replayed)
+            batch = self._fold_replays(conn, batch, read.replayed, read.start)
         return batch
 
-    def read(self, conn: psycopg.Connection[Any], state: StreamState, head: int) -> FeedRead:
+    def read(self, conn: psycopg.Connection[Any], state: StreamState | None, head: int
+             ) -> FeedRead:
         """The feed's rows of the events after its position up to ``head`` (see
         ``advance``), not written yet; events whose payload the models cannot read are
         dead-lettered."""
@@ -310,12 +327,14 @@ class EventFeed:
         if events.num_rows == 0:
             empty = self.event_schema.empty_table()
             return FeedRead(empty, self.schema.empty_table(), datetime.now(UTC), end, top,
-                            int(replayed))
+                            int(replayed), start=int(start))
         deletion = pc.equal(events.column("type"), STREAM_DELETED_TYPE)
-        deletes = self._deleted_rows(conn, state, events.filter(deletion))
+        deleted = _deleted_streams(events.filter(deletion))
+        deletes = self.schema.empty_table() if state is None or not deleted else \
+            self._deleted_rows(conn, state, deleted)
         events = events.filter(pc.invert(deletion))
-        if deletes.num_rows:  # events of a deleted stream read in this very range
-            gone = pc.is_in(events.column("stream_id"), deletes.column("stream_id").unique())
+        if deleted:  # events of a deleted stream read in this very range
+            gone = pc.is_in(events.column("stream_id"), pa.array(sorted(deleted), pa.string()))
             events = events.filter(pc.invert(gone))
         try:
             rows = self._rows(conn, events, self._order)
@@ -324,7 +343,8 @@ class EventFeed:
             rows = self._rows(conn, events, self._order)
         newest = pc.max(events.column("recorded_at")).as_py() if events.num_rows else \
             datetime.now(UTC)
-        return FeedRead(rows, deletes, newest, end, top, int(replayed))
+        return FeedRead(rows, deletes, newest, end, top, int(replayed), frozenset(deleted),
+                        int(start))
 
     def write(self, conn: psycopg.Connection[Any], read: FeedRead, rows: pa.Table,
               max_time: int | None, windows: frozenset[int] = frozenset(),
@@ -335,12 +355,12 @@ class EventFeed:
         ``read``, with ``max_time`` its largest event time."""
         deletes = read.deletes if moved is None or not moved.num_rows else \
             pa.concat_tables([read.deletes, moved.cast(read.deletes.schema)])
-        appended = self._write(conn, rows, deletes, read.moment) \
-            if rows.num_rows or deletes.num_rows else 0
+        appended = self._write(conn, rows, deletes, read.moment, read.deleted) \
+            if rows.num_rows or deletes.num_rows or read.deleted else 0
         conn.execute("UPDATE lakefold.event_feeds SET next_position = %s, max_event_time = %s "
                      "WHERE stream = %s", (read.end, max_time, self.name))
         return FeedBatch(appended, windows, max_time, dict(ends or {}),
-                         max_time != read.max_time)
+                         max_time != read.max_time, read.moment, read.max_time)
 
     def _sessions(self, conn: psycopg.Connection[Any], state: StreamState,
                   read: FeedRead) -> FeedBatch:
@@ -393,7 +413,7 @@ class EventFeed:
         texts = text_array(column_for(first, key=False), values).to_pylist()
         if any(k[0] is None for k in keys):
             texts.append(None)
-        typed = _data(state.typed(conn, state.rows_where(conn, first.name, texts)))
+        typed = data_columns(state.typed(conn, state.rows_where(conn, first.name, texts)))
         if typed.num_rows == 0:
             return []
         typed = typed.select(self.schema.names).cast(self.schema)
@@ -430,7 +450,11 @@ class EventFeed:
         return max(start, head + 1 if unknown is None else unknown)
 
     def _write(self, conn: psycopg.Connection[Any], rows: pa.Table, deletes: pa.Table,
-               committed: datetime) -> int:
+               committed: datetime, deleted: Collection[str] = ()) -> int:
+        """Append ``rows`` and ``deletes`` (the rows of the ``deleted`` streams) to the feed's
+        stream, or fold ``rows`` in and the ``deleted`` streams out (``folder``)."""
+        if self.folder is not None:
+            return self.folder.fold(conn, rows, deleted)
         assert self._stream_schema is not None  # noqa: S101 - create() runs first
         old = pa.Table.from_pylist([{}] * rows.num_rows, schema=rows.schema)
         start, end = self.stream.append(conn, self._stream_schema, upserts=rows, old=old,
@@ -530,14 +554,20 @@ class EventFeed:
         return events.filter(pa.array(keep))
 
     def _fold_replays(self, conn: psycopg.Connection[Any], batch: FeedBatch,
-                      replayed_through: int) -> FeedBatch:
-        """Append the window rows of late events replayed since the feed's last batch."""
+                      replayed_through: int, start: int) -> FeedBatch:
+        """Append the window rows of late events replayed since the feed's last batch that
+        it read before ``start`` (the batch's first position: ``_windowed`` counts the
+        replayed events it reads, in this batch or a later one)."""
         pairs, through = pending_replays(conn, self.view, self.alias, replayed_through)
-        if not pairs:
-            return batch
+        if through != replayed_through:
+            conn.execute("UPDATE lakefold.event_feeds SET replayed_through = %s "
+                         "WHERE stream = %s", (through, self.name))
         wanted: dict[int, list[int]] = {}
-        for position, start in pairs:
-            wanted.setdefault(position, []).append(start)
+        for position, window_start in pairs:
+            if position < start:
+                wanted.setdefault(position, []).append(window_start)
+        if not wanted:
+            return batch
         parts = [pa.Table.from_batches(list(read_events_range(
             self.dsn, p, p + 1, category=self.source.category,
             types=self.source.types or None)), schema=EVENTS_ARROW_SCHEMA)
@@ -552,10 +582,8 @@ class EventFeed:
         newest = pc.max(events.column("recorded_at")).as_py() if events.num_rows else \
             datetime.now(UTC)
         appended = self._write(conn, out, self.schema.empty_table(), newest)
-        conn.execute("UPDATE lakefold.event_feeds SET replayed_through = %s WHERE stream = %s",
-                     (through, self.name))
-        return FeedBatch(batch.appended + appended, batch.windows | frozenset(starts),
-                         batch.max_event_time)
+        return replace(batch, appended=batch.appended + appended,
+                       windows=batch.windows | frozenset(starts))
 
     def _rows(self, conn: psycopg.Connection[Any], events: pa.Table,
               order: CommitOrder | None = None) -> pa.Table:
@@ -581,15 +609,17 @@ class EventFeed:
         return base.cast(self.event_schema)
 
     def _deleted_rows(self, conn: psycopg.Connection[Any], state: StreamState,
-                      records: pa.Table) -> pa.Table:
-        """The fed rows of the streams whose deletion records are in ``records``."""
-        streams = {json.loads(d).get("stream_id") or s for d, s in zip(
-            records.column("data").to_pylist(), records.column("stream_id").to_pylist(),
-            strict=True)}
-        if not streams:
-            return self.schema.empty_table()
+                      streams: Collection[str]) -> pa.Table:
+        """The fed rows of the ``streams`` (deleted)."""
         raw = state.rows_where(conn, "stream_id", streams)
-        return _data(state.typed(conn, raw)).cast(self.schema)
+        return data_columns(state.typed(conn, raw)).cast(self.schema)
+
+
+def _deleted_streams(records: pa.Table) -> set[str]:
+    """The streams whose deletion records are ``records``."""
+    return {json.loads(d).get("stream_id") or s for d, s in zip(
+        records.column("data").to_pylist(), records.column("stream_id").to_pylist(),
+        strict=True)}
 
 
 def feed_position(conn: psycopg.Connection[Any], stream: str) -> int:
@@ -598,9 +628,6 @@ def feed_position(conn: psycopg.Connection[Any], stream: str) -> int:
                        (stream,)).fetchone()
     return 1 if row is None else int(row[0])
 
-
-def _data(table: pa.Table) -> pa.Table:
-    return table.drop_columns([c for c in table.column_names if c.startswith("_")])
 
 
 def store_head(store_dsn: str) -> int:

@@ -44,15 +44,21 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from lakefold.capture.store._arrow_columns import typed_array
-from lakefold.capture.store._changelog_store import ChangelogStore, stream_meta
+from lakefold.capture.store._changelog_store import (
+    ChangelogStore,
+    data_columns,
+    row_schema,
+    stream_meta,
+)
 from lakefold.capture.store._derived_streams import DerivedStream, column_for, text_array
 from lakefold.capture.store._stream_state import StateChanges, StreamState
 from lakefold.projections._changelog_windows import ChangelogWindowFeed
 from lakefold.projections._deadletters import install_dead_letters
 from lakefold.projections._late_events import install_late_events, record_late
-from lakefold.projections._view_aggregates import AggregateState
+from lakefold.projections._view_aggregates import GROUP_KEY, AggregateState
 from lakefold.projections._view_events import EventFeed, EventInput, FeedBatch, store_head
 from lakefold.projections._view_plan import Query, ViewPlan, analyze, view_frame
+from lakefold.projections._window_aggregates import WindowAggregates
 from lakefold.projections._window_book import (
     close_windows,
     forget_windows,
@@ -124,9 +130,6 @@ def _data_errors() -> tuple[type[BaseException], ...]:
             ArrayIndexOutOfBoundsException)
 
 
-def _data(table: pa.Table) -> pa.Table:
-    return table.drop_columns([c for c in table.column_names if c.startswith("_")])
-
 
 class ViewMaintainer:
     """One generation of one view (see the module docstring)."""
@@ -161,12 +164,22 @@ class ViewMaintainer:
         self.query = query
         self.plan = plan
         self.session = spark.newSession()
+        #: The windowed event input whose rows fold into the view's aggregates (no input
+        #: state, no Spark; ``_window_aggregates``), if the view is one such ``GROUP BY``.
+        self.folded: WindowAggregates | None = None
+        fed = self.feeds.get(window.input) if window is not None else None
+        if plan.aggregate is not None and isinstance(fed, EventFeed) and fed.window is not None \
+                and fed.window.kind != "session" and plan.aggregate.input == fed.alias:
+            self.folded = fed.folder = WindowAggregates(self.owner, plan.aggregate, fed.schema)
         self.states = {name: StreamState(self.owner, stream)
-                       for name, stream in self.inputs.items()}
+                       for name, stream in self.inputs.items()
+                       if self.folded is None or name != self.folded.plan.input}
         self.output = DerivedStream(output_stream(view, generation))
         self.own = StreamState(self.owner, self.output.name)
-        self.aggregates = None if plan.aggregate is None or window else AggregateState(
-            self.owner, plan.aggregate, self.states[plan.aggregate.input])
+        self.aggregates: AggregateState | None = self.folded
+        if plan.aggregate is not None and window is None:
+            self.aggregates = AggregateState(self.owner, plan.aggregate,
+                                             self.states[plan.aggregate.input])
         self._schema: Any = None
 
     # ------------------------------------------------------------------ set-up
@@ -231,9 +244,10 @@ class ViewMaintainer:
         conn = self.connection()
         event_head = store_head(self.dsn) if any(  # final up to here
             isinstance(f, EventFeed) for f in self.feeds.values()) else 0
+        if self.folded is not None:
+            return self._fold_step(conn, self.folded, event_head)
         with conn.transaction():
-            conn.execute("SELECT pg_advisory_xact_lock(%s, %s)",
-                         (LOCK_NAMESPACE, zlib.crc32(self.owner.encode()) & 0x7FFF_FFFF))
+            self._lock(conn)
             if self.join is not None:
                 fed = self._feed_join(conn, event_head)
             else:
@@ -282,12 +296,68 @@ class ViewMaintainer:
             positions = self.output.append(conn, self._schema, upserts=upserts, old=previous,
                                            deletes=deletes, commit_lsn=commit_lsn,
                                            commit_ts=commit_ts)
-            self.own.apply(conn, positions[1])
+            self.own.apply(conn, positions[1], images=False)
             if kept is not None:
                 self._forget(conn, kept, watermark)
         return BatchResult({n: c.end for n, c in changes.items()},
                            None if affected is None else len(affected), upserts.num_rows,
                            deletes.num_rows, positions, self._named(failed))
+
+    def _lock(self, conn: psycopg.Connection[Any]) -> None:
+        conn.execute("SELECT pg_advisory_xact_lock(%s, %s)",
+                     (LOCK_NAMESPACE, zlib.crc32(self.owner.encode()) & 0x7FFF_FFFF))
+
+    def _fold_step(self, conn: psycopg.Connection[Any], folded: WindowAggregates,
+                   head: int) -> BatchResult | None:
+        """``step`` of a view whose feed folds its window rows into the aggregates: the
+        feed's batch folded, the windows the watermark passed read to write them final,
+        the touched groups' rows after the fold diffed against theirs before it (the
+        view's own state is not needed)."""
+        window = self.window
+        assert window is not None  # noqa: S101 - only a windowed feed folds
+        feed = self.feeds[window.input]
+        assert isinstance(feed, EventFeed)  # noqa: S101 - only an event feed folds
+        with conn.transaction():
+            self._lock(conn)
+            fed = feed.advance(conn, None, head)
+            ends = {window.input: feed.position(conn)}
+            if not fed.appended and not fed.watermark_moved:
+                return None
+            watermark = self._watermark({window.input: fed})
+            open_windows(conn, self.owner, fed.windows, None)
+            closed = [] if watermark is None else close_windows(
+                conn, self.owner, watermark - window.size_us, by_end=False)
+            output = self._output_schema()
+            output = output.remove(output.get_field_index(WINDOW_FINAL))  # _flag_final's
+            before, after = folded.finish(conn, closed, output)
+            # The view's rows of these groups, as the last batch wrote them: after every batch
+            # a group's row is its aggregates flagged final by that batch's watermark (each
+            # batch writes the groups it touched and the windows it closed).
+            earlier = fed.max_event_time_before
+            old = self._flag_final(before, None if earlier is None else
+                                   earlier - window.lateness_us)
+            upserts, previous, deletes = self._diff_groups(old, self._flag_final(after,
+                                                                                 watermark))
+            positions = self.output.append(conn, self._schema, upserts=upserts, old=previous,
+                                           deletes=deletes, commit_lsn=0,
+                                           commit_ts=fed.moment or datetime.now(UTC))
+        return BatchResult(ends, after.num_rows, upserts.num_rows, deletes.num_rows, positions)
+
+    def _diff_groups(self, old: pa.Table, new: pa.Table
+                     ) -> tuple[pa.Table, pa.Table, pa.Table]:
+        """``_diff`` of rows that carry their group key (``GROUP_KEY``), column by column."""
+        columns = [c.name for c in self._schema.columns]
+        index = {k: i for i, k in enumerate(old.column(GROUP_KEY).to_pylist())}
+        at = pa.array([index.get(k) for k in new.column(GROUP_KEY).to_pylist()], pa.int64())
+        previous, current = old.select(columns).take(at), new.select(columns)
+        changed = pc.is_null(at)
+        for column in columns:
+            a, b = current.column(column), previous.column(column)
+            same = pc.or_kleene(pc.equal(a, b), pc.and_(pc.is_null(a), pc.is_null(b)))
+            changed = pc.or_(changed, pc.invert(pc.fill_null(same, False)))
+        gone = pc.invert(pc.is_in(old.column(GROUP_KEY), value_set=new.column(GROUP_KEY)))
+        return (current.filter(changed), previous.filter(changed),
+                old.select(columns).filter(gone))
 
     # ------------------------------------------------------------------ partitions
 
@@ -378,7 +448,7 @@ class ViewMaintainer:
     def _kept_times(self, conn: psycopg.Connection[Any], alias: str, raw: pa.Table,
                     column: str) -> np.ndarray:
         state = self.states[alias]
-        times, _ = event_times(_data(state.typed(conn, raw)).column(column))
+        times, _ = event_times(data_columns(state.typed(conn, raw)).column(column))
         return times
 
     def _forget(self, conn: psycopg.Connection[Any], left_rows: pa.Table,
@@ -526,7 +596,11 @@ class ViewMaintainer:
         """The whole view computed from its inputs' current rows (a full recompute, as a
         baseline: ``step`` recomputes only what a batch touches)."""
         conn = self.connection()
-        rows = self._run(conn, None)
+        if self.folded is not None:
+            output = self._output_schema()
+            rows = self.folded.all_rows(conn, output.remove(output.get_field_index(WINDOW_FINAL)))
+        else:
+            rows = self._run(conn, None)
         if self.window is None:
             return rows
         top = conn.execute("SELECT max_event_time FROM lakefold.event_feeds WHERE stream = %s",
@@ -541,7 +615,7 @@ class ViewMaintainer:
 
         session = self.session
         for name, raw in self._input_rows(conn, affected).items():
-            typed = _data(self.states[name].typed(conn, raw))
+            typed = data_columns(self.states[name].typed(conn, raw))
             session.createDataFrame(typed).createOrReplaceTempView(name)
         try:
             with no_duplicate_error_logs():  # lakefold's error says it; pyspark's log repeats it
@@ -567,7 +641,7 @@ class ViewMaintainer:
                   affected: set[Partition] | None) -> pa.Table:
         """The view's current rows of the affected partitions (typed, data columns)."""
         if affected is None:
-            return _data(self.own.typed(conn, self.own.rows(conn)))
+            return data_columns(self.own.typed(conn, self.own.rows(conn)))
         partition = self.plan.partition
         normal = {tuple(v) for v in zip(*(self._as_output(conn, i, [p[i] for p in affected])
                                           for i in range(len(partition))), strict=True)}
@@ -576,7 +650,7 @@ class ViewMaintainer:
             keys = list(zip(*(self.own.raw_column(conn, raw, c) for c in partition),
                             strict=True))
             raw = raw.filter(pa.array([k in normal for k in keys], pa.bool_()))
-        return _data(self.own.typed(conn, raw))
+        return data_columns(self.own.typed(conn, raw))
 
     def _as_output(self, conn: psycopg.Connection[Any], index: int,
                    values: list[str | None]) -> list[str | None]:
@@ -670,7 +744,7 @@ def describe_inputs(conn: psycopg.Connection[Any], inputs: Mapping[str, str]) ->
 def input_schema(store_dsn: str, stream: str) -> pa.Schema:
     """The Arrow schema of a stream's rows as a view's query sees them (no metadata)."""
     with ChangelogStore(store_dsn) as store:
-        return _data(store.read(stream, from_position=2**62, limit=1)).schema
+        return row_schema(store, stream)
 
 
 def open_view(spark: SparkSession, store_dsn: str, *, view: str, generation: int,

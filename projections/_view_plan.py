@@ -43,6 +43,7 @@ from lakefold.projections._plan_trees import (
     walk,
 )
 from lakefold.projections._view_aggregates import AggregatePlan, aggregate_plan
+from lakefold.projections._windows import WINDOW_END
 from lakefold.projections.exceptions import MissingKeyError, NotMaintainableError
 
 if TYPE_CHECKING:
@@ -365,9 +366,11 @@ def _choose(view: str, scope: _Scope, key: tuple[str, ...]) -> ViewPlan | None:
 
 
 def analyze_plan(view: str, plan_json: str, key: Sequence[str],
-                 inputs: Sequence[str]) -> ViewPlan:
+                 inputs: Sequence[str], windowed: str | None = None) -> ViewPlan:
     """The maintenance of a view whose analyzed plan is ``plan_json`` (see the module
-    docstring); ``inputs`` are the names the view declares."""
+    docstring); ``inputs`` are the names the view declares; ``windowed``, the input whose
+    rows are an event's windows of a fixed size (their ``window_end`` follows from their
+    ``window_start``)."""
     analysis = _Analysis(view)
     tree = plan_tree(json.loads(plan_json))
     scope = analysis.scope(tree)
@@ -394,7 +397,8 @@ def analyze_plan(view: str, plan_json: str, key: Sequence[str],
         raise _unreachable(view, scope, tuple(key))
     aggregate = aggregate_plan(tree)
     if aggregate is not None and not plan.lookups and list(plan.direct) == [aggregate.input] \
-            and set(plan.partition) == {name for name, _ in aggregate.groups}:
+            and set(plan.partition) == {name for name, column in aggregate.groups
+                                        if aggregate.input != windowed or column != WINDOW_END}:
         plan = replace(plan, aggregate=aggregate)
     return plan
 
@@ -436,12 +440,13 @@ def view_frame(spark: SparkSession, schemas: Mapping[str, StructType | str],
 
 
 def analyze(spark: SparkSession, view: str, schemas: Mapping[str, StructType | str],
-            query: Query, key: Sequence[str], join: IntervalJoin | None = None) -> ViewPlan:
+            query: Query, key: Sequence[str], join: IntervalJoin | None = None,
+            windowed: str | None = None) -> ViewPlan:
     """Analyze a view over inputs with ``schemas`` (see ``analyze_plan``), with its
     interval join's bound read off the plan (``_interval_joins``)."""
     df = view_frame(spark, schemas, query)
     plan = df._jdf.queryExecution().analyzed().toJSON()
-    analyzed = analyze_plan(view, plan, key, list(schemas))
+    analyzed = analyze_plan(view, plan, key, list(schemas), windowed)
     if join is not None:
         analyzed = _joined(view, analyzed, bound_join(view, join, plan_tree(json.loads(plan))))
     return replace(analyzed, columns={f.name: f.dataType.simpleString()

@@ -17,6 +17,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from lakefold.capture.store import ChangelogStore, read_changelog_range
+from lakefold.capture.store._changelog_store import data_columns
 from lakefold.projections._model import DELETED_COLUMN
 from lakefold.projections._targets import GenerationTarget, Target, TargetBatch
 from lakefold.projections.exceptions import IncompatibleTargetError
@@ -76,7 +77,7 @@ class ViewTargetWriter:
         deleted = pc.equal(rows.column("_op"), "delete")
         # Every row reflects the range's end (the batch's position): a view's table holds its
         # own columns only, no stream positions.
-        data = rows.select([c for c in rows.column_names if not c.startswith("_")])
+        data = data_columns(rows)
         data = data.append_column(DELETED_COLUMN, deleted)
         self.target.write(data, TargetBatch(end - 1, end - 1))
         self.store.commit_reader(self.reader, self.stream, end - 1)

@@ -110,7 +110,8 @@ def plan_views(spark: SparkSession, views: Mapping[str, View], store_dsn: str,
         spark_schemas = {alias: from_arrow_schema(s) for alias, s in schemas.items()}
         try:
             with no_duplicate_error_logs():  # the error below says it once
-                plan = analyze(spark, name, spark_schemas, view.query, view.key, view.join)
+                plan = analyze(spark, name, spark_schemas, view.query, view.key, view.join,
+                               _fixed_windows(view))
                 output = view_frame(spark, spark_schemas, view.query).toArrow().schema
         except (AnalysisException, PySparkTypeError, PySparkValueError) as e:
             if name in established and on_drift is not None:
@@ -126,6 +127,15 @@ def plan_views(spark: SparkSession, views: Mapping[str, View], store_dsn: str,
         except CaptureValueError as e:
             raise IncompatibleTargetError(f"view {name}: {e}") from e
     return checked
+
+
+def _fixed_windows(view: View) -> str | None:
+    """The event input whose windows have a fixed size (tumbling, hopping, sliding): their
+    aggregates can be folded from the feed (``_window_aggregates``)."""
+    window = view.window
+    if window is None or window.kind == "session" or view.inputs[window.input].events is None:
+        return None
+    return window.input
 
 
 def _windowed_output(view: str, output: pa.Schema, window: Window) -> pa.Schema:

@@ -570,3 +570,14 @@ class ChangelogStore:
         default = "asked for by a user" if keep else "switched off by a user"
         return _reader_registry.set_keep_history(conn, info.stream_id, keep, reason or default,
                                                  if_unset=if_unset)
+
+
+def data_columns(table: pa.Table) -> pa.Table:
+    """A read's rows without their metadata columns (``_position``, ``_op``, ...)."""
+    return table.drop_columns([c for c in table.column_names if c.startswith("_")])
+
+
+def row_schema(store: ChangelogStore, stream: str) -> pa.Schema:
+    """The Arrow schema of a stream's rows as its newest version types them (no
+    metadata columns)."""
+    return data_columns(store.read(stream, from_position=2**62, limit=1)).schema

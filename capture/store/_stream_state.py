@@ -186,9 +186,11 @@ class StreamState:
 
     # ------------------------------------------------------------------ applying a range
 
-    def apply(self, conn: psycopg.Connection[Any], end: int) -> StateChanges:
+    def apply(self, conn: psycopg.Connection[Any], end: int, *, images: bool = True
+              ) -> StateChanges:
         """Apply the stream's records from the state's position up to ``end`` (exclusive,
-        capped at the stream's head); see the module docstring."""
+        capped at the stream's head); see the module docstring. Without ``images``, the
+        before- and after-images are not read (the changes returned hold no rows)."""
         with conn.transaction():
             start = self.position(conn, lock=True)
             meta = self._meta = stream_meta(conn, self.stream)
@@ -202,8 +204,10 @@ class StreamState:
                                .format(sql.Identifier(_STAGED))).fetchone()
             truncate_at = top[0] if top is not None else None
             truncated = truncate_at is not None
+            none = sql.SQL("SELECT * FROM {} WHERE false").format(self.table)
             if truncated:
-                before = self._raw(conn, meta, sql.SQL("SELECT * FROM {}").format(self.table))
+                before = self._raw(conn, meta, sql.SQL("SELECT * FROM {}").format(self.table)
+                                   if images else none)
                 conn.execute(sql.SQL("TRUNCATE {}").format(self.table))
                 conn.execute(sql.SQL("DELETE FROM {} WHERE position <= %s")
                              .format(sql.Identifier(_STAGED)), (truncate_at,))
@@ -217,13 +221,13 @@ class StreamState:
             if not truncated:
                 before = self._raw(conn, meta, sql.SQL(
                     "SELECT s.* FROM {} s JOIN lf_state_last l ON l.key = s.key")
-                    .format(self.table))
+                    .format(self.table) if images else none)
             conn.execute(sql.SQL("DELETE FROM {} s USING lf_state_last l WHERE s.key = l.key")
                          .format(self.table))
             conn.execute(sql.SQL("INSERT INTO {} ({}) SELECT {} FROM lf_state_last "
                                  "WHERE op <> 'd'").format(self.table, _COLUMNS, _COLUMNS))
             after = self._raw(conn, meta, sql.SQL(
-                "SELECT * FROM lf_state_last WHERE op <> 'd'"))
+                "SELECT * FROM lf_state_last WHERE op <> 'd'") if images else none)
             conn.execute(sql.SQL("DROP TABLE lf_state_last, {}").format(
                 sql.Identifier(_STAGED)))
             conn.execute("UPDATE lakefold.stream_states SET position = %s "

@@ -181,3 +181,59 @@ def test_windows_that_cannot_work_are_refused(spark: Any, shop: CaptureConfig) -
               query="SELECT window_start, page, true AS window_final FROM views "
                     "GROUP BY window_start, page")
     check(tumbling("views.occurred_at", "1m"))  # the same view, windowed right, passes
+
+
+def test_a_deleted_stream_leaves_its_windows(spark: Any, shop: CaptureConfig,
+                                             tmp_path: Path) -> None:
+    """A stream's deletion (soft or hard) takes its events out of their windows, final ones
+    too, in the view folded from its feed (``per_minute``) as in the one Spark recomputes
+    (``final_per_minute``); a stream appended and deleted within one batch never counts."""
+    dsn = shop.source_dsn
+    registry = Registry()
+    with registering_into(registry):
+        define(("per_minute", "final_per_minute"))
+    config = RunnerConfig(store_dsn=dsn, roots=SinkRoots.under(tmp_path), poll_seconds=0.05)
+    plans = plan_views(spark, registry.views, dsn)
+    assert plans["per_minute"].plan.aggregate is not None  # folded from its feed
+    assert plans["final_per_minute"].plan.aggregate is None  # recomputed by Spark
+    kept: list[tuple[str, int, int]] = []  # (stream, minute, ms) of the events that count
+
+    def append(stream: str, minute: int, ms: int, *, count: bool = True) -> None:
+        moment = BASE + dt.timedelta(minutes=minute, seconds=7)
+        store.append(stream, [NewEvent(type="page.viewed", data={
+            "page": "/", "ms": ms, "occurred_at": moment.isoformat()})])
+        kept.append((stream, minute, ms))
+
+    def expected(final: bool) -> dict[tuple[dt.datetime, str], tuple[int, int]]:
+        top = max(m for _, m, _ in kept)
+        out: dict[tuple[dt.datetime, str], tuple[int, int]] = {}
+        for _, minute, ms in kept:
+            if final and minute + 1 > top - 2:  # its end is after the watermark
+                continue
+            views, total = out.get((BASE + dt.timedelta(minutes=minute), "/"), (0, 0))
+            out[(BASE + dt.timedelta(minutes=minute), "/")] = (views + 1, total + ms)
+        return out
+
+    def rows(catalog: Catalog, name: str) -> dict[tuple[dt.datetime, str], tuple[int, int]]:
+        return {(r["window_start"], r["page"]): (r["views"], r["ms"])
+                for r in table(catalog, name)}
+
+    with EventStore(dsn) as store, Catalog(dsn) as catalog:
+        store.install()
+        for stream, minute, ms in [("site-a", 0, 1), ("site-a", 1, 2), ("site-b", 1, 4),
+                                   ("site-b", 5, 8), ("site-c", 5, 16), ("site-a", 5, 32)]:
+            append(stream, minute, ms)
+        with Runner(spark, registry, config) as runner:
+            runner.run(until_caught_up=True, timeout=120)
+            assert rows(catalog, "per_minute") == expected(False)
+            assert rows(catalog, "final_per_minute") == expected(True)
+            assert expected(True)  # windows 0 and 1 are final: the deletions correct them
+            store.delete_stream("site-a")
+            store.delete_stream("site-b", hard=True)
+            append("site-d", 1, 64)
+            store.delete_stream("site-d")
+            kept[:] = [k for k in kept if k[0] == "site-c"]
+            append("site-c", 6, 128)
+            runner.run(until_caught_up=True, timeout=120)
+            assert rows(catalog, "per_minute") == expected(False)
+            assert rows(catalog, "final_per_minute") == expected(True)
