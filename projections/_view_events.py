@@ -293,6 +293,8 @@ class EventFeed:
         the late events replayed since its last batch."""
         read = self.read(conn, state, head)
         rows, windows, max_time = read.rows, frozenset[int](), read.max_time
+        if self.window is not None and rows.num_rows == 0:  # in no window: none added
+            rows = self.schema.empty_table()
         if self.window is not None and self.window.kind == "session":
             if rows.num_rows:
                 assert state is not None  # noqa: S101 - sessions move their rows, kept there

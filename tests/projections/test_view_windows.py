@@ -187,7 +187,8 @@ def test_a_deleted_stream_leaves_its_windows(spark: Any, shop: CaptureConfig,
                                              tmp_path: Path) -> None:
     """A stream's deletion (soft or hard) takes its events out of their windows, final ones
     too, in the view folded from its feed (``per_minute``) as in the one Spark recomputes
-    (``final_per_minute``); a stream appended and deleted within one batch never counts."""
+    (``final_per_minute``); a stream appended and deleted within one batch never counts; a
+    batch of a deletion alone empties windows too."""
     dsn = shop.source_dsn
     registry = Registry()
     with registering_into(registry):
@@ -197,18 +198,19 @@ def test_a_deleted_stream_leaves_its_windows(spark: Any, shop: CaptureConfig,
     assert plans["per_minute"].plan.aggregate is not None  # folded from its feed
     assert plans["final_per_minute"].plan.aggregate is None  # recomputed by Spark
     kept: list[tuple[str, int, int]] = []  # (stream, minute, ms) of the events that count
+    top = [0]  # the largest minute appended
 
     def append(stream: str, minute: int, ms: int, *, count: bool = True) -> None:
         moment = BASE + dt.timedelta(minutes=minute, seconds=7)
         store.append(stream, [NewEvent(type="page.viewed", data={
             "page": "/", "ms": ms, "occurred_at": moment.isoformat()})])
         kept.append((stream, minute, ms))
+        top[0] = max(top[0], minute)
 
     def expected(final: bool) -> dict[tuple[dt.datetime, str], tuple[int, int]]:
-        top = max(m for _, m, _ in kept)
         out: dict[tuple[dt.datetime, str], tuple[int, int]] = {}
         for _, minute, ms in kept:
-            if final and minute + 1 > top - 2:  # its end is after the watermark
+            if final and minute + 1 > top[0] - 2:  # its end is after the watermark
                 continue
             views, total = out.get((BASE + dt.timedelta(minutes=minute), "/"), (0, 0))
             out[(BASE + dt.timedelta(minutes=minute), "/")] = (views + 1, total + ms)
@@ -237,3 +239,7 @@ def test_a_deleted_stream_leaves_its_windows(spark: Any, shop: CaptureConfig,
             runner.run(until_caught_up=True, timeout=120)
             assert rows(catalog, "per_minute") == expected(False)
             assert rows(catalog, "final_per_minute") == expected(True)
+            store.delete_stream("site-c")  # a batch of a deletion alone
+            kept.clear()
+            runner.run(until_caught_up=True, timeout=120)
+            assert rows(catalog, "per_minute") == rows(catalog, "final_per_minute") == {}
