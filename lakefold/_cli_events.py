@@ -1,11 +1,12 @@
-"""``lakefold events install|status|seal|tail|append|read|streams``: the event store from the
-command line.
+"""``lakefold events install|status|seal|tail|append|delete|read|streams``: the event store
+from the command line.
 
 ``append STREAM TYPE --data JSON [--expected-version N]`` appends one event (any JSON payload:
-the command line has no registry); ``read STREAM | --category C | --all [--from P]`` prints
-events in order (a stream by version, the others by global position); ``streams`` lists the
-streams with their versions. Bad input (an unknown stream, JSON that does not parse, a stale
-expected version) is one line on stderr and exit code 1, nothing written.
+the command line has no registry); ``delete STREAM [--hard]`` deletes a stream (soft: its
+events hidden, kept for replays; hard: erased); ``read STREAM | --category C | --all [--from
+P]`` prints events in order (a stream by version, the others by global position); ``streams``
+lists the streams with their versions. Bad input (an unknown stream, JSON that does not
+parse, a stale expected version) is one line on stderr and exit code 1, nothing written.
 
 ``tail`` is an ephemeral subscription (no checkpoint): it prints events as they become visible
 to global readers, one line each (``--json``: one JSON object per line), until interrupted or,
@@ -34,7 +35,8 @@ from lakefold.core.exceptions import ConfigurationError, EncodingError
 
 events_app = typer.Typer(
     no_args_is_help=True,
-    help="The event store: install its schema, append, read and tail events, list streams.",
+    help="The event store: install its schema, append, read and tail events, list and delete "
+         "streams.",
 )
 
 DsnOption = Annotated[
@@ -225,6 +227,38 @@ def append(
     else:
         Console().print(f"appended {escape(appended.stream_id)}@{appended.stream_version} "
                         f"at position {appended.position} ({appended.event_id})")
+
+
+@events_app.command("delete")
+def delete(
+    stream: Annotated[str, typer.Argument(help="The stream, CATEGORY-ID (e.g. order-42).")],
+    hard: Annotated[bool, typer.Option(
+        "--hard", help="Erase its events (erasure requests); default: hide them, kept for "
+                       "replays.")] = False,
+    expected_version: Annotated[int | None, typer.Option(
+        min=1, help="Delete only if the stream is at this version.")] = None,
+    dsn: DsnOption = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
+) -> None:
+    """Delete a stream (appends its deletion record): projections receive the deletion, and
+    views take the stream's events out of their rows, windows included."""
+    from lakefold.eventstore import ANY, EventStore, InvalidRequestError
+
+    with EventStore(_resolve_dsn(dsn), options=_tail_options()) as store:
+        if not store.stream_state(stream).exists:
+            raise InvalidRequestError(
+                f"stream {stream!r} has no events; `lakefold events streams` lists them")
+        record = store.delete_stream(
+            stream, expected_version=ANY if expected_version is None else expected_version,
+            hard=hard)
+    how = "hard" if hard else "soft"
+    if as_json:
+        sys.stdout.write(json.dumps({"stream_id": record.stream_id,
+                                     "stream_version": record.stream_version,
+                                     "hard": hard}) + "\n")
+    else:
+        Console().print(f"deleted {escape(record.stream_id)} ({how}) with its deletion record "
+                        f"at version {record.stream_version}")
 
 
 @events_app.command("read")

@@ -99,7 +99,6 @@ def view_owner(view: str, generation: int) -> str:
 class BatchResult:
     """What one batch did."""
 
-    ends: Mapping[str, int]
     partitions: int | None  # None: everything was recomputed
     upserts: int
     deletes: int
@@ -281,7 +280,7 @@ class ViewMaintainer:
             if affected is not None and not affected:
                 if kept is not None:
                     self._forget(conn, kept, watermark)
-                return BatchResult({n: c.end for n, c in changes.items()}, 0, 0, 0, (0, 0))
+                return BatchResult(0, 0, 0, (0, 0))
             failed: dict[Partition, str] = {}
             if self.aggregates is not None:
                 images = None if affected is None else changes[self.aggregates.plan.input]
@@ -299,8 +298,7 @@ class ViewMaintainer:
             self.own.apply(conn, positions[1], images=False)
             if kept is not None:
                 self._forget(conn, kept, watermark)
-        return BatchResult({n: c.end for n, c in changes.items()},
-                           None if affected is None else len(affected), upserts.num_rows,
+        return BatchResult(None if affected is None else len(affected), upserts.num_rows,
                            deletes.num_rows, positions, self._named(failed))
 
     def _lock(self, conn: psycopg.Connection[Any]) -> None:
@@ -320,7 +318,6 @@ class ViewMaintainer:
         with conn.transaction():
             self._lock(conn)
             fed = feed.advance(conn, None, head)
-            ends = {window.input: feed.position(conn)}
             if not fed.appended and not fed.watermark_moved:
                 return None
             watermark = self._watermark({window.input: fed})
@@ -341,7 +338,7 @@ class ViewMaintainer:
             positions = self.output.append(conn, self._schema, upserts=upserts, old=previous,
                                            deletes=deletes, commit_lsn=0,
                                            commit_ts=fed.moment or datetime.now(UTC))
-        return BatchResult(ends, after.num_rows, upserts.num_rows, deletes.num_rows, positions)
+        return BatchResult(after.num_rows, upserts.num_rows, deletes.num_rows, positions)
 
     def _diff_groups(self, old: pa.Table, new: pa.Table
                      ) -> tuple[pa.Table, pa.Table, pa.Table]:

@@ -142,7 +142,7 @@ class ViewRun:
             moved = batch is not None
             if batch is not None:
                 self.progress.batches += 1
-                self.progress.applied = dict(batch.ends)
+                self.progress.applied = self.applied()  # an event input's: the store's
                 self._dead_letters(batch.failed, batch.positions[1])
             while (written := self.writer.step()) is not None:
                 moved = True

@@ -157,3 +157,24 @@ def test_append_read_and_streams_and_their_bad_input(pg: TestDatabase) -> None:
         ("invoice-1", "invoice", 1), ("order-7", "order", 2)]
     table = _run("streams", "--category", "order", "--dsn", pg.dsn)
     assert "order-7" in table.stdout and "invoice-1" not in table.stdout
+
+    # delete: a stale expected version and an unknown stream are refused, nothing deleted
+    stale_delete = _run("delete", "order-7", "--expected-version", "1", "--dsn", pg.dsn)
+    assert stale_delete.returncode == 1 and "version" in stale_delete.stderr
+    unknown_delete = _run("delete", "order-9", "--dsn", pg.dsn)
+    assert unknown_delete.returncode == 1 and "'order-9' has no events" in unknown_delete.stderr
+    for bad in (stale_delete, unknown_delete):
+        assert len(bad.stderr.strip().splitlines()) == 1, bad.stderr
+    with EventStore(pg.dsn) as store:
+        assert [e.type for e in store.read_stream("order-7")] == ["order.placed", "order.paid"]
+    deleted = _run("delete", "order-7", "--expected-version", "2", "--json", "--dsn", pg.dsn)
+    assert deleted.returncode == 0, deleted.stderr
+    assert json.loads(deleted.stdout) == {"stream_id": "order-7", "stream_version": 3,
+                                          "hard": False}
+    hard = _run("delete", "invoice-1", "--hard", "--dsn", pg.dsn)
+    assert hard.returncode == 0 and "deleted invoice-1 (hard)" in hard.stdout
+    with psycopg.connect(pg.dsn) as conn:  # soft keeps the events, hard erases them
+        kept: dict[str, int] = dict(conn.execute(
+            "SELECT stream_id, count(*) FILTER (WHERE type <> '$stream.deleted') "
+            "FROM lakefold.events GROUP BY stream_id").fetchall())
+    assert kept == {"order-7": 2, "invoice-1": 0}
