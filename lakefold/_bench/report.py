@@ -44,13 +44,15 @@ def machine() -> dict[str, Any]:
 @dataclass
 class Report:
     """``{"benchmark", "params", "results", "baseline", "peers", "machine"}``: results, baseline
-    and peers map metric names to numbers; the baseline is measured in the same run."""
+    and peers map metric names to numbers (or, for a bench of several queries, to objects of
+    them, e.g. ``results.queries.q5.events_per_s``); the baseline is measured in the same
+    run."""
 
     benchmark: str
     params: dict[str, Any]
-    results: dict[str, float] = field(default_factory=dict)
-    baseline: dict[str, float] = field(default_factory=dict)
-    peers: dict[str, float] = field(default_factory=dict)
+    results: dict[str, Any] = field(default_factory=dict)
+    baseline: dict[str, Any] = field(default_factory=dict)
+    peers: dict[str, Any] = field(default_factory=dict)
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -74,6 +76,19 @@ class Report:
         table.add_column("value", justify="right")
         for group, values in (("results", self.results), ("baseline", self.baseline),
                               ("peers", self.peers)):
-            for name, value in values.items():
-                table.add_row(group, name, f"{value:,.2f}")
+            for name, value in _flat(values):
+                shown = f"{value:,.2f}" if isinstance(value, (int, float)) and \
+                    not isinstance(value, bool) else str(value)
+                table.add_row(group, name, shown)
         Console().print(table)
+
+
+def _flat(values: dict[str, Any], prefix: str = "") -> list[tuple[str, Any]]:
+    """Nested metrics as (dotted name, value) pairs."""
+    out: list[tuple[str, Any]] = []
+    for name, value in values.items():
+        if isinstance(value, dict):
+            out += _flat(value, f"{prefix}{name}.")
+        else:
+            out.append((f"{prefix}{name}", value))
+    return out
