@@ -35,7 +35,7 @@ class Shape:
     flink_python: Path
 
 
-def _compare(result: Any, query: Query, want: Any, *, columns: tuple[str, ...] = (),
+def _compare(result: Any | None, query: Query, want: Any, *, columns: tuple[str, ...] = (),
              closed_before: int | None = None) -> dict[str, Any]:
     """``correct`` and the differences of ``result`` from the oracle's rows ``want``;
     ``closed_before``: compare only rows whose ``spark_closed_by`` column is at or before it
@@ -45,7 +45,7 @@ def _compare(result: Any, query: Query, want: Any, *, columns: tuple[str, ...] =
 
     from lakefold._bench.nexmark.oracle import differences, normalise
 
-    got = normalise(result, columns or query.columns)
+    got = Counter() if result is None else normalise(result, columns or query.columns)
     out: dict[str, Any] = {}
     if closed_before is not None and query.spark_closed_by is not None:
         at = query.columns.index(query.spark_closed_by)

@@ -39,7 +39,7 @@ class LakefoldRun:
     seconds: float | None = None
     state_bytes: int | None = None
     batches: int | None = None
-    result: pa.Table | None = None
+    result: pa.Table | None = None  # None: no row
     error: str | None = None
 
 
@@ -115,5 +115,7 @@ def run_views(spark: Any, dsn: str, scratch: Path, views: tuple[LakefoldView, ..
     outcome.state_bytes = _database_bytes(dsn) - before
     with Catalog(dsn) as catalog:
         path = catalog.current(views[-1].name).location("delta")
-    outcome.result = DeltaTable(path).to_pyarrow_table()
+    # a view whose output is still empty has not created its table
+    outcome.result = DeltaTable(path).to_pyarrow_table() if DeltaTable.is_deltatable(path) \
+        else None
     return outcome
