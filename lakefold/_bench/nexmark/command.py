@@ -33,6 +33,8 @@ class Shape:
     file_events: int
     collect_limit: int
     flink_python: Path
+    flink_log: Path
+    flink_timeout_s: float
 
 
 def _compare(result: Any | None, query: Query, want: Any, *, columns: tuple[str, ...] = (),
@@ -115,10 +117,11 @@ def _ratios(entry: dict[str, Any], spark: dict[str, Any] | None,
 
 def run(shape: Shape) -> Report:
     """Generate, load, run every engine, check every result; see the package docstring."""
-    from lakefold._bench.nexmark import flink_peer, spark_peer
-    from lakefold._bench.nexmark.lakefold_engine import register
+    from lakefold._bench.nexmark.flink_peer import run_queries as run_flink
     from lakefold._bench.nexmark.loading import append_events, write_parquet
     from lakefold._bench.nexmark.oracle import Oracle
+    from lakefold._bench.nexmark.spark_peer import run_query as run_spark
+    from lakefold._bench.nexmark.spark_peer import session
     from lakefold.local import LocalPostgres
 
     config = shape.config
@@ -128,7 +131,6 @@ def run(shape: Shape) -> Report:
         "lateness_s": LATENESS_S, "queries": [q.name for q in shape.queries],
         "peers": list(shape.peers), "file_events": shape.file_events, "target": TARGET,
         "not_run": NOT_RUN})
-    del register  # imported early so a broken views module fails before the load
     scratch = Path(tempfile.mkdtemp(prefix="lakefold-bench-nexmark-"))
     try:
         began = time.perf_counter()
@@ -146,20 +148,21 @@ def run(shape: Shape) -> Report:
             dsn = server.dsn()
             report.params["load_events_per_s"] = round(append_events(dsn, events))
             del events
-            spark = spark_peer.session("lakefold-bench-nexmark")
+            spark = session("lakefold-bench-nexmark")
             for query in shape.queries:
                 queries[query.name] = _lakefold(spark, dsn, scratch / "lake", query,
                                                 config.events, wants[query.name])
                 if "spark" in shape.peers:
-                    run_ = spark_peer.run_query(spark, folder, scratch, query, config.events)
+                    run_ = run_spark(spark, folder, scratch, query, config.events)
                     spark_runs[query.name] = _peer_entry(run_, query, wants[query.name])
+            spark.stop()  # its JVM's memory goes to Flink's
         flink_runs: dict[str, Any] = {}
         if "flink" in shape.peers:
             collect = config.events <= shape.collect_limit
-            for name, run_ in flink_peer.run_queries(
+            for name, run_ in run_flink(
                     list(shape.queries), folder=folder, scratch=scratch, events=config.events,
-                    python=shape.flink_python, collect=collect,
-                    log=scratch / "flink.log").items():
+                    python=shape.flink_python, collect=collect, log=shape.flink_log,
+                    timeout_s=shape.flink_timeout_s).items():
                 flink_runs[name] = _peer_entry(run_, BY_NAME[name],
                                                wants[name] if collect else None)
         oracle.close()
@@ -209,11 +212,14 @@ def nexmark(
     flink_python: Annotated[Path | None, typer.Option(
         help="PyFlink's interpreter (default: .venv-flink beside the .venv, from "
              "`make peers`).")] = None,
+    flink_timeout: Annotated[float, typer.Option(
+        help="Seconds a Flink job may run before it is cancelled (reported as not run).")]
+    = 600,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
 ) -> None:
     """Nexmark: lakefold's views against Spark Structured Streaming and Flink SQL on the same
     events, each checked against a DuckDB batch oracle."""
-    from lakefold._bench.nexmark import flink_peer
+    from lakefold._bench.nexmark.flink_peer import default_python
 
     chosen = tuple(p.strip().lower() for p in peers.split(",") if p.strip() and
                    p.strip().lower() != "none")
@@ -226,6 +232,11 @@ def nexmark(
         raise BenchmarkError(f"--disorder {disorder} at --rate {rate} puts events up to "
                              f"{config.disorder_bound_ms} ms out of order, not below the "
                              f"lateness of {LATENESS_S} s; lower --disorder")
+    import os
+
+    # beside Spark's driver log (the scratch folder goes at the end of the run)
+    log = Path(tempfile.gettempdir()) / f"lakefold-{os.getuid()}" / "flink-peer.log"
+    log.parent.mkdir(parents=True, exist_ok=True)
     shape = Shape(config, _queries(queries), chosen, file_events, collect_limit,
-                  flink_python or flink_peer.default_python())
+                  flink_python or default_python(), log, flink_timeout)
     run(shape).emit(as_json=as_json)

@@ -4,7 +4,8 @@ py4j, so it cannot share lakefold's environment), never imported by lakefold.
     python flink_job.py SPEC.json
 
 SPEC: ``{"events": folder of the events' Parquet files, "jars": [jar paths], "parallelism": 2,
-"out": folder, "lateness_s": 4, "queries": [{"name", "sql", "collect"}]}``. For each query, in
+"out": folder, "lateness_s": 4, "timeout_s": per job, "queries": [{"name", "sql",
+"collect"}]}``. For each query, in
 one local mini-cluster (started by the first job):
 
 1. throughput: ``INSERT INTO`` a ``blackhole`` table, timed from submission to the job's end
@@ -68,7 +69,23 @@ def _environment(spec: dict[str, Any]) -> Any:
     return env
 
 
-def _throughput(env: Any, name: str, sql: str) -> float:
+class QueryTimeout(Exception):
+    """A job did not end within the spec's ``timeout_s`` (it was cancelled)."""
+
+
+def _run(result: Any, timeout_s: float) -> None:
+    """Wait for a submitted job's end; cancel it after ``timeout_s`` (a stuck job would hold
+    the mini-cluster's slots and stall every later query)."""
+    try:
+        result.wait(round(timeout_s * 1000))
+    except Exception as e:
+        client = result.get_job_client()
+        if client is not None:
+            client.cancel().result()
+        raise QueryTimeout(f"did not end within {timeout_s:.0f} s; cancelled") from e
+
+
+def _throughput(env: Any, name: str, sql: str, timeout_s: float) -> float:
     from pyflink.table import Schema, TableDescriptor
 
     table = env.sql_query(sql)
@@ -78,7 +95,7 @@ def _throughput(env: Any, name: str, sql: str) -> float:
     env.create_temporary_table(sink, TableDescriptor.for_connector("blackhole").schema(
         schema).build())
     began = time.perf_counter()
-    table.execute_insert(sink).wait()
+    _run(table.execute_insert(sink), timeout_s)
     return time.perf_counter() - began
 
 
@@ -95,7 +112,7 @@ def _value(value: Any, is_time: bool) -> Any:
     return float(value) if isinstance(value, Decimal) else value
 
 
-def _collect(env: Any, name: str, sql: str, out: Path) -> int:
+def _collect(env: Any, name: str, sql: str, out: Path, timeout_s: float) -> int:
     """The query's final rows into ``out/<name>.json``: its changelog written by a filesystem
     sink as Debezium JSON (an insert has ``after``, a retraction ``before``), applied here.
     Collecting through PyFlink instead goes row by row through Py4J: minutes for 100k rows."""
@@ -114,7 +131,7 @@ def _collect(env: Any, name: str, sql: str, out: Path) -> int:
         "debezium-json.timestamp-format.standard", "ISO-8601").build())
     env.get_config().set("execution.checkpointing.interval", "2 s")
     try:
-        table.execute_insert(sink).wait()
+        _run(table.execute_insert(sink), timeout_s)
     finally:  # the throughput runs take no checkpoint (a bounded run of seconds)
         env.get_config().set("execution.checkpointing.interval", "30 min")
     rows: Counter[tuple[Any, ...]] = Counter()
@@ -153,9 +170,12 @@ def main() -> None:
     for query in spec["queries"]:
         name, sql = query["name"], query["sql"]
         try:
-            report[name] = {"seconds": round(_throughput(env, name, sql), 3)}
+            timeout = float(spec["timeout_s"])
+            report[name] = {"seconds": round(_throughput(env, name, sql, timeout), 3)}
             if query["collect"]:
-                report[name]["rows"] = _collect(env, name, sql, out)
+                report[name]["rows"] = _collect(env, name, sql, out, timeout)
+        except QueryTimeout as e:
+            report[name] = {"error": f"{name}: {e}"}
         except Exception as e:  # reported per query, the others go on
             report[name] = {"error": _reason(e)}
     sys.stdout.write(json.dumps(report) + "\n")

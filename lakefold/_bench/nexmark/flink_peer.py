@@ -35,8 +35,10 @@ def default_python() -> Path:
 
 
 def run_queries(queries: list[Query], *, folder: Path, scratch: Path, events: int,
-                python: Path, collect: bool, log: Path) -> dict[str, PeerRun]:
-    """Run ``queries`` in one PyFlink process (see the module docstring)."""
+                python: Path, collect: bool, log: Path,
+                timeout_s: float = 600) -> dict[str, PeerRun]:
+    """Run ``queries`` in one PyFlink process (see the module docstring); a job still running
+    after ``timeout_s`` is cancelled and reported as not run."""
     jars = sorted(JARS.glob("*.jar"))
     if not python.exists() or not jars:
         raise BenchmarkError(
@@ -44,7 +46,7 @@ def run_queries(queries: list[Query], *, folder: Path, scratch: Path, events: in
             f"in {JARS}; run `make peers` (or pass --peers spark to leave Flink out)")
     out = scratch / "flink-out"
     spec = {"events": str(folder), "jars": [str(j) for j in jars], "parallelism": 2,
-            "out": str(out), "lateness_s": LATENESS_S,
+            "out": str(out), "lateness_s": LATENESS_S, "timeout_s": timeout_s,
             "queries": [{"name": q.name, "sql": q.flink, "collect": collect}
                         for q in queries if q.flink is not None]}
     spec_path = scratch / "flink-spec.json"
