@@ -86,6 +86,8 @@ class Query:
     #: Spark's append mode emits a window only once the watermark passed it: its result is
     #: compared on the windows closed at the end of the input (column of the window's end).
     spark_closed_by: str | None = None
+    #: Of a query Spark runs in update mode: the columns of a group (its last update wins).
+    spark_keys: tuple[str, ...] = ()
     tags: tuple[str, ...] = field(default=())
 
 
@@ -466,7 +468,8 @@ QUERIES: tuple[Query, ...] = (
           oracle=_Q17_SELECT.format(day=_DUCK_DAY),
           lakefold=(LakefoldView("q17", _BID, ("auction", "day"),
                                  _Q17_SELECT.format(day=_SPARK_DAY)),),
-          flink=_flink_names(_Q17_SELECT.format(day=_FLINK_DAY)), spark=_spark_q17),
+          flink=_flink_names(_Q17_SELECT.format(day=_FLINK_DAY)), spark=_spark_q17,
+          spark_keys=("auction", "day")),
     Query("q18", "last bid per bidder and auction (deduplication)",
           ("auction", "bidder", "price", "channel", "url", "dateTime", "extra"),
           oracle="""SELECT auction, bidder, price, channel, url, dateTime, extra FROM (
@@ -568,8 +571,8 @@ QUERIES: tuple[Query, ...] = (
 NOT_RUN: dict[str, str] = {
     "q6": "average selling price per seller over its last 10 closed auctions: AVG(...) OVER "
           "(PARTITION BY seller ORDER BY dateTime ROWS BETWEEN 10 PRECEDING AND CURRENT ROW) "
-          "over a ROW_NUMBER() top-1: window functions, refused by lakefold's views (and "
-          "unsupported by Flink SQL's streaming planner for ROWS over a non-time attribute)",
+          "over a ROW_NUMBER() top-1: window functions, refused by lakefold's views ("
+          "not run by Nexmark's own Flink suite either: FLINK-19059)",
     "q9": "winning bids (ROW_NUMBER() per auction over a join): a window function, refused "
           "by lakefold's views; its rewrite is q4's first view plus a join back, as q18's",
     "q12": "processing-time windows: results depend on the wall clock, so no oracle; lakefold's "

@@ -27,7 +27,7 @@ import pyarrow as pa
 import pyarrow.dataset as ds
 
 from lakefold._bench.nexmark.generator import SCHEMA
-from lakefold._bench.nexmark.queries import LATENESS_S, Query
+from lakefold._bench.nexmark.queries import Query
 
 _SPARK_TYPES = {pa.int64(): "BIGINT", pa.int8(): "TINYINT", pa.string(): "STRING"}
 
@@ -122,9 +122,9 @@ def run_query(spark: Any, folder: Path, scratch: Path, query: Query, events: int
 
 
 def _last_updates(table: pa.Table, query: Query) -> pa.Table:
-    """Of update-mode output: each group's row from the last batch that updated it (the
-    groups are the query's leading text columns and the auction: q17's ``auction, day``)."""
-    keys = ["auction", "day"]
+    """Of update-mode output: each group's row (``Query.spark_keys``) from the last batch
+    that updated it."""
+    keys = list(query.spark_keys)
     rows = sorted(table.to_pylist(), key=lambda r: r["_batch"])
     last = {tuple(r[k] for k in keys): r for r in rows}
     return pa.Table.from_pylist(list(last.values())).select(list(query.columns))
@@ -140,5 +140,3 @@ def session(app: str) -> Any:
         "spark.sql.streaming.numRecentProgressUpdates": "1000000",
         "spark.sql.parquet.outputTimestampType": "TIMESTAMP_MICROS"}, app_name=app)
 
-
-__all__ = ["LATENESS_S", "PeerRun", "run_query", "session"]
