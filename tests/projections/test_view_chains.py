@@ -12,17 +12,34 @@ is always ahead of what the upstream view has applied."""
 from __future__ import annotations
 
 import random
+from pathlib import Path
 from typing import Any
 
 import psycopg
 import pytest
+from deltalake import DeltaTable
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from lakefold.capture import Capture, CaptureConfig
+from lakefold.projections import Runner, RunnerConfig
+from lakefold.projections._api import Registry, registering_into, view
+from lakefold.projections._model import changelog
+from lakefold.projections._target_specs import delta_table
 from lakefold.projections._view_maintainer import ViewMaintainer, open_view, output_stream
+from lakefold.projections.operations import Catalog, SinkRoots
 from tests.capture.conftest import capture_now, execute
 from tests.fixtures.postgres import TestDatabase
+from tests.projections.view_shop import (
+    CITY_SIZES,
+    LATER_ORDERS,
+    ORACLE,
+    ORDERS_PER_CUSTOMER_HISTOGRAM,
+    SAME_CITY,
+    TOTALS,
+    keyed,
+    oracle,
+)
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -126,3 +143,70 @@ def test_every_batch_of_a_chained_view_is_the_source_at_one_commit(
     finally:
         upstream.close()
         downstream.close()
+
+
+def _shop_registry() -> Registry:
+    """Self-joins, a chain over one, a global aggregate and an aggregate of an aggregate, as
+    a user declares them (``view_shop`` has their SQL on the source)."""
+    customers, orders = changelog("public.customers"), changelog("public.orders")
+    registry = Registry()
+    with registering_into(registry):
+        same = view("same_city", inputs={"a": customers, "b": customers}, key="id",
+                    query=SAME_CITY, target=delta_table("upsert", keys=["id"]))
+        view("city_sizes", inputs={"s": same}, key="same_city", query=CITY_SIZES,
+             target=delta_table("upsert", keys=["same_city"]))
+        view("later_orders", inputs={"a": orders, "b": orders}, key=["first", "later"],
+             query=LATER_ORDERS, target=delta_table("upsert", keys=["first", "later"]))
+        view("totals", inputs={"orders": orders}, key="k", query=TOTALS,
+             target=delta_table("upsert", keys=["k"]))
+        view("histogram", inputs={"orders": orders}, key="n",
+             query=ORDERS_PER_CUSTOMER_HISTOGRAM, target=delta_table("upsert", keys=["n"]))
+    return registry
+
+
+def _delta_rows(catalog: Catalog, name: str) -> dict[Any, dict[str, Any]]:
+    key, _ = ORACLE[name]
+    location = Path(catalog.current(name).location("delta"))
+    if not (location / "_delta_log").exists():  # nothing written yet
+        return {}
+    rows = DeltaTable(location).to_pyarrow_table().to_pylist()
+    return keyed([{k: v for k, v in r.items() if not k.startswith("_")} for r in rows], key)
+
+
+def test_self_joins_chains_and_global_aggregates_run_and_rebuild_to_the_source(
+        spark: Any, shop: CaptureConfig, tmp_path: Path) -> None:
+    dsn = shop.source_dsn
+    config = RunnerConfig(store_dsn=dsn, roots=SinkRoots.under(tmp_path), poll_seconds=0.05)
+    rng = random.Random(7)
+    names = ("same_city", "city_sizes", "later_orders", "totals", "histogram")
+
+    def check() -> None:
+        with Catalog(dsn) as catalog:
+            for name in names:
+                assert _delta_rows(catalog, name) == oracle(dsn, name), name
+
+    with Runner(spark, _shop_registry(), config) as runner:
+        for round_ in range(4):
+            with psycopg.connect(dsn) as conn, conn.transaction():
+                conn.execute("INSERT INTO customers VALUES (%s, 'n', %s)",
+                             (100 + round_, rng.choice(("Oslo", "Lima", None))))
+                conn.execute("UPDATE customers SET city = %s WHERE id = %s",
+                             (rng.choice(("Oslo", "Lima", "Pune")), rng.randrange(1, 7)))
+                conn.execute("UPDATE customers SET id = %s WHERE id = %s",
+                             (200 + round_, rng.randrange(1, 7)))
+                conn.execute("INSERT INTO orders VALUES (%s, %s, 1, %s)",
+                             (100 + round_, rng.randrange(1, 7), rng.randrange(1, 999)))
+                conn.execute("UPDATE orders SET customer_id = %s WHERE id = %s",
+                             (rng.randrange(1, 7), rng.randrange(1, 16)))
+                conn.execute("DELETE FROM orders WHERE id = %s", (rng.randrange(1, 16),))
+            if round_ == 2:
+                execute(dsn, "TRUNCATE orders")
+            capture_now(shop)
+            runner.run(until_caught_up=True, timeout=120)
+            check()
+        for name in ("same_city", "later_orders", "totals", "histogram"):
+            runner.request_rebuild(name)
+        runner.run(until_caught_up=True, timeout=240)
+    with Catalog(dsn) as catalog:
+        assert {n: catalog.current(n).generation for n in names} == dict.fromkeys(names, 2)
+    check()
