@@ -11,10 +11,12 @@ and the new one's.
 **Lateness**, by the log as for fixed windows (``_windows``): the watermark before an event is
 the largest event time before it in commit order (itself included) minus the allowed lateness;
 a session is *closed* once the watermark reached its end. An event is late when it would
-change a closed session (its time is within the gap of one) or would be a session closed
-already (its time plus the gap is at or below the watermark): closed sessions stay as they
-were written, final. A late event is listed (``lakefold late list``); it cannot be replayed,
-because folding it in would merge sessions already final.
+change a closed session (its time is within the gap of one) or, touching no session, would be
+a session closed already (its time plus the gap is at or below the watermark): closed sessions
+stay as they were written, final. An event within the gap of an open session joins it (and may
+move its start back), however far behind the watermark the event alone is. A late event is
+listed (``lakefold late list``); it cannot be replayed, because folding it in would merge
+sessions already final.
 """
 
 from __future__ import annotations
@@ -75,7 +77,10 @@ def assign_sessions(gap: int, lateness: int, keys: Sequence[Hashable], times: np
         found = sessions.setdefault(key, [])
         touching = [s for s in found if at < s.last + gap and at + gap > s.start]
         closed = [s for s in touching if s.last + gap <= watermark]
-        if closed or at + gap <= watermark:
+        # Late only for a session already closed: one it would join, or (touching none) the
+        # one it would be on its own. An event within an open session joins it however far
+        # behind the watermark the event alone is.
+        if closed or (not touching and at + gap <= watermark):
             hit = closed[0] if closed else _Session(at, at)
             late.append((index, watermark, hit.start, hit.last + gap))
             continue

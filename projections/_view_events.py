@@ -530,9 +530,10 @@ class EventFeed:
         def search(start: int, length: int) -> None:
             part = events.slice(start, length)
             try:
-                decoder.decode(part.column("type").combine_chunks(),
-                               part.column("schema_version").combine_chunks(),
-                               part.column("data").combine_chunks())
+                types, data = (part.column(c).combine_chunks() for c in ("type", "data"))
+                decoded = decoder.decode(types, part.column("schema_version").combine_chunks(),
+                                         data)
+                decoder.check_required(types, decoded, data)
             except SparkTerminalError as e:
                 if length == 1:
                     bad.append((start, str(e)))
@@ -597,9 +598,11 @@ class EventFeed:
             base = base.append_column("data", events.column("data")) \
                 .append_column("metadata", events.column("metadata"))
         else:
-            payload = self.decoder.decode(events.column("type").combine_chunks(),
-                                          events.column("schema_version").combine_chunks(),
-                                          events.column("data").combine_chunks())
+            types = events.column("type").combine_chunks()
+            data = events.column("data").combine_chunks()
+            payload = self.decoder.decode(types, events.column("schema_version")
+                                          .combine_chunks(), data)
+            self.decoder.check_required(types, payload, data)
             for index, field in enumerate(self.decoder.schema):
                 base = base.append_column(field.name, payload.field(index))
         if self.enricher is not None:

@@ -50,12 +50,20 @@ from lakefold.capture.store._changelog_store import (
     row_schema,
     stream_meta,
 )
+from lakefold.capture.store._commit_points import commit_at
 from lakefold.capture.store._derived_streams import DerivedStream, column_for, text_array
 from lakefold.capture.store._stream_state import StateChanges, StreamState
 from lakefold.projections._changelog_windows import ChangelogWindowFeed
 from lakefold.projections._deadletters import install_dead_letters
 from lakefold.projections._late_events import install_late_events, record_late
 from lakefold.projections._view_aggregates import GROUP_KEY, AggregateState
+from lakefold.projections._view_cuts import (
+    Cut,
+    choose_cut,
+    forget_cuts,
+    install_view_cuts,
+    record_cut,
+)
 from lakefold.projections._view_events import EventFeed, EventInput, FeedBatch, store_head
 from lakefold.projections._view_plan import Query, ViewPlan, analyze, view_frame
 from lakefold.projections._window_aggregates import WindowAggregates
@@ -85,9 +93,13 @@ LOCK_NAMESPACE = zlib.crc32(b"lakefold.view") & 0x7FFF_FFFF
 Partition = tuple[str | None, ...]
 
 
+#: The prefix of every view's output stream.
+VIEW_STREAM_PREFIX = "lakefold_views."
+
+
 def output_stream(view: str, generation: int) -> str:
     """The derived stream a generation of ``view`` writes."""
-    return f"lakefold_views.{view}_g{generation}"
+    return f"{VIEW_STREAM_PREFIX}{view}_g{generation}"
 
 
 def view_owner(view: str, generation: int) -> str:
@@ -157,7 +169,9 @@ class ViewMaintainer:
         if window is not None and window.input in inputs:
             self.feeds[window.input] = ChangelogWindowFeed(
                 self.store, view=view, generation=generation, alias=window.input,
-                table=inputs[window.input], window=window, owner=self.owner, limit=feed_limit)
+                table=inputs[window.input], window=window, limit=feed_limit,
+                # a reader of its own: the same table may also be a plain input of the view
+                owner=f"{self.owner}:window:{window.input}")
         # name in the query → stream
         self.inputs = dict(inputs) | {alias: f.name for alias, f in self.feeds.items()}
         self.query = query
@@ -170,7 +184,11 @@ class ViewMaintainer:
         if plan.aggregate is not None and isinstance(fed, EventFeed) and fed.window is not None \
                 and fed.window.kind != "session" and plan.aggregate.input == fed.alias:
             self.folded = fed.folder = WindowAggregates(self.owner, plan.aggregate, fed.schema)
-        self.states = {name: StreamState(self.owner, stream)
+        # Input name → its state. Names over one stream (a self-join written as two inputs of
+        # one table or view) share one state, applied once a batch: each name then sees the
+        # batch's images of that stream (``_apply_states``).
+        shared: dict[str, StreamState] = {}
+        self.states = {name: shared.setdefault(stream, StreamState(self.owner, stream))
                        for name, stream in self.inputs.items()
                        if self.folded is None or name != self.folded.plan.input}
         self.output = DerivedStream(output_stream(view, generation))
@@ -214,6 +232,7 @@ class ViewMaintainer:
             state.create(conn, lookups)
             # A durable reader: compaction never drops a delete this view has not applied.
             self.store.commit_reader(self.owner, self.inputs[name], state.position(conn) - 1)
+        install_view_cuts(conn)
         self._schema = self.output.create(conn, output_schema, self.plan.key)
         self.own.create(conn, self.plan.partition)
         if self.aggregates is not None:
@@ -230,6 +249,8 @@ class ViewMaintainer:
             feed.drop(conn)
             feed.stream.drop(conn)
         self.output.drop(conn)
+        with conn.transaction():
+            forget_cuts(conn, self.output.name)
         if self.window is not None:
             forget_windows(conn, self.owner)
         if self.aggregates is not None:
@@ -255,18 +276,18 @@ class ViewMaintainer:
                        feed.advance(conn, self.states[alias], event_head)
                        for alias, feed in self.feeds.items()}
             watermark = self._watermark(fed)
-            heads = dict(conn.execute(
-                "SELECT name, head FROM lakefold.changelog_streams WHERE name = ANY(%s)",
-                (list(self.inputs.values()),)).fetchall())
             starts = {name: state.position(conn) for name, state in self.states.items()}
+            cut = self._cut(conn, starts)
+            heads = cut.heads
             if all(int(heads.get(self.inputs[n], 0)) + 1 <= starts[n] for n in self.inputs) \
                     and not any(f.watermark_moved for f in fed.values()):
+                record_cut(conn, self.output.name, cut, self._head(conn), moved=False,
+                           first_commit=None)
                 return None
-            changes = {name: state.apply(conn, int(heads.get(self.inputs[name], 0)) + 1)
-                       for name, state in self.states.items()}
+            changes = self._apply_states(conn, heads)
             for name, change in changes.items():  # compaction keeps what follows
                 self.store.commit_reader(self.owner, self.inputs[name], change.end - 1)
-            everything = all(s == 1 for s in starts.values()) or any(
+            everything = self.plan.whole or all(s == 1 for s in starts.values()) or any(
                 c.truncated for c in changes.values())
             affected = None if everything else self._affected(conn, changes)
             if self.window is not None:
@@ -280,6 +301,8 @@ class ViewMaintainer:
             if affected is not None and not affected:
                 if kept is not None:
                     self._forget(conn, kept, watermark)
+                record_cut(conn, self.output.name, cut, self._head(conn), moved=False,
+                           first_commit=None)
                 return BatchResult(0, 0, 0, (0, 0))
             failed: dict[Partition, str] = {}
             if self.aggregates is not None:
@@ -296,10 +319,70 @@ class ViewMaintainer:
                                            deletes=deletes, commit_lsn=commit_lsn,
                                            commit_ts=commit_ts)
             self.own.apply(conn, positions[1], images=False)
+            moved = positions[1] > positions[0]
+            record_cut(conn, self.output.name, cut, positions[1] - 1, moved=moved,
+                       first_commit=self._first_commit(conn, changes) if moved else None)
             if kept is not None:
                 self._forget(conn, kept, watermark)
         return BatchResult(None if affected is None else len(affected), upserts.num_rows,
                            deletes.num_rows, positions, self._named(failed))
+
+    def _cut(self, conn: psycopg.Connection[Any], starts: Mapping[str, int]) -> Cut:
+        """Where this batch reads each input up to (``_view_cuts``): the tables and the
+        upstream views' outputs at one source commit; this generation's own feeds at their
+        heads. When the upstream views have not reached this view's frontier yet, nothing of
+        the tables or views is read (the feeds still move)."""
+        heads = {str(n): int(h) for n, h in conn.execute(
+            "SELECT name, head FROM lakefold.changelog_streams WHERE name = ANY(%s)",
+            (list(self.inputs.values()),)).fetchall()}
+        feeds = {f.name for f in self.feeds.values()}
+        views = {s: h for s, h in heads.items() if s.startswith(VIEW_STREAM_PREFIX)}
+        tables = {s: h for s, h in heads.items() if s not in feeds and s not in views}
+        at = {self.inputs[name]: position for name, position in starts.items()}
+        cut = choose_cut(conn, tables, views, self.output.name, at)
+        if cut is None:  # wait: read nothing new of the tables and views
+            return Cut({s: (at.get(s, 1) - 1 if s not in feeds else h)
+                        for s, h in heads.items()})
+        return Cut(cut.heads | {s: heads[s] for s in feeds if s in heads}, cut.slot,
+                   cut.frontier)
+
+    def _head(self, conn: psycopg.Connection[Any]) -> int:
+        row = conn.execute("SELECT head FROM lakefold.changelog_streams WHERE name = %s",
+                           (self.output.name,)).fetchone()
+        return 0 if row is None else int(row[0])
+
+    def _first_commit(self, conn: psycopg.Connection[Any],
+                      changes: Mapping[str, StateChanges]) -> int | None:
+        """The first source commit the batch applied (the view's previous output was exact
+        up to it): of a table, its first record's; of an upstream view, the commit its own
+        output stopped being exact at."""
+        found: list[int] = []
+        for name, change in changes.items():
+            if change.end <= change.start:
+                continue
+            stream = self.inputs[name]
+            if stream.startswith(VIEW_STREAM_PREFIX):
+                row = conn.execute(
+                    "SELECT valid_until FROM lakefold.view_cuts WHERE stream = %s AND "
+                    "position < %s ORDER BY position DESC LIMIT 1",
+                    (stream, change.start)).fetchone()
+                if row is not None and row[0] is not None:
+                    found.append(int(row[0]))
+            else:
+                lsn = commit_at(conn, stream, change.start)
+                if lsn is not None:
+                    found.append(lsn)
+        return min(found, default=None)
+
+    def _apply_states(self, conn: psycopg.Connection[Any], heads: Mapping[str, int]
+                      ) -> dict[str, StateChanges]:
+        """Apply each state up to its stream's head at the cut; every input name gets its
+        stream's changes (names sharing a stream get the same, applied once)."""
+        applied: dict[str, StateChanges] = {}
+        for state in self.states.values():
+            if state.stream not in applied:
+                applied[state.stream] = state.apply(conn, int(heads.get(state.stream, 0)) + 1)
+        return {name: applied[state.stream] for name, state in self.states.items()}
 
     def _lock(self, conn: psycopg.Connection[Any]) -> None:
         conn.execute("SELECT pg_advisory_xact_lock(%s, %s)",
@@ -529,7 +612,7 @@ class ViewMaintainer:
     def _input_rows(self, conn: psycopg.Connection[Any],
                     affected: set[Partition] | None) -> dict[str, pa.Table]:
         """Each input's raw rows of the affected partitions (all rows: everything)."""
-        if affected is None:
+        if affected is None or self.plan.whole:
             return {name: state.rows(conn) for name, state in self.states.items()}
         rows: dict[str, pa.Table] = {}
         for name, columns in self.plan.direct.items():
@@ -579,7 +662,10 @@ class ViewMaintainer:
         return pa.concat_tables(tables), failed
 
     def _all_partitions(self, conn: psycopg.Connection[Any]) -> set[Partition]:
-        """Every partition the direct inputs hold (to narrow down a failed full recompute)."""
+        """Every partition the direct inputs hold (to narrow down a failed full recompute);
+        a view without partitions is one."""
+        if self.plan.whole:
+            return {()}
         found: set[Partition] = set()
         for name in self.plan.direct:
             found |= self._partitions_of(conn, name, [self.states[name].rows(conn)])
@@ -637,8 +723,11 @@ class ViewMaintainer:
     def _old_rows(self, conn: psycopg.Connection[Any],
                   affected: set[Partition] | None) -> pa.Table:
         """The view's current rows of the affected partitions (typed, data columns)."""
-        if affected is None:
+        if affected is None or (self.plan.whole and affected):
             return data_columns(self.own.typed(conn, self.own.rows(conn)))
+        if not affected:
+            return data_columns(self.own.typed(conn, self.own.rows_where(
+                conn, self._schema.columns[0].name, ())))
         partition = self.plan.partition
         normal = {tuple(v) for v in zip(*(self._as_output(conn, i, [p[i] for p in affected])
                                           for i in range(len(partition))), strict=True)}
@@ -752,7 +841,11 @@ def open_view(spark: SparkSession, store_dsn: str, *, view: str, generation: int
 
     schemas = {name: from_arrow_schema(input_schema(store_dsn, stream))
                for name, stream in inputs.items()}
-    plan = analyze(spark, view, schemas, query, key)
+    with psycopg.connect(store_dsn, autocommit=True) as conn:
+        metas = {name: stream_meta(conn, stream).latest for name, stream in inputs.items()}
+    keys = {name: tuple(c.name for c in meta.columns if c.key) if meta is not None else ()
+            for name, meta in metas.items()}
+    plan = analyze(spark, view, schemas, query, key, input_keys=keys)
     maintainer = ViewMaintainer(spark, store_dsn, view=view, generation=generation,
                                 inputs=inputs, query=query, plan=plan)
     maintainer.install(view_frame(spark, schemas, query).toArrow().schema)

@@ -21,8 +21,11 @@ them with Spark.
 The analysis walks Spark's analyzed logical plan (its JSON form) and tracks, per output
 column, the input columns it always equals (``Column.sources``) and whether an outer join may
 make it NULL. It refuses what this cannot maintain, naming the part and why: LIMIT and
-sampling, window functions, subqueries, non-deterministic functions, an input read twice,
-and any query where no choice of ``P`` reaches every input.
+sampling, window functions, subqueries, non-deterministic functions, an input read twice
+(a self-join names the table twice, as two inputs), and any query where no choice of ``P``
+reaches every input while some key column is an input's. A view whose key columns are all
+computed (a global aggregate's constant, an aggregate of an aggregate) has no partitions
+(``ViewPlan.whole``): every batch recomputes it whole.
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Final
 
 from lakefold.projections._interval_joins import IntervalJoin, bound_join
+from lakefold.projections._plan_keys import WindowColumns, check_key
 from lakefold.projections._plan_trees import (
     Node,
     conjuncts,
@@ -121,6 +125,12 @@ class ViewPlan:
     def inputs(self) -> tuple[str, ...]:
         return (*self.direct, *self.lookups)
 
+    @property
+    def whole(self) -> bool:
+        """True when the view has no partitions: its key is computed (a global aggregate's
+        constant, an aggregate of an aggregate's value), so every batch recomputes it all."""
+        return not self.partition
+
     def lookup_columns(self) -> dict[str, set[str]]:
         """Input → the columns its state is looked up by (they get an index)."""
         wanted: dict[str, set[str]] = {name: set(cols) for name, cols in self.direct.items()}
@@ -130,6 +140,8 @@ class ViewPlan:
         return wanted
 
     def describe(self) -> str:
+        if self.whole:
+            return "recomputed whole by every batch (its key is computed, not an input's)"
         parts = [f"partitions by {', '.join(self.partition)}"]
         parts += [f"{name} direct by {', '.join(cols)}" for name, cols in self.direct.items()]
         parts += [f"{name} looked up by {lookup.column} = {lookup.via}.{lookup.via_column}"
@@ -366,11 +378,15 @@ def _choose(view: str, scope: _Scope, key: tuple[str, ...]) -> ViewPlan | None:
 
 
 def analyze_plan(view: str, plan_json: str, key: Sequence[str],
-                 inputs: Sequence[str], windowed: str | None = None) -> ViewPlan:
+                 inputs: Sequence[str], windowed: str | None = None,
+                 input_keys: Mapping[str, Sequence[str]] | None = None,
+                 window: WindowColumns | None = None) -> ViewPlan:
     """The maintenance of a view whose analyzed plan is ``plan_json`` (see the module
     docstring); ``inputs`` are the names the view declares; ``windowed``, the input whose
     rows are an event's windows of a fixed size (their ``window_end`` follows from their
-    ``window_start``)."""
+    ``window_start``); ``input_keys``, each input's key columns, and ``window``, the
+    windowed input's window columns, to refuse a key the plan shows is not unique
+    (``_plan_keys``)."""
     analysis = _Analysis(view)
     tree = plan_tree(json.loads(plan_json))
     scope = analysis.scope(tree)
@@ -392,7 +408,14 @@ def analyze_plan(view: str, plan_json: str, key: Sequence[str],
     if duplicated:
         raise MissingKeyError(f"view {view}: the output has two columns named "
                               f"{', '.join(duplicated)}; give them distinct names with AS")
+    if input_keys is not None:
+        check_key(view, tree, key, scope.output, names, input_keys, window)
     plan = _choose(view, scope, tuple(key))
+    if plan is None and not any(scope.columns[i].sources for i in scope.output
+                                if scope.columns[i].name in key):
+        # No key column is an input's: the view is a few rows computed from all of its
+        # inputs (a global aggregate, a histogram of another aggregate); recompute it whole.
+        plan = ViewPlan({}, tuple(key), (), {}, {})
     if plan is None:
         raise _unreachable(view, scope, tuple(key))
     aggregate = aggregate_plan(tree)
@@ -417,13 +440,14 @@ def _unreachable(view: str, scope: _Scope, key: tuple[str, ...]) -> NotMaintaina
             lines.append(f"key column {k} equals "
                          f"{', '.join(f'{i}.{c}' for i, c in sorted(column.sources))}")
     joins = sorted({f"{x}.{cx} = {y}.{cy}" for x, cx, y, cy in scope.edges})
+    joined = f"are joined on {', '.join(joins)}" if joins else \
+        "are not joined on equal keys (a join without equal keys, or a cross join)"
     return NotMaintainableError(
         f"view {view}: no choice of key columns reaches every input ({'; '.join(lines)}; "
-        f"inputs {', '.join(sorted(scope.inputs))} are joined on "
-        f"{', '.join(joins) or 'nothing'}). lakefold recomputes the partitions a change "
-        "touches, so each input must either hold a key column or be joined on equal keys "
-        "to one that does; split the query into a chain of views, each grouped or joined "
-        "on one key")
+        f"inputs {', '.join(sorted(scope.inputs))} {joined}). lakefold recomputes the "
+        "partitions a change touches, so each input must either hold a key column or be "
+        "joined on equal keys to one that does; split the query into a chain of views, each "
+        "grouped or joined on one key")
 
 
 def view_frame(spark: SparkSession, schemas: Mapping[str, StructType | str],
@@ -441,12 +465,14 @@ def view_frame(spark: SparkSession, schemas: Mapping[str, StructType | str],
 
 def analyze(spark: SparkSession, view: str, schemas: Mapping[str, StructType | str],
             query: Query, key: Sequence[str], join: IntervalJoin | None = None,
-            windowed: str | None = None) -> ViewPlan:
+            windowed: str | None = None,
+            input_keys: Mapping[str, Sequence[str]] | None = None,
+            window: WindowColumns | None = None) -> ViewPlan:
     """Analyze a view over inputs with ``schemas`` (see ``analyze_plan``), with its
     interval join's bound read off the plan (``_interval_joins``)."""
     df = view_frame(spark, schemas, query)
     plan = df._jdf.queryExecution().analyzed().toJSON()
-    analyzed = analyze_plan(view, plan, key, list(schemas), windowed)
+    analyzed = analyze_plan(view, plan, key, list(schemas), windowed, input_keys, window)
     if join is not None:
         analyzed = _joined(view, analyzed, bound_join(view, join, plan_tree(json.loads(plan))))
     return replace(analyzed, columns={f.name: f.dataType.simpleString()

@@ -189,6 +189,9 @@ class ViewRun:
         self.close()
         with ChangelogStore(self.dsn) as store:
             store.release_reader(self.maintainer.owner)
+            for feed in self.maintainer.feeds.values():
+                if isinstance(feed, ChangelogWindowFeed):
+                    store.release_reader(feed.owner)
             store.release_reader(self.writer.reader)
 
 

@@ -15,9 +15,11 @@ import psycopg
 import pyarrow as pa
 
 from lakefold.capture.store._arrow_columns import arrow_type
+from lakefold.capture.store._changelog_store import stream_meta
 from lakefold.capture.store._derived_streams import column_for
 from lakefold.capture.store.exceptions import CaptureValueError, UnknownStreamError
 from lakefold.projections._lookups import enrichment_fields
+from lakefold.projections._plan_keys import WindowColumns
 from lakefold.projections._view_api import View, check_views
 from lakefold.projections._view_events import (
     check_time_column,
@@ -84,6 +86,7 @@ def plan_views(spark: SparkSession, views: Mapping[str, View], store_dsn: str,
             left_out.add(name)
             continue
         schemas = {}
+        keys: dict[str, tuple[str, ...]] = {}
         for alias, source in view.inputs.items():
             if source.events is not None:
                 decoder = payload_decoder(name, alias, source.events, view.registry)
@@ -107,11 +110,14 @@ def plan_views(spark: SparkSession, views: Mapping[str, View], store_dsn: str,
             else:
                 assert source.view is not None  # noqa: S101 - an input is one or the other
                 schemas[alias] = checked[source.view].output
+        keys = {alias: _input_key(store_dsn, view, alias, checked) for alias in schemas}
         spark_schemas = {alias: from_arrow_schema(s) for alias, s in schemas.items()}
         try:
             with no_duplicate_error_logs():  # the error below says it once
                 plan = analyze(spark, name, spark_schemas, view.query, view.key, view.join,
-                               _fixed_windows(view))
+                               _fixed_windows(view), keys,
+                               None if view.window is None else
+                               WindowColumns(view.window.input, view.window.by))
                 output = view_frame(spark, spark_schemas, view.query).toArrow().schema
         except (AnalysisException, PySparkTypeError, PySparkValueError) as e:
             if name in established and on_drift is not None:
@@ -127,6 +133,26 @@ def plan_views(spark: SparkSession, views: Mapping[str, View], store_dsn: str,
         except CaptureValueError as e:
             raise IncompatibleTargetError(f"view {name}: {e}") from e
     return checked
+
+
+def _input_key(store_dsn: str, view: View, alias: str,
+               checked: Mapping[str, CheckedView]) -> tuple[str, ...]:
+    """The columns that identify one row of an input as the query reads it: a table's key,
+    an event's position, another view's key; a hopping window's rows add their window."""
+    source = view.inputs[alias]
+    if source.events is not None:
+        key: tuple[str, ...] = ("position",)
+    elif source.table is not None:
+        with psycopg.connect(store_dsn, autocommit=True) as conn:
+            latest = stream_meta(conn, source.table).latest
+        key = tuple(c.name for c in latest.columns if c.key) if latest is not None else ()
+    else:
+        assert source.view is not None  # noqa: S101 - an input is one of the three
+        key = checked[source.view].plan.key
+    window = view.window
+    if window is not None and window.input == alias and window.slide < window.size:
+        key += (WINDOW_START,)  # an event or row in several windows
+    return key
 
 
 def _fixed_windows(view: View) -> str | None:

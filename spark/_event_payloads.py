@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import typing
 from collections.abc import Sequence
 from typing import Any
 
@@ -65,6 +66,17 @@ def _json_text_fields(model: type[BaseModel]) -> set[str]:
     return out
 
 
+def _required_fields(model: type[BaseModel]) -> dict[str, bool]:
+    """The model's required top-level fields (by the column they are read from) → whether
+    the field may hold null (a required ``x: int | None`` must be present, but may be null)."""
+    out = {}
+    for name, info in model.model_fields.items():
+        if info.is_required():
+            column = info.serialization_alias or info.alias or name
+            out[column] = type(None) in typing.get_args(info.annotation)
+    return out
+
+
 class PayloadDecoder:
     """Decodes ``data`` JSON text of the selected event types into a typed struct column."""
 
@@ -92,6 +104,9 @@ class PayloadDecoder:
         self.text_fields = {name: _json_text_fields(m) & set(schema.names)
                             for name, m in self.models.items()}
         self.struct_type = pa.struct(list(self.schema))
+        self.required = {name: {f: nullable for f, nullable in _required_fields(m).items()
+                                if f in schema.names}
+                         for name, m in self.models.items()}
 
     def _rewrite(self, type_name: str, version: int, text: str) -> str:
         """The payload brought to the current version, with shapeless fields as JSON text."""
@@ -150,3 +165,21 @@ class PayloadDecoder:
                 f"event payloads do not fit the registered models' fields: {e}") from e
         columns = [table.column(f.name).combine_chunks() for f in self.schema]
         return pa.StructArray.from_arrays(columns, fields=list(self.schema))
+
+    def check_required(self, types: pa.Array, decoded: pa.StructArray, data: pa.Array) -> None:
+        """Raise SparkTerminalError, naming the field, when an event's payload lacks a field
+        its model requires (absent, or null where the model does not allow null): the model
+        cannot read it, so it is not an event of that type as registered."""
+        for name, fields in self.required.items():
+            if not fields:
+                continue
+            of_type = pc.equal(types, name).fill_null(False)
+            for field, nullable in fields.items():
+                values = decoded.field(self.schema.get_field_index(field))
+                bad = pc.indices_nonzero(pc.and_(of_type, pc.is_null(values))).to_pylist()
+                for index in bad:
+                    if nullable and field in json.loads(data[index].as_py() or "{}"):
+                        continue  # present, and null is allowed
+                    raise SparkTerminalError(
+                        f"event payload of type {name} has no value for its required field "
+                        f"{field!r}")

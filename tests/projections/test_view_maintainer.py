@@ -112,13 +112,24 @@ def test_a_batch_writes_only_the_rows_that_changed(
     check_views(dsn, views)
 
 
+def test_a_key_the_plan_shows_is_not_unique_is_refused_before_anything_runs(
+        spark: Any, shop: CaptureConfig) -> None:
+    with pytest.raises(MissingKeyError, match="key \\[id\\] may hold several rows"):
+        open_view(spark, shop.source_dsn, view="not_unique", generation=next(GENERATIONS),
+                  inputs={"orders": "public.orders", "customers": "public.customers"},
+                  query="SELECT c.id, o.amount FROM customers c "
+                        "JOIN orders o ON o.customer_id = c.id",
+                  key=["id"])
+
+
 def test_a_key_that_is_not_unique_stops_the_batch_and_writes_nothing(
         spark: Any, shop: CaptureConfig) -> None:
     dsn = shop.source_dsn
+    # a union: the plan cannot tell whether its branches share keys, the rows do
     view = open_view(spark, dsn, view="not_unique", generation=next(GENERATIONS),
                      inputs={"orders": "public.orders", "customers": "public.customers"},
-                     query="SELECT c.id, o.amount FROM customers c "
-                           "JOIN orders o ON o.customer_id = c.id",
+                     query="SELECT id, amount FROM orders UNION ALL "
+                           "SELECT id, 0 AS amount FROM customers",
                      key=["id"])
     try:
         with pytest.raises(MissingKeyError, match="two output rows have the key"):

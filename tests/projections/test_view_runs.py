@@ -31,9 +31,13 @@ def _registry(*, broken: bool = False) -> Registry:
              target=delta_table("upsert", keys=["order_id"]))
         view("revenue_by_city", inputs={"lines": "order_lines"}, key="city",
              query=REVENUE_BY_CITY, target=redis_cache("city"))
-        if broken:  # one row per order, keyed by customer: not unique
-            view("orders_by_customer", inputs={"orders": SHOP["orders"]}, key="customer_id",
-                 query="SELECT customer_id, id FROM orders",
+        if broken:  # customers' ids and orders' customers: not unique (a union, which the
+            # plan cannot judge: its rows can)
+            view("orders_by_customer", inputs={"orders": SHOP["orders"],
+                                               "customers": SHOP["customers"]},
+                 key="customer_id",
+                 query="SELECT customer_id, id FROM orders UNION ALL "
+                       "SELECT id AS customer_id, id FROM customers",
                  target=delta_table("upsert", keys=["customer_id"]))
             # order 2's amount is 2.50: a division by zero on that order's data only
             view("ratios", inputs={"orders": SHOP["orders"]}, key="order_id",

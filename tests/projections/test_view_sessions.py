@@ -104,7 +104,8 @@ def _expected(dsn: str) -> tuple[dict[tuple[int, str], tuple[int, int, int]], se
                 else:
                     islands.append([t])
             touching = [i for i in islands if i[0] - GAP < at < i[-1] + GAP]
-            if at + GAP <= watermark or any(i[-1] + GAP <= watermark for i in touching):
+            if any(i[-1] + GAP <= watermark for i in touching) or (
+                    not touching and at + GAP <= watermark):
                 late.add(position)
             else:
                 kept.append((position, user, ms, at))

@@ -25,6 +25,20 @@ CUSTOMER_ORDERS = """
     SELECT coalesce(c.id, o.customer_id) AS customer_key, o.id AS order_id, c.name, o.amount
     FROM customers c FULL OUTER JOIN orders o ON c.id = o.customer_id"""
 
+# A self-join (one table as two inputs), a parent/child join of one table with itself, a
+# chain over the self-join, a global aggregate and an aggregate of an aggregate.
+SAME_CITY = """
+    SELECT a.id, count(b.id) AS same_city FROM a JOIN b ON a.city = b.city GROUP BY a.id"""
+LATER_ORDERS = """
+    SELECT a.id AS first, b.id AS later, b.amount - a.amount AS more
+    FROM a JOIN b ON a.customer_id = b.customer_id AND a.id < b.id"""
+CITY_SIZES = "SELECT same_city, count(*) AS customers FROM s GROUP BY same_city"
+TOTALS = "SELECT 1 AS k, count(*) AS orders, sum(amount) AS revenue FROM orders"
+ORDERS_PER_CUSTOMER_HISTOGRAM = """
+    SELECT n, count(*) AS customers FROM (
+        SELECT customer_id, count(*) AS n FROM orders GROUP BY customer_id) per_customer
+    GROUP BY n"""
+
 # The same views as SQL on the source: the oracle.
 ORACLE: dict[str, tuple[tuple[str, ...], str]] = {
     "order_lines": (("order_id",), ORDER_LINES),
@@ -34,6 +48,14 @@ ORACLE: dict[str, tuple[tuple[str, ...], str]] = {
                max(amount) AS largest, count(DISTINCT customer_id) AS customers
         FROM ({ORDER_LINES}) lines GROUP BY city"""),
     "customer_orders": (("customer_key", "order_id"), CUSTOMER_ORDERS),
+    "same_city": (("id",), SAME_CITY.replace("FROM a JOIN b", "FROM customers a JOIN customers b")),
+    "later_orders": (("first", "later"), LATER_ORDERS.replace("FROM a JOIN b",
+                                                               "FROM orders a JOIN orders b")),
+    "city_sizes": (("same_city",), CITY_SIZES.replace(
+        "FROM s", f"FROM ({SAME_CITY.replace('FROM a JOIN b', 'FROM customers a JOIN customers b')}"
+        ") s")),
+    "totals": (("k",), TOTALS),
+    "histogram": (("n",), ORDERS_PER_CUSTOMER_HISTOGRAM),
 }
 CITIES = ("Oslo", "Lima", "Pune", None)
 GENERATIONS = itertools.count(1)
@@ -45,7 +67,7 @@ def open_views(spark: Any, dsn: str) -> dict[str, ViewMaintainer]:
                       inputs={"orders": "public.orders", "customers": "public.customers",
                               "products": "public.products"},
                       query=ORDER_LINES, key=["order_id"])
-    return {
+    views = {
         "order_lines": lines,
         "revenue_by_city": open_view(
             spark, dsn, view="revenue_by_city", generation=generation,
@@ -55,7 +77,25 @@ def open_views(spark: Any, dsn: str) -> dict[str, ViewMaintainer]:
             spark, dsn, view="customer_orders", generation=generation,
             inputs={"customers": "public.customers", "orders": "public.orders"},
             query=CUSTOMER_ORDERS, key=["customer_key", "order_id"]),
+        "same_city": open_view(
+            spark, dsn, view="same_city", generation=generation,
+            inputs={"a": "public.customers", "b": "public.customers"},
+            query=SAME_CITY, key=["id"]),
+        "later_orders": open_view(
+            spark, dsn, view="later_orders", generation=generation,
+            inputs={"a": "public.orders", "b": "public.orders"},
+            query=LATER_ORDERS, key=["first", "later"]),
+        "totals": open_view(spark, dsn, view="totals", generation=generation,
+                            inputs={"orders": "public.orders"}, query=TOTALS, key=["k"]),
+        "histogram": open_view(spark, dsn, view="histogram", generation=generation,
+                               inputs={"orders": "public.orders"},
+                               query=ORDERS_PER_CUSTOMER_HISTOGRAM, key=["n"]),
     }
+    views["city_sizes"] = open_view(
+        spark, dsn, view="city_sizes", generation=generation,
+        inputs={"s": output_stream("same_city", generation)}, query=CITY_SIZES,
+        key=["same_city"])
+    return views
 
 
 def keyed(rows: list[dict[str, Any]], keys: tuple[str, ...]) -> dict[Any, dict[str, Any]]:
