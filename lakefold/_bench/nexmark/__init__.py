@@ -11,8 +11,10 @@ oracle.
 - ``spark_peer``, ``flink_peer`` (+ ``flink_job``, run in PyFlink's own virtualenv): the peers.
 - ``oracle``: DuckDB over the Parquet files, lakefold's window semantics.
 
-JSON: ``results.queries.<q>`` (``events_per_s``, ``correct``, ``state_bytes``, ``form``: view,
-chain, native or refused, with ``refused``: the refusal's text), ``results.correct.<q>``, and
+JSON: ``results.queries.<q>`` (``events_per_s``, ``correct``, ``state_bytes``, ``form``: view (as
+Nexmark writes it), native (the same, tried first and accepted), rewrite or chain (the one-view
+form refused, with ``refused``: the refusal's text; the query rewritten as one view or as a
+chain of views) or refused), ``results.correct.<q>``, and
 ``baseline.spark.<q>`` / ``baseline.flink.<q>`` (``events_per_s``, ``correct``, or
 ``not_run`` with the reason); ``ratio_to_spark`` / ``ratio_to_flink`` per query.
 """

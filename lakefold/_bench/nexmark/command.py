@@ -78,7 +78,8 @@ def _lakefold(spark: Any, dsn: str, scratch: Path, query: Query, events: int,
         else:
             entry["refused"] = native.error
     if not runs and query.lakefold:
-        entry["form"] = "chain" if len(query.lakefold) > 1 or query.lakefold_native else "view"
+        entry["form"] = "chain" if len(query.lakefold) > 1 else \
+            "rewrite" if query.lakefold_native else "view"
         runs.append(run_views(spark, dsn, scratch, query.lakefold, events))
     if not runs:
         entry.update(form="refused", correct=None, events_per_s=None)

@@ -347,12 +347,12 @@ QUERIES: tuple[Query, ...] = (
                            "WHERE b.dateTime BETWEEN m.window_end - INTERVAL 10 SECONDS "
                            "AND m.window_end")),
           lakefold_native=(LakefoldView(
-              "q7_native", _BID, ("position", "window_start"),
+              "q7_native", {"b": "bid", "w": "bid"}, ("position", "window_start"),
               "SELECT b.position, m.window_start, b.auction, b.price, b.bidder, b.dateTime, "
-              "b.extra FROM bid b JOIN (SELECT max(price) AS maxprice, window_start, window_end "
-              "FROM bid GROUP BY window_start, window_end) m ON b.price = m.maxprice "
+              "b.extra FROM b JOIN (SELECT max(price) AS maxprice, window_start, window_end "
+              "FROM w GROUP BY window_start, window_end) m ON b.price = m.maxprice "
               "WHERE b.dateTime BETWEEN m.window_end - INTERVAL 10 SECONDS AND m.window_end",
-              window=("tumbling", "bid.dateTime", 10)),),
+              window=("tumbling", "w.dateTime", 10)),),
           flink="""SELECT B.auction, B.price, B.bidder, B.`dateTime`, B.extra FROM bid B JOIN (
                      SELECT MAX(price) AS maxprice, window_end AS `dateTime`
                      FROM TABLE(TUMBLE(TABLE bid, DESCRIPTOR(`dateTime`), INTERVAL '10' SECOND))
@@ -507,9 +507,16 @@ QUERIES: tuple[Query, ...] = (
               "SELECT auction, bidder, price, channel, url, dateTime, extra, rank_number FROM ("
               "SELECT *, row_number() OVER (PARTITION BY auction ORDER BY price DESC, "
               "position ASC) AS rank_number FROM bid) WHERE rank_number <= 10"),),
-          lakefold_note="no rewrite: a top-N without a window function is a self-join of "
-                        "bids (the higher bids of the same auction), which issue 40 makes "
-                        "wrong today",
+          lakefold=(LakefoldView(
+              "q19", {"b": "bid", "h": "bid"}, ("position",),
+              "SELECT b.position, b.auction, b.bidder, b.price, b.channel, b.url, b.dateTime, "
+              "b.extra, count(h.position) + 1 AS rank_number FROM b LEFT JOIN h "
+              "ON h.auction = b.auction AND (h.price > b.price OR (h.price = b.price "
+              "AND h.position < b.position)) GROUP BY b.position, b.auction, b.bidder, "
+              "b.price, b.channel, b.url, b.dateTime, b.extra HAVING count(h.position) < 10"),),
+          lakefold_note="ROW_NUMBER() is refused (window functions); written as a self-join "
+                        "of bids: a bid's rank is one more than the bids of its auction above "
+                        "it (price, then position), kept while below 10",
           flink="""SELECT auction, bidder, price, channel, url, `dateTime`, extra, rank_number
                    FROM (SELECT *, ROW_NUMBER() OVER (PARTITION BY auction
                            ORDER BY price DESC, `position` ASC) AS rank_number FROM bid)
