@@ -100,7 +100,9 @@ def _peer_entry(run: Any, query: Query, want: Any | None) -> dict[str, Any]:
         return {"events_per_s": None, "not_run": run.error}
     entry: dict[str, Any] = {"events_per_s": run.events_per_s, "seconds": run.seconds,
                              "state_bytes": run.state_bytes}
-    if run.result is not None and want is not None:
+    if run.result_error is not None:
+        entry.update(correct=None, not_checked=run.result_error)
+    elif run.result is not None and want is not None:
         entry.update(_compare(run.result, query, want, closed_before=run.watermark_ms))
     else:
         entry["correct"] = None  # not collected at this size

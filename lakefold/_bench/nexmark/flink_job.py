@@ -16,7 +16,8 @@ one local mini-cluster (started by the first job):
    seconds: the streaming file sink commits its files at checkpoints (the last at the end of
    the bounded input).
 
-Prints one JSON object: name → ``{"seconds"}`` or ``{"error"}``, and ``rows`` when collected.
+Prints one JSON object: name → ``{"seconds"}`` or ``{"error"}``, and ``rows`` when collected
+(``result_error`` when the results' run failed).
 """
 
 from __future__ import annotations
@@ -176,12 +177,17 @@ def main() -> None:
         try:
             timeout = float(spec["timeout_s"])
             report[name] = {"seconds": round(_throughput(env, name, sql, timeout), 3)}
-            if query["collect"]:
-                report[name]["rows"] = _collect(env, name, sql, out, timeout)
         except QueryTimeout as e:
             report[name] = {"error": f"{name}: {e}"}
         except Exception as e:  # reported per query, the others go on
             report[name] = {"error": _reason(e)}
+        if query["collect"] and "seconds" in report[name]:
+            try:
+                report[name]["rows"] = _collect(env, name, sql, out, timeout)
+            except QueryTimeout as e:
+                report[name]["result_error"] = f"the results' run: {e}"
+            except Exception as e:
+                report[name]["result_error"] = _reason(e)
     sys.stdout.write(json.dumps(report) + "\n")
 
 

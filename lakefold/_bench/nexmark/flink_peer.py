@@ -68,7 +68,8 @@ def run_queries(queries: list[Query], *, folder: Path, scratch: Path, events: in
         if "error" in got:
             runs[query.name] = PeerRun(error=got["error"])
             continue
-        run = PeerRun(events_per_s=round(events / got["seconds"]), seconds=got["seconds"])
+        run = PeerRun(events_per_s=round(events / got["seconds"]), seconds=got["seconds"],
+                      result_error=got.get("result_error"))
         result = out / f"{query.name}.json"
         if result.exists():
             data = json.loads(result.read_text())

@@ -43,6 +43,8 @@ class PeerRun:
     #: Rows a peer leaves out by design (Spark: windows its watermark had not closed).
     watermark_ms: int | None = None
     error: str | None = None
+    #: Why the result was not read (the throughput was measured).
+    result_error: str | None = None
 
 
 def _schema() -> str:
