@@ -250,8 +250,9 @@ QUERIES: tuple[Query, ...] = (
           oracle="SELECT P.name, P.city, P.state, A.id FROM auction A JOIN person P "
                  "ON A.seller = P.id WHERE A.category = 10 AND P.state IN ('OR', 'ID', 'CA')",
           lakefold=(LakefoldView(
-              "q3", {"a": "auction", "p": "person"}, ("id",),
-              "SELECT p.name, p.city, p.state, a.id FROM a JOIN p ON a.seller = p.id "
+              "q3", {"a": "auction", "p": "person"}, ("a_position", "p_position"),
+              "SELECT a.position AS a_position, p.position AS p_position, p.name, p.city, "
+              "p.state, a.id FROM a JOIN p ON a.seller = p.id "
               "WHERE a.categoryId = 10 AND p.state IN ('OR', 'ID', 'CA')"),),
           flink="SELECT P.name, P.city, P.state, A.id FROM auction AS A INNER JOIN person AS "
                 "P ON A.seller = P.id WHERE A.category = 10 AND (P.state = 'OR' OR "
@@ -341,16 +342,16 @@ QUERIES: tuple[Query, ...] = (
                            "SELECT window_start, window_end, max(price) AS maxprice FROM bid "
                            "GROUP BY window_start, window_end",
                            window=("tumbling", "bid.dateTime", 10)),
-              LakefoldView("q7", {"b": "bid", "m": "q7_max"}, ("position", "window_end"),
-                           "SELECT b.position, m.window_end, b.auction, b.price, b.bidder, "
+              LakefoldView("q7", {"b": "bid", "m": "q7_max"}, ("position", "window_start"),
+                           "SELECT b.position, m.window_start, b.auction, b.price, b.bidder, "
                            "b.dateTime, b.extra FROM b JOIN m ON b.price = m.maxprice "
                            "WHERE b.dateTime BETWEEN m.window_end - INTERVAL 10 SECONDS "
                            "AND m.window_end")),
           lakefold_native=(LakefoldView(
-              "q7_native", {"b": "bid", "w": "bid"}, ("position", "window_start"),
-              "SELECT b.position, m.window_start, b.auction, b.price, b.bidder, b.dateTime, "
-              "b.extra FROM b JOIN (SELECT max(price) AS maxprice, window_start, window_end "
-              "FROM w GROUP BY window_start, window_end) m ON b.price = m.maxprice "
+              "q7_native", {"b": "bid", "w": "bid"}, ("position", "window_start", "window_end"),
+              "SELECT b.position, m.window_start, m.window_end, b.auction, b.price, b.bidder, "
+              "b.dateTime, b.extra FROM b JOIN (SELECT max(price) AS maxprice, window_start, "
+              "window_end FROM w GROUP BY window_start, window_end) m ON b.price = m.maxprice "
               "WHERE b.dateTime BETWEEN m.window_end - INTERVAL 10 SECONDS AND m.window_end",
               window=("tumbling", "w.dateTime", 10)),),
           flink="""SELECT B.auction, B.price, B.bidder, B.`dateTime`, B.extra FROM bid B JOIN (
@@ -370,18 +371,22 @@ QUERIES: tuple[Query, ...] = (
                           GROUP BY seller, window_start) A
                     ON P.id = A.seller AND P.starttime = A.starttime""",
           lakefold=(
-              LakefoldView("q8_persons", {"p": "person"}, ("window_start", "id"),
+              LakefoldView("q8_persons", {"p": "person"},
+                           ("window_start", "window_end", "id", "name"),
                            "SELECT id, name, window_start, window_end FROM p "
                            "GROUP BY id, name, window_start, window_end",
                            window=("tumbling", "p.dateTime", 10)),
-              LakefoldView("q8_sellers", {"a": "auction"}, ("window_start", "seller"),
+              LakefoldView("q8_sellers", {"a": "auction"},
+                           ("window_start", "window_end", "seller"),
                            "SELECT seller, window_start, window_end FROM a "
                            "GROUP BY seller, window_start, window_end",
                            window=("tumbling", "a.dateTime", 10)),
               LakefoldView("q8", {"p": "q8_persons", "a": "q8_sellers"},
-                           ("starttime", "id"),
-                           "SELECT p.id, p.name, p.window_start AS starttime FROM p JOIN a "
-                           "ON p.id = a.seller AND p.window_start = a.window_start")),
+                           ("starttime", "endtime", "id", "name"),
+                           "SELECT p.id, p.name, p.window_start AS starttime, "
+                           "p.window_end AS endtime FROM p JOIN a ON p.id = a.seller "
+                           "AND p.window_start = a.window_start "
+                           "AND p.window_end = a.window_end")),
           flink="""SELECT P.id, P.name, P.starttime FROM (
                      SELECT id, name, window_start AS starttime, window_end AS endtime
                      FROM TABLE(TUMBLE(TABLE person, DESCRIPTOR(`dateTime`),
@@ -480,9 +485,12 @@ QUERIES: tuple[Query, ...] = (
               LakefoldView("q18_last", _BID, ("bidder", "auction"),
                            "SELECT bidder, auction, max(struct(dateTime, position)).position "
                            "AS last FROM bid GROUP BY bidder, auction"),
-              LakefoldView("q18", {"b": "bid", "l": "q18_last"}, ("position",),
-                           "SELECT b.position, b.auction, b.bidder, b.price, b.channel, b.url, "
-                           "b.dateTime, b.extra FROM b JOIN l ON b.position = l.last")),
+              LakefoldView("q18", {"b": "bid", "l": "q18_last"},
+                           ("position", "last_bidder", "last_auction"),
+                           "SELECT b.position, l.bidder AS last_bidder, "
+                           "l.auction AS last_auction, b.auction, b.bidder, b.price, "
+                           "b.channel, b.url, b.dateTime, b.extra "
+                           "FROM b JOIN l ON b.position = l.last")),
           lakefold_native=(LakefoldView(
               "q18_native", _BID, ("position",),
               "SELECT position, auction, bidder, price, channel, url, dateTime, extra FROM ("
@@ -533,11 +541,11 @@ QUERIES: tuple[Query, ...] = (
                     FROM bid AS B INNER JOIN auction AS A ON B.auction = A.id
                     WHERE A.category = 10""",
           lakefold=(LakefoldView(
-              "q20", {"b": "bid", "a": "auction"}, ("position",),
-              "SELECT b.position, b.auction, b.bidder, b.price, b.channel, b.url, "
-              "b.dateTime AS bid_dateTime, b.extra AS bid_extra, a.itemName, a.description, "
-              "a.initialBid, a.reserve, a.dateTime AS auction_dateTime, a.expires, a.seller, "
-              "a.categoryId AS category, a.extra AS auction_extra "
+              "q20", {"b": "bid", "a": "auction"}, ("position", "a_position"),
+              "SELECT b.position, a.position AS a_position, b.auction, b.bidder, b.price, "
+              "b.channel, b.url, b.dateTime AS bid_dateTime, b.extra AS bid_extra, a.itemName, "
+              "a.description, a.initialBid, a.reserve, a.dateTime AS auction_dateTime, "
+              "a.expires, a.seller, a.categoryId AS category, a.extra AS auction_extra "
               "FROM b JOIN a ON b.auction = a.id WHERE a.categoryId = 10"),),
           flink="""SELECT auction, bidder, price, channel, url, B.`dateTime` AS bid_dateTime,
                      B.extra AS bid_extra, itemName, description, initialBid, reserve,
