@@ -162,7 +162,7 @@ class ChangelogWindowFeed:
             held[key] = new
         if late:
             array = np.array(late, dtype=np.int64)
-            record_late(conn, self.view, self.alias, array[:, 0], array[:, 1],
+            record_late(conn, self.view, self.generation, self.alias, array[:, 0], array[:, 1],
                         window.size_us, array[:, 2], array[:, 3], kind="change")
         if letters:
             add_dead_letters(conn, self.view, self.generation, letters)

@@ -51,25 +51,43 @@ class Sessions:
     max_time: int | None
 
 
+def _islands(gap: int, items: list[tuple[int, int | None, tuple[int, int] | None]]
+             ) -> list[_Session]:
+    """The sessions of one key's earlier events ``(time, position, (start, end) of its row)``
+    (a deleted event's time has neither): its times less than a gap apart, as they formed
+    (every event fed was on time, so the sessions are the islands of their times)."""
+    out: list[_Session] = []
+    for at, position, row in sorted(items, key=lambda i: i[0]):
+        if not out or at - out[-1].last >= gap:
+            out.append(_Session(at, at))
+        out[-1].last = max(out[-1].last, at)
+        if position is not None and row is not None:
+            out[-1].old[position] = row
+    return out
+
+
 def assign_sessions(gap: int, lateness: int, keys: Sequence[Hashable], times: np.ndarray,
                     missing: np.ndarray, earlier: Sequence[tuple[Hashable, int, int, int, int]],
-                    max_before: int | None) -> Sessions:
+                    max_before: int | None,
+                    deleted: Sequence[tuple[Hashable, int]] = (),
+                    phantom: np.ndarray | None = None) -> Sessions:
     """Sessions after the batch's events (in commit order; ``keys``, ``times`` in
-    microseconds, ``missing``: no time) given the ``earlier`` fed rows of their keys as
-    ``(key, position, time, window start, window end)`` (see the module docstring)."""
-    sessions: dict[Hashable, list[_Session]] = {}
+    microseconds, ``missing``: no time; ``phantom``: events deleted since, which shape the
+    sessions and move the watermark but have no row) given the ``earlier`` fed rows of their
+    keys as ``(key, position, time, window start, window end)`` and the ``deleted`` earlier
+    events of those keys as ``(key, time)`` (see the module docstring and
+    ``_deleted_events``)."""
+    grouped: dict[Hashable, list[tuple[int, int | None, tuple[int, int] | None]]] = {}
     for key, position, at, start, end in earlier:
-        found = sessions.setdefault(key, [])
-        match = next((s for s in found if s.start == start), None)
-        if match is None:
-            match = _Session(start, at)
-            found.append(match)
-        match.last = max(match.last, at)
-        match.old[position] = (start, end)
+        grouped.setdefault(key, []).append((at, position, (start, end)))
+    for key, at in deleted:
+        grouped.setdefault(key, []).append((at, None, None))
+    sessions = {key: _islands(gap, items) for key, items in grouped.items()}
+    shadow = np.zeros(len(keys), dtype=bool) if phantom is None else phantom
     top = max_before
     late = []
-    for index, (key, at, gone) in enumerate(zip(keys, times.tolist(), missing.tolist(),
-                                                strict=True)):
+    for index, (key, at, gone, ghost) in enumerate(zip(
+            keys, times.tolist(), missing.tolist(), shadow.tolist(), strict=True)):
         if gone:
             continue
         top = at if top is None else max(top, at)
@@ -78,15 +96,16 @@ def assign_sessions(gap: int, lateness: int, keys: Sequence[Hashable], times: np
         touching = [s for s in found if at < s.last + gap and at + gap > s.start]
         closed = [s for s in touching if s.last + gap <= watermark]
         # Late only for a session already closed: one it would join, or (touching none) the
-        # one it would be on its own. An event within an open session joins it however far
-        # behind the watermark the event alone is.
+        # one it would be on its own. An event within the gap of an open session joins it
+        # however far behind the watermark the event alone is.
         if closed or (not touching and at + gap <= watermark):
-            hit = closed[0] if closed else _Session(at, at)
-            late.append((index, watermark, hit.start, hit.last + gap))
+            if not ghost:  # a deleted event the live run found late was never recorded
+                hit = closed[0] if closed else _Session(at, at)
+                late.append((index, watermark, hit.start, hit.last + gap))
             continue
         merged = _Session(min([at, *(s.start for s in touching)]),
                           max([at, *(s.last for s in touching)]),
-                          {index}.union(*(s.new for s in touching)),
+                          ({index} if not ghost else set()).union(*(s.new for s in touching)),
                           {k: v for s in touching for k, v in s.old.items()})
         sessions[key] = [s for s in found if s not in touching] + [merged]
     new_rows, moved = [], []

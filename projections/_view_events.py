@@ -29,7 +29,7 @@ events equals the same query over the events a read of the store returns.
 from __future__ import annotations
 
 import json
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, Final
@@ -51,7 +51,20 @@ from lakefold.projections._deadletters import (
     add_dead_letters,
     install_dead_letters,
 )
-from lakefold.projections._late_events import install_late_events, pending_replays, record_late
+from lakefold.projections._deleted_events import (
+    DeletedTimes,
+    TimeSource,
+    in_range,
+    install_deleted_times,
+    of_keys,
+    record,
+)
+from lakefold.projections._late_events import (
+    forget_late_streams,
+    install_late_events,
+    pending_replays,
+    record_late,
+)
 from lakefold.projections._lookups import CommitOrder, Enricher, Lookup, enrichment_fields
 from lakefold.projections._session_windows import assign_sessions
 from lakefold.projections._windows import (
@@ -202,6 +215,9 @@ class FeedRead:
     deleted: frozenset[str] = frozenset()
     #: The first global position read.
     start: int = 1
+    #: The times of events deleted since that were read before, in the range read
+    #: (``_deleted_events``).
+    deleted_times: DeletedTimes | None = None
 
 
 @dataclass(frozen=True)
@@ -228,7 +244,8 @@ class EventFeed:
 
     def __init__(self, store_dsn: str, *, view: str, generation: int, alias: str,
                  source: EventInput, registry: EventRegistry | None,
-                 window: Window | None = None, limit: int = 1_000_000) -> None:
+                 window: Window | None = None, limit: int = 1_000_000,
+                 live_generation: int | None = None) -> None:
         self.dsn = store_dsn
         self.view = view
         self.generation = generation
@@ -256,6 +273,18 @@ class EventFeed:
         #: Set when the feed's window rows are folded into the view's aggregates instead of
         #: written to its stream (``_window_aggregates``).
         self.folder: WindowAggregates | None = None
+        #: Where the events' times are read, when they decide lateness (a window's; an
+        #: interval join's, set by the view): the times of deleted events are kept for it.
+        self.times: TimeSource | None = None if window is None else \
+            TimeSource(view, alias, window.time, window.by)
+        #: Of a generation being built while another is live: the live one's feed of this
+        #: input, which this one never reads past (``_deleted_events``).
+        self.sibling = None if live_generation is None or live_generation == generation \
+            else feed_stream(view, live_generation, alias)
+        #: Called with the streams a batch's deletion records name, before their rows are
+        #: read from the state (an interval join restores the rows it had forgotten).
+        self.on_deleted: Callable[[psycopg.Connection[Any], frozenset[str]], None] | None = \
+            None
 
     def create(self, conn: psycopg.Connection[Any]) -> None:
         """Create the feed's stream and progress (idempotent)."""
@@ -268,6 +297,7 @@ class EventFeed:
                 install_late_events(conn)
             if self.window is not None or self.decoder is not None:
                 install_dead_letters(conn)
+        install_deleted_times(conn)
         if self.enricher is not None:
             self.enricher.create(conn)
         keys = ["position"] if self.window is None else ["position", WINDOW_START]
@@ -293,15 +323,18 @@ class EventFeed:
         the late events replayed since its last batch."""
         read = self.read(conn, state, head)
         rows, windows, max_time = read.rows, frozenset[int](), read.max_time
+        ghosts = read.deleted_times
         if self.window is not None and rows.num_rows == 0:  # in no window: none added
             rows = self.schema.empty_table()
+            if ghosts is not None and ghosts.top is not None:  # deleted since: they moved it
+                max_time = ghosts.top if max_time is None else max(max_time, ghosts.top)
         if self.window is not None and self.window.kind == "session":
             if rows.num_rows:
                 assert state is not None  # noqa: S101 - sessions move their rows, kept there
                 return self._sessions(conn, state, read)
             return self.write(conn, read, rows, max_time)
         if self.window is not None and rows.num_rows:
-            rows, windows, max_time = self._windowed(conn, rows, max_time)
+            rows, windows, max_time = self._windowed(conn, rows, max_time, ghosts)
         batch = self.write(conn, read, rows, max_time, windows)
         if self.window is not None:
             batch = self._fold_replays(conn, batch, read.replayed, read.start)
@@ -317,6 +350,8 @@ class EventFeed:
             "FROM lakefold.event_feeds WHERE stream = %s FOR UPDATE",
             (self.name,)).fetchone()  # type: ignore[misc]
         head = min(head, int(start) + self.limit - 1)
+        if self.sibling is not None and self.times is not None:  # lateness decided here
+            head = self._behind_live(conn, int(start), head)
         end = max(int(start), head + 1)
         if self.enricher is not None and self.enricher.by_commit:
             end = self._commit_gate(conn, int(start), head, mark_lsn, mark_head)
@@ -326,14 +361,20 @@ class EventFeed:
             self.dsn, int(start), end, category=self.source.category,
             types=self.source.types or None)), schema=EVENTS_ARROW_SCHEMA)
         top = None if max_time is None else int(max_time)
+        ghosts = None if self.times is None else \
+            in_range(conn, self.times, int(start), end)
         if events.num_rows == 0:
             empty = self.event_schema.empty_table()
             return FeedRead(empty, self.schema.empty_table(), datetime.now(UTC), end, top,
-                            int(replayed), start=int(start))
+                            int(replayed), start=int(start), deleted_times=ghosts)
         deletion = pc.equal(events.column("type"), STREAM_DELETED_TYPE)
         deleted = _deleted_streams(events.filter(deletion))
+        if deleted and self.on_deleted is not None:
+            self.on_deleted(conn, frozenset(deleted))
         deletes = self.schema.empty_table() if state is None or not deleted else \
             self._deleted_rows(conn, state, deleted)
+        if deleted:
+            self._forget_deleted(conn, deletes, deleted)
         events = events.filter(pc.invert(deletion))
         if deleted:  # events of a deleted stream read in this very range
             gone = pc.is_in(events.column("stream_id"), pa.array(sorted(deleted), pa.string()))
@@ -346,7 +387,7 @@ class EventFeed:
         newest = pc.max(events.column("recorded_at")).as_py() if events.num_rows else \
             datetime.now(UTC)
         return FeedRead(rows, deletes, newest, end, top, int(replayed), frozenset(deleted),
-                        int(start))
+                        int(start), ghosts)
 
     def write(self, conn: psycopg.Connection[Any], read: FeedRead, rows: pa.Table,
               max_time: int | None, windows: frozenset[int] = frozenset(),
@@ -364,30 +405,84 @@ class EventFeed:
         return FeedBatch(appended, windows, max_time, dict(ends or {}),
                          max_time != read.max_time, read.moment, read.max_time)
 
+    def _behind_live(self, conn: psycopg.Connection[Any], start: int, head: int) -> int:
+        """The last position a generation being built may read: never past the live
+        generation's feed, and nothing while the live one has a deletion still to read (the
+        times of the events it deletes are recorded when the live one reads it)."""
+        assert self.sibling is not None  # noqa: S101 - only for a generation being built
+        row = conn.execute("SELECT next_position FROM lakefold.event_feeds WHERE stream = %s",
+                           (self.sibling,)).fetchone()
+        if row is None:
+            return head  # the live generation does not read this input
+        live = int(row[0])
+        if live <= head:
+            pending = pa.Table.from_batches(list(read_events_range(
+                self.dsn, live, head + 1, category=self.source.category,
+                types=[STREAM_DELETED_TYPE])), schema=EVENTS_ARROW_SCHEMA)
+            if pc.any(pc.equal(pending.column("type"), STREAM_DELETED_TYPE)).as_py():
+                return start - 1
+        return min(head, live - 1)
+
+    def _forget_deleted(self, conn: psycopg.Connection[Any], rows: pa.Table,
+                        streams: Collection[str]) -> None:
+        """A batch read the deletion of ``streams``: keep the times of their events it had
+        fed (``rows``, of the view's state; of a folded feed, the folder keeps them), and take
+        their late events off this generation's list."""
+        source = self.times
+        if source is None:  # lateness is not decided here: nothing listed, no time needed
+            return
+        forget_late_streams(conn, self.view, self.generation, self.alias, sorted(streams))
+        if self.folder is not None:  # no rows: the folder has them
+            record(conn, source, *self.folder.times_of(conn, streams))
+        if not rows.num_rows:
+            return
+        rows = _first_per_position(rows)  # a windowed feed has a row per event and window
+        times, missing = event_times(rows.column(source.column))
+        keep = ~missing
+        keys = None
+        if source.by:
+            values = [rows.column(c).to_pylist() for c in source.by]
+            keys = [k for k, ok in zip(zip(*values, strict=True), keep, strict=True) if ok]
+        record(conn, source, rows.column("position").to_numpy()[keep].tolist(),
+               times[keep].tolist(), keys)
+
     def _sessions(self, conn: psycopg.Connection[Any], state: StreamState,
                   read: FeedRead) -> FeedBatch:
         """Feed a session-windowed batch (``_session_windows``): the events' rows in their
         sessions, the earlier rows of sessions that moved deleted and written again, the late
         events recorded, those without a time dead-lettered."""
-        window = self.window
-        assert window is not None  # noqa: S101 - only for a session window
+        window, source = self.window, self.times
+        assert window is not None and source is not None  # noqa: S101 - a session window
         rows = read.rows
         times, missing = event_times(rows.column(window.time))
         if missing.any():
             self.dead_letter_times(conn, rows.filter(pa.array(missing)), window.time)
-        keys = list(zip(*(rows.column(c).to_pylist() for c in window.by), strict=True))
+        keys = [_key_text(k) for k in zip(*(rows.column(c).to_pylist() for c in window.by),
+                                          strict=True)]
         earlier = self._session_rows(conn, state, set(keys))
-        found = assign_sessions(
-            window.size_us, window.lateness_us, keys, times, missing,
-            [(k, p, t, s, e) for k, p, t, s, e, _ in earlier], read.max_time)
+        # the events deleted since that shaped these sessions: before the batch and in it
+        held = {p for _, p, _, _, _, _ in earlier}
+        before = of_keys(conn, source, [tuple(json.loads(k)) for k in set(keys)], read.start)
+        deleted = [(_key_text(k), int(t)) for p, t, k in zip(
+            before.positions, before.times, before.keys, strict=True) if int(p) not in held]
+        ghosts = read.deleted_times
         positions = rows.column("position").to_numpy()
+        order, all_keys, all_times, all_missing, phantom = _with_ghosts(
+            positions, keys, times, missing, ghosts)
+        found = assign_sessions(
+            window.size_us, window.lateness_us, all_keys, all_times, all_missing,
+            [(k, p, t, s, e) for k, p, t, s, e, _ in earlier], read.max_time, deleted,
+            phantom)
+        index = order  # batch entry → row index (-1: a deleted event)
         if found.late:
-            late = np.array([i for i, _, _, _ in found.late], dtype=np.int64)
+            late = np.array([index[i] for i, _, _, _ in found.late], dtype=np.int64)
             starts = np.array([s for _, _, s, _ in found.late], dtype=np.int64)
             ends = np.array([e for _, _, _, e in found.late], dtype=np.int64)
-            record_late(conn, self.view, self.alias, positions[late], starts, ends - starts,
-                        times[late], np.array([w for _, w, _, _ in found.late], np.int64),
-                        kind="session")
+            record_late(conn, self.view, self.generation, self.alias, positions[late], starts,
+                        ends - starts, times[late],
+                        np.array([w for _, w, _, _ in found.late], np.int64), kind="session",
+                        streams=rows.column("stream_id").take(pa.array(late)).to_pylist())
+        found = replace(found, new_rows=[(int(index[i]), s, e) for i, s, e in found.new_rows])
         take = np.array([i for i, _, _ in found.new_rows], dtype=np.int64)
         fresh = self._window_rows(rows, take, np.array([s for _, s, _ in found.new_rows],
                                                        dtype=np.int64),
@@ -403,17 +498,17 @@ class EventFeed:
                           .from_pylist(gone, schema=self.schema), ends=by_start)
 
     def _session_rows(self, conn: psycopg.Connection[Any], state: StreamState,
-                      keys: set[tuple[Any, ...]]
-                      ) -> list[tuple[tuple[Any, ...], int, int, int, int, dict[str, Any]]]:
-        """The fed rows of ``keys``' sessions: (key, position, time, window start, window end,
-        the row)."""
+                      keys: set[str]) -> list[tuple[str, int, int, int, int, dict[str, Any]]]:
+        """The fed rows of ``keys``' sessions (keys as ``_key_text``): (key, position, time,
+        window start, window end, the row)."""
         window = self.window
         assert window is not None  # noqa: S101 - only for a session window
         first = self.schema.field(window.by[0])
-        values = pa.array(sorted({k[0] for k in keys if k[0] is not None}, key=repr),
+        firsts = {json.loads(k)[0] for k in keys}
+        values = pa.array(sorted({v for v in firsts if v is not None}, key=repr),
                           first.type)
         texts = text_array(column_for(first, key=False), values).to_pylist()
-        if any(k[0] is None for k in keys):
+        if None in firsts:
             texts.append(None)
         typed = data_columns(state.typed(conn, state.rows_where(conn, first.name, texts)))
         if typed.num_rows == 0:
@@ -425,7 +520,7 @@ class EventFeed:
         out = []
         for row, at, start, end in zip(typed.to_pylist(), times.tolist(), starts, ends,
                                        strict=True):
-            key = tuple(row[c] for c in window.by)
+            key = _key_text(tuple(row[c] for c in window.by))
             if key in keys:
                 out.append((key, int(row["position"]), at, int(start), int(end), row))
         return out
@@ -463,18 +558,23 @@ class EventFeed:
                                         deletes=deletes, commit_lsn=0, commit_ts=committed)
         return end - start
 
-    def _windowed(self, conn: psycopg.Connection[Any], rows: pa.Table, max_time: int | None
-                  ) -> tuple[pa.Table, frozenset[int], int | None]:
+    def _windowed(self, conn: psycopg.Connection[Any], rows: pa.Table, max_time: int | None,
+                  ghosts: DeletedTimes | None) -> tuple[pa.Table, frozenset[int], int | None]:
         """An event's row per window it counts in; its late (event, window) pairs recorded
-        in the late events, unless replayed; events without a time dead-lettered."""
+        in the late events, unless replayed; events without a time dead-lettered; the times
+        of events deleted since (``ghosts``) move the watermark where they were."""
         window = self.window
         assert window is not None  # noqa: S101 - only for a windowed feed
         times, missing = event_times(rows.column(window.time))
-        found = classify(window, times, missing, max_time)
         positions = rows.column("position").to_numpy()
-        replayed = record_late(conn, self.view, self.alias, positions[found.late_rows],
-                               found.late_starts, window.size_us, times[found.late_rows],
-                               found.late_watermarks)
+        found = classify(window, times, missing, max_time,
+                         None if ghosts is None or ghosts.empty else
+                         ghosts.prefix_max(positions), None if ghosts is None else ghosts.top)
+        replayed = record_late(conn, self.view, self.generation, self.alias,
+                               positions[found.late_rows], found.late_starts, window.size_us,
+                               times[found.late_rows], found.late_watermarks,
+                               streams=rows.column("stream_id").take(
+                                   pa.array(found.late_rows, pa.int64())).to_pylist())
         take, starts = found.rows, found.starts
         if replayed:
             back = np.array([(int(positions[r]), int(s)) in replayed for r, s in zip(
@@ -561,7 +661,8 @@ class EventFeed:
         """Append the window rows of late events replayed since the feed's last batch that
         it read before ``start`` (the batch's first position: ``_windowed`` counts the
         replayed events it reads, in this batch or a later one)."""
-        pairs, through = pending_replays(conn, self.view, self.alias, replayed_through)
+        pairs, through = pending_replays(conn, self.view, self.generation, self.alias,
+                                         replayed_through)
         if through != replayed_through:
             conn.execute("UPDATE lakefold.event_feeds SET replayed_through = %s "
                          "WHERE stream = %s", (through, self.name))
@@ -618,6 +719,36 @@ class EventFeed:
         """The fed rows of the ``streams`` (deleted)."""
         raw = state.rows_where(conn, "stream_id", streams)
         return data_columns(state.typed(conn, raw)).cast(self.schema)
+
+
+def _key_text(values: tuple[Any, ...]) -> str:
+    """A session's key (its ``by`` values) as text, as ``_deleted_events`` keeps it."""
+    return json.dumps(list(values), default=str)
+
+
+def _with_ghosts(positions: np.ndarray, keys: list[str], times: np.ndarray, missing: np.ndarray,
+                 ghosts: DeletedTimes | None
+                 ) -> tuple[np.ndarray, list[str], np.ndarray, np.ndarray, np.ndarray]:
+    """A batch's events with the deleted events among them, in log order: for each entry
+    the row index (-1 for a deleted event), key, time, no time, deleted."""
+    if ghosts is None or ghosts.empty:
+        return (np.arange(len(keys)), keys, times, missing,
+                np.zeros(len(keys), dtype=bool))
+    at = np.concatenate([positions, ghosts.positions])
+    order = np.argsort(at, kind="stable")
+    index = np.concatenate([np.arange(len(keys)), np.full(len(ghosts.positions), -1)])
+    all_keys = keys + [_key_text(k) for k in ghosts.keys]
+    return (index[order], [all_keys[i] for i in order],
+            np.concatenate([times, ghosts.times])[order],
+            np.concatenate([missing, np.zeros(len(ghosts.positions), dtype=bool)])[order],
+            np.concatenate([np.zeros(len(keys), dtype=bool),
+                            np.ones(len(ghosts.positions), dtype=bool)])[order])
+
+
+def _first_per_position(rows: pa.Table) -> pa.Table:
+    positions = rows.column("position").to_numpy()
+    _, first = np.unique(positions, return_index=True)
+    return rows.take(pa.array(np.sort(first), pa.int64()))
 
 
 def _deleted_streams(records: pa.Table) -> set[str]:

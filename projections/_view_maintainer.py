@@ -55,7 +55,12 @@ from lakefold.capture.store._derived_streams import DerivedStream, column_for, t
 from lakefold.capture.store._stream_state import StateChanges, StreamState
 from lakefold.projections._changelog_windows import ChangelogWindowFeed
 from lakefold.projections._deadletters import install_dead_letters
-from lakefold.projections._late_events import install_late_events, record_late
+from lakefold.projections._deleted_events import TimeSource
+from lakefold.projections._late_events import (
+    forget_late_generation,
+    install_late_events,
+    record_late,
+)
 from lakefold.projections._view_aggregates import GROUP_KEY, AggregateState
 from lakefold.projections._view_cuts import (
     Cut,
@@ -149,7 +154,8 @@ class ViewMaintainer:
                  inputs: Mapping[str, str], query: Query, plan: ViewPlan,
                  events: Mapping[str, EventInput] | None = None,
                  registry: EventRegistry | None = None,
-                 window: Window | None = None, feed_limit: int = 1_000_000) -> None:
+                 window: Window | None = None, feed_limit: int = 1_000_000,
+                 live_generation: int | None = None) -> None:
         self.view = view
         self.generation = generation
         self.owner = view_owner(view, generation)
@@ -165,7 +171,8 @@ class ViewMaintainer:
             alias: EventFeed(store_dsn, view=view, generation=generation, alias=alias,
                              source=source, registry=registry,
                              window=window if window and window.input == alias else None,
-                             limit=feed_limit) for alias, source in (events or {}).items()}
+                             limit=feed_limit, live_generation=live_generation)
+            for alias, source in (events or {}).items()}
         if window is not None and window.input in inputs:
             self.feeds[window.input] = ChangelogWindowFeed(
                 self.store, view=view, generation=generation, alias=window.input,
@@ -183,7 +190,8 @@ class ViewMaintainer:
         fed = self.feeds.get(window.input) if window is not None else None
         if plan.aggregate is not None and isinstance(fed, EventFeed) and fed.window is not None \
                 and fed.window.kind != "session" and plan.aggregate.input == fed.alias:
-            self.folded = fed.folder = WindowAggregates(self.owner, plan.aggregate, fed.schema)
+            self.folded = fed.folder = WindowAggregates(self.owner, plan.aggregate, fed.schema,
+                                                        fed.window.time)
         # Input name → its state. Names over one stream (a self-join written as two inputs of
         # one table or view) share one state, applied once a batch: each name then sees the
         # batch's images of that stream (``_apply_states``).
@@ -191,6 +199,16 @@ class ViewMaintainer:
         self.states = {name: shared.setdefault(stream, StreamState(self.owner, stream))
                        for name, stream in self.inputs.items()
                        if self.folded is None or name != self.folded.plan.input}
+        #: Of an interval join: each side's forgotten events, kept aside (``_restore``).
+        self.archives: dict[str, StreamState] = {}
+        if self.join is not None:
+            for alias, column in ((self.join.left, self.join.left_time),
+                                  (self.join.right, self.join.right_time)):
+                feed = self.feeds[alias]
+                assert isinstance(feed, EventFeed)  # noqa: S101 - joins are of events
+                feed.times = TimeSource(view, alias, column)
+                feed.on_deleted = self._restore
+                self.archives[alias] = StreamState(f"{self.owner}:archive", self.inputs[alias])
         self.output = DerivedStream(output_stream(view, generation))
         self.own = StreamState(self.owner, self.output.name)
         self.aggregates: AggregateState | None = self.folded
@@ -233,6 +251,8 @@ class ViewMaintainer:
             # A durable reader: compaction never drops a delete this view has not applied.
             self.store.commit_reader(self.owner, self.inputs[name], state.position(conn) - 1)
         install_view_cuts(conn)
+        for alias, archive in self.archives.items():
+            archive.create(conn, (*wanted.get(alias, ()), "stream_id"))
         self._schema = self.output.create(conn, output_schema, self.plan.key)
         self.own.create(conn, self.plan.partition)
         if self.aggregates is not None:
@@ -243,7 +263,7 @@ class ViewMaintainer:
         its aggregates, its event feeds and its output stream (nothing reads a retired
         generation's stream: the views that read it switched with it)."""
         conn = self.connection()
-        for state in (*self.states.values(), self.own):
+        for state in (*self.states.values(), *self.archives.values(), self.own):
             state.drop(conn)
         for feed in self.feeds.values():
             feed.drop(conn)
@@ -251,6 +271,10 @@ class ViewMaintainer:
         self.output.drop(conn)
         with conn.transaction():
             forget_cuts(conn, self.output.name)
+        if self.window is not None or self.join is not None:
+            with conn.transaction():
+                install_late_events(conn)
+                forget_late_generation(conn, self.view, self.generation)
         if self.window is not None:
             forget_windows(conn, self.owner)
         if self.aggregates is not None:
@@ -483,11 +507,16 @@ class ViewMaintainer:
                     conn, rows.filter(pa.array(missing)), column)
             parts.append((rows.column("position").to_numpy(), np.where(missing, floor, times),
                           np.full(rows.num_rows, is_left), missing))
-        positions = np.concatenate([p[0] for p in parts])
+        # events deleted since, read before: they move the watermark where they were
+        ghosts = [(g.positions, g.times, np.full(len(g.positions), is_left))
+                  for (alias, _, is_left) in sides
+                  if (g := reads[alias].deleted_times) is not None and not g.empty]
+        positions = np.concatenate([p[0] for p in parts] + [g[0] for g in ghosts])
         order = np.argsort(positions, kind="stable")
-        late, marks, top = join.classify(np.concatenate([p[2] for p in parts])[order],
-                                         np.concatenate([p[1] for p in parts])[order],
-                                         reads[join.left].max_time)
+        late, marks, top = join.classify(
+            np.concatenate([p[2] for p in parts] + [g[2] for g in ghosts])[order],
+            np.concatenate([p[1] for p in parts] + [g[1] for g in ghosts])[order],
+            reads[join.left].max_time)
         unordered_late = np.empty_like(late)
         unordered_late[order] = late
         unordered_marks = np.empty_like(marks)
@@ -497,9 +526,11 @@ class ViewMaintainer:
             count = len(where)
             side_late, side_marks = unordered_late[at:at + count], unordered_marks[at:at + count]
             at += count
-            record_late(conn, self.view, alias, where[side_late], times[side_late],
-                        join.bounds[1] if is_left else 0, times[side_late],
-                        side_marks[side_late], kind="join")
+            record_late(conn, self.view, self.generation, alias, where[side_late],
+                        times[side_late], join.bounds[1] if is_left else 0, times[side_late],
+                        side_marks[side_late], kind="join",
+                        streams=reads[alias].rows.column("stream_id").filter(
+                            pa.array(side_late)).to_pylist())
             keep = ~side_late & ~missing
             read = reads[alias]
             out[alias] = feeds[alias].write(conn, read, read.rows.filter(pa.array(keep)),
@@ -541,14 +572,37 @@ class ViewMaintainer:
         if left_rows.num_rows:
             gone = join.forget_left(
                 self._kept_times(conn, join.left, left_rows, join.left_time), watermark)
-            self.states[join.left].forget(
-                conn, left_rows.column("_position").to_numpy()[gone].tolist())
+            self.states[join.left].move_to(
+                conn, self.archives[join.left],
+                left_rows.column("_position").to_numpy()[gone].tolist())
         right = self.states[join.right]
         rows = right.rows(conn)
         if rows.num_rows:
             gone = join.forget_right(
                 self._kept_times(conn, join.right, rows, join.right_time), watermark)
-            right.forget(conn, rows.column("_position").to_numpy()[gone].tolist())
+            right.move_to(conn, self.archives[join.right],
+                          rows.column("_position").to_numpy()[gone].tolist())
+
+    def _restore(self, conn: psycopg.Connection[Any], streams: frozenset[str]) -> None:
+        """Before a batch deletes the events of ``streams``: bring back from the archives
+        their forgotten events, and every forgotten event joined on the same values (the
+        left events whose rows change, and their partners to recompute them with). The
+        batch's rows then leave as the rows of events still kept do, and the end of the
+        batch forgets them again (``_forget``)."""
+        join, lookup = self.join, self.plan.lookups.get(self.join.right if self.join else "")
+        assert join is not None and lookup is not None  # noqa: S101 - an interval join
+        columns = {join.left: lookup.via_column, join.right: lookup.column}
+        values: set[str | None] = set()
+        for alias, column in columns.items():
+            state, archive = self.states[alias], self.archives[alias]
+            archive.move_to(conn, state, column="stream_id", texts=streams)
+            values |= set(state.raw_column(conn, state.rows_where(conn, "stream_id", streams),
+                                           column))
+        values.discard(None)
+        if values:
+            for alias, column in columns.items():
+                self.archives[alias].move_to(conn, self.states[alias], column=column,
+                                             texts=values)
 
     def _close_windows(self, conn: psycopg.Connection[Any], fed: FeedBatch,
                        watermark: int | None, *, find: bool) -> set[Partition]:

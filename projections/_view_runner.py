@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any
 import psycopg
 
 from lakefold.capture.store import ChangelogStore
-from lakefold.core.exceptions import TerminalError, TransientError
+from lakefold.core.exceptions import LakefoldError, TerminalError, TransientError
 from lakefold.projections._catalog import Catalog, Generation, hold_generation
 from lakefold.projections._changelog_windows import ChangelogWindowFeed
 from lakefold.projections._deadletters import DeadLetters, NewDeadLetter
@@ -77,7 +77,8 @@ class ViewRun:
             spark, store_dsn, view=view.name, generation=self.generation, inputs=inputs,
             query=view.query, plan=checked.plan, registry=view.registry, window=view.window,
             events={a: s.events for a, s in view.inputs.items() if s.events is not None},
-            feed_limit=view.options.max_records_per_batch)
+            feed_limit=view.options.max_records_per_batch,
+            live_generation=_live_generation(catalog, view.name, generation))
         #: Input name → the stream it reads (a table's, a generation of another view's, or
         #: this generation's feed of events).
         self.inputs = dict(self.maintainer.inputs)
@@ -193,6 +194,20 @@ class ViewRun:
                 if isinstance(feed, ChangelogWindowFeed):
                     store.release_reader(feed.owner)
             store.release_reader(self.writer.reader)
+
+
+def _live_generation(catalog: Catalog, name: str, generation: Generation) -> int | None:
+    """Of a generation being built: the live one, which it does not read past, unless that
+    one failed (the rebuild is then the way out)."""
+    if generation.status != "building":
+        return None
+    try:
+        live = catalog.current(name)
+    except LakefoldError:
+        return None
+    if live.generation == generation.generation or catalog.projection(name).state == "failed":
+        return None
+    return live.generation
 
 
 class ViewRunner:

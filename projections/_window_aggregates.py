@@ -41,16 +41,20 @@ from lakefold.projections._view_aggregates import (
     AggregateState,
     copy_csv,
 )
-from lakefold.projections._windows import TIME_TYPE, WINDOW_START
+from lakefold.projections._windows import TIME_TYPE, WINDOW_START, event_times
 
 
 class WindowAggregates(AggregateState):
     """The aggregates of one windowed view generation, folded from its feed's window rows
     (``schema``: a feed row's); see the module docstring."""
 
-    def __init__(self, owner: str, plan: AggregatePlan, schema: pa.Schema) -> None:
+    def __init__(self, owner: str, plan: AggregatePlan, schema: pa.Schema,
+                 time_column: str) -> None:
         super().__init__(owner, plan, None)
         self.schema = schema
+        #: The feed rows' event time (kept with each contribution: a deleted event's time
+        #: outlives it, ``_deleted_events``).
+        self.time_column = time_column
         self.contributions = sql.Identifier(STATE_SCHEMA, f"{self.name}_c")
         self._window = next(i for i, (_, c) in enumerate(plan.groups) if c == WINDOW_START)
         self._inputs = [c for _, c in plan.groups] + list(plan.columns)
@@ -63,6 +67,10 @@ class WindowAggregates(AggregateState):
                                      for n in self.texts)
         conn.execute(sql.SQL("CREATE TABLE IF NOT EXISTS {} (stream_id text NOT NULL, {})")
                      .format(self.contributions, columns))
+        # added after the first release: the event's position and time
+        conn.execute(sql.SQL("ALTER TABLE {} ADD COLUMN IF NOT EXISTS position bigint, "
+                             "ADD COLUMN IF NOT EXISTS event_time bigint")
+                     .format(self.contributions))
         conn.execute(sql.SQL("CREATE INDEX IF NOT EXISTS {} ON {} (stream_id)").format(
             sql.Identifier(f"{self.name}_cs"), self.contributions))
         conn.execute(sql.SQL("CREATE INDEX IF NOT EXISTS {} ON {} ({})").format(
@@ -76,12 +84,21 @@ class WindowAggregates(AggregateState):
     def _columns(self, conn: psycopg.Connection[Any]) -> dict[str, ColumnSchema]:
         return {f.name: column_for(f, key=False) for f in self.schema}
 
+    def times_of(self, conn: psycopg.Connection[Any], streams: Collection[str]
+                 ) -> tuple[list[int], list[int]]:
+        """The positions and times of the folded events of ``streams`` (ascending)."""
+        found = conn.execute(sql.SQL(
+            "SELECT DISTINCT position, event_time FROM {} WHERE stream_id = ANY(%s) AND "
+            "position IS NOT NULL AND event_time IS NOT NULL ORDER BY position").format(
+                self.contributions), (sorted(streams),)).fetchall()
+        return [int(p) for p, _ in found], [int(t) for _, t in found]
+
     def fold(self, conn: psycopg.Connection[Any], rows: pa.Table,
              deleted: Collection[str]) -> int:
         """Fold window rows in, and the contributions of the ``deleted`` streams out (before
         them: a batch's rows are of streams not deleted in it); returns how many rows went
         either way. ``finish`` applies them."""
-        self._create_delta(conn, "stream_id")
+        self._create_delta(conn, "stream_id", "position", "event_time")
         names = sql.SQL(", ").join(sql.Identifier(n) for n in self.texts)
         moved = 0
         if deleted:
@@ -92,13 +109,17 @@ class WindowAggregates(AggregateState):
                     c=self.contributions, names=names, delta=sql.Identifier(DELTA_TABLE)),
                 (sorted(deleted),)).rowcount
         if rows.num_rows:  # with their streams: ``finish`` keeps them as contributions
+            times, _ = event_times(rows.column(self.time_column))
             arrays = [pa.array(np.ones(rows.num_rows, dtype=np.int32)),
-                      pc.cast(rows.column("stream_id"), pa.string())]
+                      pc.cast(rows.column("stream_id"), pa.string()),
+                      pc.cast(rows.column("position"), pa.string()),
+                      pc.cast(pa.array(times, pa.int64()), pa.string())]
             arrays += [text_array(column_for(self.schema.field(c), key=False), rows.column(c))
                        for c in self._inputs]
-            copy_csv(conn, pa.Table.from_arrays(arrays, names=["sign", "stream_id",
-                                                               *self.texts]),
-                     sql.SQL("{} (sign, stream_id, {})").format(sql.Identifier(DELTA_TABLE), names))
+            copy_csv(conn, pa.Table.from_arrays(arrays, names=[
+                "sign", "stream_id", "position", "event_time", *self.texts]),
+                sql.SQL("{} (sign, stream_id, position, event_time, {})").format(
+                    sql.Identifier(DELTA_TABLE), names))
             moved += rows.num_rows
         return moved
 
@@ -107,11 +128,12 @@ class WindowAggregates(AggregateState):
         """Apply what ``fold`` gathered; the output rows of the groups it touched and of
         the windows starting at ``closed`` (microseconds), before and after, each with its
         group key (``GROUP_KEY``)."""
-        self._create_delta(conn, "stream_id")
+        self._create_delta(conn, "stream_id", "position", "event_time")
         names = sql.SQL(", ").join(sql.Identifier(n) for n in self.texts)
-        conn.execute(sql.SQL("INSERT INTO {} (stream_id, {names}) SELECT stream_id, {names} "
-                             "FROM {} WHERE sign = 1").format(
-            self.contributions, sql.Identifier(DELTA_TABLE), names=names))
+        conn.execute(sql.SQL(
+            "INSERT INTO {} (stream_id, position, event_time, {names}) SELECT stream_id, "
+            "position::bigint, event_time::bigint, {names} FROM {} WHERE sign = 1").format(
+                self.contributions, sql.Identifier(DELTA_TABLE), names=names))
         starts = text_array(column_for(pa.field(WINDOW_START, TIME_TYPE), key=False),
                             pa.array(list(closed), pa.int64()).cast(TIME_TYPE)).to_pylist()
         also = sql.SQL("g.{} = ANY({}::text[])").format(

@@ -245,12 +245,18 @@ class Classified:
 
 
 def classify(window: Window, times: np.ndarray, missing: np.ndarray,
-             max_before: int | None) -> Classified:
+             max_before: int | None, deleted_before: np.ndarray | None = None,
+             deleted_top: int | None = None) -> Classified:
     """Split events (in commit order) into on-time and late window pairs (see the module
-    docstring); ``max_before``: the largest event time of the input's earlier events."""
+    docstring); ``max_before``: the largest event time of the input's earlier events;
+    ``deleted_before``: per event, the largest time of the events deleted since that came
+    before it in the batch's range, ``deleted_top`` the largest of them all
+    (``_deleted_events``)."""
     valid = ~missing
     floor = np.iinfo(np.int64).min
     seen = np.where(valid, times, floor)
+    if deleted_before is not None:
+        seen = np.maximum(seen, deleted_before)
     running = np.maximum.accumulate(seen) if len(seen) else seen
     if max_before is not None:
         running = np.maximum(running, max_before)
@@ -261,5 +267,7 @@ def classify(window: Window, times: np.ndarray, missing: np.ndarray,
     # A window is closed for an event once the watermark reached its end.
     late = (starts + window.size_us <= watermark) & (running[rows] != floor)
     top = int(running[-1]) if len(running) and running[-1] != floor else max_before
+    if deleted_top is not None:  # deleted events after the last event moved it too
+        top = deleted_top if top is None else max(top, deleted_top)
     return Classified(rows[~late], starts[~late], rows[late], starts[late], watermark[late],
                       np.nonzero(missing)[0], top)

@@ -234,22 +234,30 @@ class StreamState:
                          "WHERE owner = %s AND stream = %s", (end, self.owner, self.stream))
         return StateChanges(before, after, truncated, start, end)
 
-    def forget(self, conn: psycopg.Connection[Any], positions: Iterable[int]) -> int:
-        """Delete the rows written by the records at ``positions`` from the state, as if they
-        had never been there (no change is reported: for rows that can no longer matter,
-        such as an interval join's events behind its bound). Returns how many went."""
-        wanted = sorted(set(positions))
-        if not wanted:
-            return 0
-        return conn.execute(sql.SQL("DELETE FROM {} WHERE position = ANY(%s)")
-                            .format(self.table), (wanted,)).rowcount
+    def move_to(self, conn: psycopg.Connection[Any], other: StreamState,
+                positions: Iterable[int] = (), *, column: str | None = None,
+                texts: Iterable[str | None] = ()) -> int:
+        """Move rows of this state into ``other`` (a state of the same stream kept aside,
+        such as an interval join's forgotten events): those written by the records at
+        ``positions``, or those whose ``column`` has one of ``texts``. Returns how many
+        moved."""
+        if column is not None:
+            where = self._where(conn, column, texts)
+        else:
+            wanted = sorted(set(positions))
+            if not wanted:
+                return 0
+            where = sql.SQL("position = ANY({})").format(sql.Literal(wanted))
+        return conn.execute(sql.SQL(
+            "WITH moved AS (DELETE FROM {} WHERE {} RETURNING *) INSERT INTO {} "
+            "SELECT * FROM moved ON CONFLICT (key) DO NOTHING").format(
+                self.table, where, other.table)).rowcount
 
     # ------------------------------------------------------------------ reading
 
-    def rows_where(self, conn: psycopg.Connection[Any], column: str,
-                   texts: Iterable[str | None]) -> pa.Table:
-        """The state's rows whose ``column`` has one of the text values ``texts`` (None
-        matches NULL), as raw text rows."""
+    def _where(self, conn: psycopg.Connection[Any], column: str,
+               texts: Iterable[str | None]) -> sql.Composable:
+        """The condition: ``column`` has one of the text values ``texts`` (None: NULL)."""
         meta = self.meta(conn)
         values = set(texts)
         wanted = sorted(v for v in values if v is not None)
@@ -264,9 +272,14 @@ class StreamState:
             if match:
                 tests.append(sql.SQL("(schema_version = {} AND ({}))").format(
                     sql.Literal(version), sql.SQL(" OR ").join(match)))
-        where = sql.SQL(" OR ").join(tests) if tests else sql.SQL("false")
-        return self._raw(conn, meta, sql.SQL("SELECT * FROM {} WHERE {}").format(
-            self.table, where))
+        return sql.SQL(" OR ").join(tests) if tests else sql.SQL("false")
+
+    def rows_where(self, conn: psycopg.Connection[Any], column: str,
+                   texts: Iterable[str | None]) -> pa.Table:
+        """The state's rows whose ``column`` has one of the text values ``texts`` (None
+        matches NULL), as raw text rows."""
+        return self._raw(conn, self.meta(conn), sql.SQL("SELECT * FROM {} WHERE {}").format(
+            self.table, self._where(conn, column, texts)))
 
     def rows(self, conn: psycopg.Connection[Any]) -> pa.Table:
         """Every row of the state, as raw text rows."""

@@ -99,7 +99,7 @@ def test_late_commands(env, pg):
     with psycopg.connect(pg.dsn, autocommit=True) as conn:
         install_late_events(conn)
         with conn.transaction():
-            record_late(conn, "products", "views", np.array([7, 9]),
+            record_late(conn, "products", 1, "views", np.array([7, 9]),
                         np.array([0, minute]), minute, np.array([30, minute + 5]),
                         np.array([3 * minute, 3 * minute]))
     listed = json.loads(invoke(env, "late", "list", "products", "--json"))
