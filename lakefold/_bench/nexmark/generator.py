@@ -120,19 +120,24 @@ def last_auction(ids: np.ndarray) -> np.ndarray:
     epoch = np.where(before, epoch - 1, epoch)
     offset = np.where(before | (offset >= PERSON_PROPORTION + AUCTION_PROPORTION),
                       AUCTION_PROPORTION - 1, offset - PERSON_PROPORTION)
-    return epoch * AUCTION_PROPORTION + offset
+    out: np.ndarray = epoch * AUCTION_PROPORTION + offset
+    return out
 
 
 def _next_person(rng: np.random.Generator, ids: np.ndarray) -> np.ndarray:
     people = last_person(ids) + 1
     active = np.minimum(people, ACTIVE_PEOPLE)
-    return people - active + (rng.random(len(ids)) * (active + ID_LEAD)).astype(np.int64)
+    out: np.ndarray = people - active + (rng.random(len(ids)) * (active + ID_LEAD)).astype(
+        np.int64)
+    return out
 
 
 def _next_auction(rng: np.random.Generator, ids: np.ndarray) -> np.ndarray:
     newest = last_auction(ids)
     oldest = np.maximum(newest - IN_FLIGHT_AUCTIONS, 0)
-    return oldest + (rng.random(len(ids)) * (newest - oldest + 1 + ID_LEAD)).astype(np.int64)
+    out: np.ndarray = oldest + (rng.random(len(ids)) * (newest - oldest + 1 + ID_LEAD)).astype(
+        np.int64)
+    return out
 
 
 def _prices(rng: np.random.Generator, n: int) -> np.ndarray:
@@ -277,12 +282,12 @@ def generate(config: Config) -> pa.Table:
         "event_type": pa.array(kind.astype(np.int8)),
         "dateTime": pa.array(times, pa.timestamp("ms", tz="UTC")),
     }
-    parts = ((PERSON, lambda where: _persons(rng, strings, ids[where])),
-             (AUCTION, lambda where: _auctions(rng, strings, config, ids[where], times[where])),
-             (BID, lambda where: _bids(rng, strings, ids[where])))
-    for kind_number, make in parts:
+    for kind_number in (PERSON, AUCTION, BID):
         where = np.flatnonzero(kind == kind_number)
-        for name, values in make(where).items():
+        made = _persons(rng, strings, ids[where]) if kind_number == PERSON else \
+            _auctions(rng, strings, config, ids[where], times[where]) \
+            if kind_number == AUCTION else _bids(rng, strings, ids[where])
+        for name, values in made.items():
             columns[name] = _scatter(values, where, n)
     return pa.table([columns[f.name] for f in SCHEMA], schema=SCHEMA)
 

@@ -125,7 +125,7 @@ def append_events(dsn: str, events: pa.Table) -> float:
         if store.head() != events.num_rows:
             raise BenchmarkError(f"the store holds {store.head()} events, not "
                                  f"{events.num_rows}")
-    return events.num_rows / (time.perf_counter() - began)
+    return float(events.num_rows / (time.perf_counter() - began))
 
 
 def write_parquet(events: pa.Table, folder: Path, per_file: int) -> None:
