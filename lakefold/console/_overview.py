@@ -22,6 +22,7 @@ from lakefold.eventstore import (
     StoreOptions,
     list_subscriptions,
 )
+from lakefold.eventstore.recorder import WatermarkHolder
 from lakefold.projections.operations import Catalog, projection_status
 
 #: Projection states that need a person's attention.
@@ -85,10 +86,20 @@ def read_event_store(addresses: StoreAddresses) -> dict[str, Any]:
                       "lag": max(0, status.head - s.position),
                       "updated_at": _iso(s.updated_at)}
                      for s in list_subscriptions(addresses.store_dsn)]
-    data = status.as_dict()
     return {"head": status.head, "events_per_s": 0.0,
             "pending_events": status.pending_events, "watermark_held": status.held,
-            "watermark_holder": data["holder"], "subscriptions": subscriptions}
+            "watermark_holder": _holder(status.holder), "subscriptions": subscriptions}
+
+
+def _holder(holder: WatermarkHolder | None) -> dict[str, Any] | None:
+    """Who holds the watermark: pid, application, state and for how long; never the
+    statement it runs (another session's SQL may hold card numbers or passwords)."""
+    if holder is None:
+        return None
+    return {"pid": holder.pid, "application": holder.application, "state": holder.state,
+            "xact_start": _iso(holder.xact_start),
+            "held_for_s": max(0.0, round(holder.held_for_s, 3)),  # read in another snapshot
+            "prepared": holder.prepared_gid is not None}
 
 
 def read_projections(catalog: Catalog, addresses: StoreAddresses) -> list[dict[str, Any]]:

@@ -12,8 +12,9 @@ function operator() { return $("#operator").value.trim() || "anonymous"; }
 async function api(path, options = {}) {
   const response = await fetch(path, {
     ...options,
+    // X-Lakefold-Request: the mark of the console's own page (no form can send it)
     headers: { "X-Lakefold-Operator": operator(), "Content-Type": "application/json",
-               ...(options.headers || {}) },
+               "X-Lakefold-Request": "page", ...(options.headers || {}) },
   });
   const body = response.headers.get("content-type")?.includes("json")
     ? await response.json() : await response.text();
@@ -329,6 +330,12 @@ $("#category-pick").addEventListener("change", (e) => e.target.value && peek("ca
   e.target.value));
 $("#view-go").addEventListener("click", viewRows);
 $("#history-minutes").addEventListener("change", loadHistory);
+$("#logout").addEventListener("click", async () => {
+  await api("/logout", { method: "POST" }).catch(() => null);
+  location.reload();
+});
+api("/api/access").then((access) => { $("#logout").hidden = !access.token_required; })
+  .catch(() => null);
 connect();
 loadHistory();
 loadCategories();
