@@ -15,6 +15,8 @@ import datetime as dt
 from dataclasses import dataclass
 from typing import Any
 
+import psycopg
+
 from lakefold.capture import DERIVED_SLOT, CaptureConfig, ChangelogStore, slot_health
 from lakefold.eventstore import (
     EventStore,
@@ -106,8 +108,12 @@ def read_projections(catalog: Catalog, addresses: StoreAddresses) -> list[dict[s
     """Every projection and view as ``lakefold status`` reports it, with its definition's
     inputs and target for the DAG."""
     result = []
+    dead_letters = dead_letters_ever(addresses.store_dsn)
     for status in projection_status(catalog, addresses.store_dsn):
         entry = status.as_json()
+        # what it processed, on the scale of its lag: the positions applied of its inputs
+        entry["records_total"] = sum(int(v) for v in status.position.values())
+        entry["dead_letters_total"] = dead_letters.get(status.name, 0)
         definition = catalog.definition(status.name) or {}
         entry["inputs"] = _inputs_of(definition)
         entry["target_spec"] = definition.get("target", {}).get("kind", status.target)
@@ -115,6 +121,18 @@ def read_projections(catalog: Catalog, addresses: StoreAddresses) -> list[dict[s
         entry["health"] = projection_health(entry)
         result.append(entry)
     return result
+
+
+def dead_letters_ever(store_dsn: str) -> dict[str, int]:
+    """Every dead letter ever recorded, per projection (dropped and resolved ones too, so the
+    count only grows)."""
+    with psycopg.connect(store_dsn, autocommit=True, connect_timeout=10) as conn:
+        if conn.execute("SELECT to_regclass('lakefold.projection_dead_letters')").fetchone() \
+                == (None,):
+            return {}
+        rows = conn.execute("SELECT name, count(*) FROM lakefold.projection_dead_letters "
+                            "GROUP BY name").fetchall()
+    return {str(name): int(count) for name, count in rows}
 
 
 def _inputs_of(definition: dict[str, Any]) -> list[dict[str, str]]:

@@ -11,11 +11,10 @@ from pathlib import Path
 import httpx
 import psycopg
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 from typer.testing import CliRunner
 
 from lakefold.cli import app as cli_app
-from lakefold.console import METRICS, ConsoleBindError, ConsoleConfig, check_bind
+from lakefold.console import ConsoleBindError, ConsoleConfig, check_bind
 from lakefold.local import LocalPostgres
 from lakefold.projections.operations import SinkRoots
 from tests.console.conftest import ACTION, PROJECTIONS, ServedApp, System, wait_until
@@ -175,24 +174,6 @@ def test_rebuild_from_the_console(system: System) -> None:
                    what="the rebuilt generation to switch", timeout=180)
         assert client.get("/api/views/customer_cache/rows",
                           params={"key": "3"}).json()["generation"] == generation + 1
-
-
-def test_metrics_are_prometheus_with_the_documented_names(system: System) -> None:
-    with system.client() as client:
-        response = client.get("/metrics")
-    assert response.headers["content-type"].startswith("text/plain")
-    families = {f.name: f for f in text_string_to_metric_families(response.text)}
-    assert set(families) == set(METRICS) and all(n.startswith("lakefold_") for n in families)
-    lag = {s.labels["projection"] for s in families["lakefold_projection_lag_records"].samples}
-    assert set(PROJECTIONS) <= lag
-    dead = {s.labels["projection"]: s.value
-            for s in families["lakefold_projection_dead_letters"].samples}
-    assert dead["customer_cache"] == 0
-    assert [s.value for s in families["lakefold_console_store_up"].samples] == [1]
-    assert families["lakefold_capture_wal_retained_bytes"].samples[0].labels == {
-        "slot": "console"}
-    readme = (Path(__file__).parents[2] / "README.md").read_text()
-    assert [n for n in METRICS if f"`{n}`" not in readme] == []
 
 
 def test_openapi_document_and_history_kept_in_the_store(system: System) -> None:
