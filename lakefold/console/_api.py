@@ -13,6 +13,7 @@ what is wrong with it, never echoing the input).
 from __future__ import annotations
 
 import asyncio
+import datetime as dt
 import json
 import threading
 from collections.abc import AsyncIterator
@@ -218,10 +219,10 @@ def create_app(monitor: Monitor, actions: Actions, *, allowed_hosts: frozenset[s
 
     # ------------------------------------------------------------------ reading
 
-    @app.get("/api/access", summary="Whether this console needs a token (the page shows "
-                                    "'log out' then)")
-    async def access() -> dict[str, bool]:
-        return {"token_required": bool(token)}
+    @app.get("/api/console", summary="What this console is: whether it needs a token (the "
+                                     "page offers 'log out'), whether it can rebuild")
+    async def about() -> dict[str, bool]:
+        return {"token_required": bool(token), "can_rebuild": actions.projections is not None}
 
     @app.get("/api/overview", summary="Captures, the event store, projections, views, the DAG",
              response_class=Response,
@@ -262,9 +263,13 @@ def create_app(monitor: Monitor, actions: Actions, *, allowed_hosts: frozenset[s
 
     @app.get("/api/history", summary="Sampled lag and throughput, from the store")
     def history(subject: Annotated[str | None, Query(max_length=300, pattern=NO_NUL)] = None,
-                minutes: Annotated[float, Query(gt=0, le=7 * 24 * 60)] = 180.0) -> Any:
+                minutes: Annotated[float, Query(gt=0, le=7 * 24 * 60)] = 180.0,
+                since: Annotated[dt.datetime | None, Query(
+                    description="Only samples after this time (the last one a page has): "
+                                "a page fetches the history once, then what is new.")] = None,
+                ) -> Any:
         return {"minutes": minutes, "series": read_history(store_dsn, subject=subject,
-                                                           minutes=minutes)}
+                                                           minutes=minutes, since=since)}
 
     @app.get("/api/projections/{name}", summary="One projection or view, as in the overview")
     def projection(name: Name) -> Any:

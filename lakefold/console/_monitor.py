@@ -20,7 +20,12 @@ from typing import Any
 
 import psycopg
 
-from lakefold.console._history import install_console_tables, samples_of, write_samples
+from lakefold.console._history import (
+    install_console_tables,
+    sample_time,
+    samples_of,
+    write_samples,
+)
 from lakefold.console._overview import StoreAddresses, read_overview
 from lakefold.core.dsn import error_text
 from lakefold.core.exceptions import LakefoldError
@@ -124,7 +129,8 @@ class Monitor:
         if now - self._last_sample >= self.sample_s:
             self._last_sample = now
             try:
-                write_samples(self.addresses.store_dsn, dt.datetime.now(dt.UTC),
+                write_samples(self.addresses.store_dsn,
+                              sample_time(dt.datetime.now(dt.UTC), self.sample_s),
                               samples_of(overview), keep=self.keep)
             except psycopg.Error as e:
                 log.warning("console: could not store a history sample (%s)", error_text(e))
