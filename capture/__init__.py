@@ -34,7 +34,7 @@ from lakefold.capture import store as _store  # cheap: the store's own names loa
 from lakefold.core.lazy import lazy_getattr
 
 if TYPE_CHECKING:
-    from lakefold.capture._config import CaptureConfig
+    from lakefold.capture._config import LEGACY_SLOT, CaptureConfig, slot_name_for
     from lakefold.capture._options import (
         HealthThresholds,
         HeartbeatPolicy,
@@ -83,6 +83,8 @@ _EXPORTS: dict[str, str] = {
     "resume_capture": "lakefold.capture.operations",
     "slot_health": "lakefold.capture.operations",
     "CaptureConfig": "lakefold.capture._config",
+    "slot_name_for": "lakefold.capture._config",
+    "LEGACY_SLOT": "lakefold.capture._config",
     "HealthThresholds": "lakefold.capture._options",
     "HeartbeatPolicy": "lakefold.capture._options",
     "SnapshotPolicy": "lakefold.capture._options",
@@ -104,6 +106,7 @@ _EXPORTS: dict[str, str] = {
 _EXPORTS |= dict.fromkeys(_store.__all__, "lakefold.capture.store")
 
 __all__ = [
+    "LEGACY_SLOT",
     "Capture",
     "CaptureConfig",
     "CaptureConfigurationError",
@@ -130,6 +133,7 @@ __all__ = [
     "resnapshot",
     "resume_capture",
     "slot_health",
+    "slot_name_for",
 ]
 __all__ += _store.__all__
 

@@ -3,6 +3,7 @@ it lists."""
 
 from __future__ import annotations
 
+import hashlib
 import re
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -13,6 +14,25 @@ from lakefold.capture.exceptions import CaptureConfigurationError, SourceConfigu
 from lakefold.capture.store._compaction import CompactionPolicy
 
 _SLOT_NAME: Final = re.compile(r"^[a-z0-9_]{1,63}$")
+
+
+#: The slot name of captures made before slot names were per database (still kept by a store
+#: that records one; see ``slot_name_for``).
+LEGACY_SLOT: Final = "lakefold"
+
+
+def slot_name_for(database: str) -> str:
+    """The default slot name of a capture of ``database``: ``lakefold_<database>``, so that
+    captures of two databases of one server do not collide (slot names are per server). A
+    name that is not all lower-case letters, digits and ``_``, or too long, is folded into
+    those characters and gets 8 hex digits of its SHA-1, so two names never fold together."""
+    folded = "".join(c if c in "abcdefghijklmnopqrstuvwxyz0123456789_" else "_"
+                     for c in database.lower())
+    name = f"{LEGACY_SLOT}_{folded}"
+    if folded == database and len(name) <= 63:
+        return name
+    digest = hashlib.sha1(database.encode("utf-8"), usedforsecurity=False).hexdigest()[:8]
+    return f"{name[:54]}_{digest}"
 
 
 @dataclass(frozen=True, slots=True)

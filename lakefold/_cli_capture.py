@@ -26,6 +26,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from lakefold._cli_common import app as _app
+from lakefold._cli_common import print_table
 from lakefold.core.exceptions import ConfigurationError
 
 capture_app = typer.Typer(
@@ -34,12 +35,28 @@ capture_app = typer.Typer(
 )
 _out = Console()
 
+
+
+def _checked(option: str) -> Any:
+    """A typer callback that refuses a DSN libpq cannot read as written (one line)."""
+    def check(value: str | None) -> str | None:
+        if value:
+            from lakefold.core.dsn import check_dsn
+
+            check_dsn(value, what=option)
+        return value
+    return check
+
+
 DsnOption = Annotated[str | None, typer.Option(
-    "--dsn", help="Source database DSN (default: LAKEFOLD_DSN).", show_default=False)]
+    "--dsn", help="Source database DSN (default: LAKEFOLD_DSN).", show_default=False,
+    callback=_checked("--dsn"))]
 StoreOption = Annotated[str | None, typer.Option(
     "--store-dsn", help="Changelog store DSN (default: LAKEFOLD_STORE_DSN, then LAKEFOLD_DSN).",
-    show_default=False)]
-SlotOption = Annotated[str, typer.Option(help="Replication slot lakefold owns.")]
+    show_default=False, callback=_checked("--store-dsn"))]
+SlotOption = Annotated[str | None, typer.Option(
+    help="Replication slot lakefold owns (default: lakefold_<database>, or `lakefold` for a "
+         "capture that the store already records under that name).", show_default=False)]
 PublicationOption = Annotated[str, typer.Option(help="Publication lakefold owns.")]
 JsonOption = Annotated[bool, typer.Option("--json", help="Machine-readable output.")]
 
@@ -81,6 +98,49 @@ def _store_dsn(store_dsn: str | None, dsn: str | None = None) -> str:
     return resolved
 
 
+def resolve_slot(slot: str | None, source_dsn: str | None, store_dsn: str | None) -> str:
+    """The slot a command means: ``slot`` when given; else, for a source database, the slot
+    ``lakefold`` when the store records a capture of that database under it (a capture made
+    before slot names were per database keeps its slot), and otherwise
+    ``lakefold_<database>``; without a source, the store's only capture."""
+    if slot:
+        return slot
+    import psycopg
+
+    from lakefold.capture import LEGACY_SLOT, StoreUnavailableError, slot_name_for
+    from lakefold.core.dsn import connection_problem, mask_dsn
+
+    database: str | None = None
+    recorded: list[tuple[str, str]] = []
+    for dsn, what in ((source_dsn, "source"), (store_dsn or source_dsn, "store")):
+        if dsn is None:
+            continue
+        try:
+            with psycopg.connect(dsn, autocommit=True, connect_timeout=10) as conn:
+                if what == "source":
+                    row = conn.execute("SELECT current_database()").fetchone()
+                    database = str(row[0]) if row else None
+                elif conn.execute("SELECT to_regclass('lakefold.capture_slots')").fetchone() \
+                        != (None,):
+                    recorded = [(str(r[0]), str(r[1])) for r in conn.execute(
+                        "SELECT slot_name, source_database FROM lakefold.capture_slots "
+                        "ORDER BY slot_name").fetchall()]
+        except psycopg.OperationalError as e:
+            raise StoreUnavailableError(
+                f"cannot connect to the {what} at {mask_dsn(dsn)}: "
+                f"{connection_problem(e, dsn)}") from e
+    if database is not None:
+        if (LEGACY_SLOT, database) in recorded:
+            return LEGACY_SLOT
+        return slot_name_for(database)
+    if len(recorded) == 1:
+        return recorded[0][0]
+    raise ConfigurationError(
+        "which capture? pass --slot (the store records "
+        + (", ".join(name for name, _ in recorded) or "none") + "), or set LAKEFOLD_DSN to its "
+        "source database")
+
+
 def _configured_store_dsn() -> str | None:
     """LAKEFOLD_STORE_DSN when set (None: the store is the source database)."""
     from lakefold.settings import load_settings
@@ -105,7 +165,7 @@ def _json_value(value: Any) -> Any:
 def run(
     dsn: DsnOption = None,
     store_dsn: StoreOption = None,
-    slot: SlotOption = "lakefold",
+    slot: SlotOption = None,
     publication: PublicationOption = "lakefold",
     schema: Annotated[str | None, typer.Option(
         help="Capture every table of this schema that has a primary key (needs a "
@@ -139,8 +199,10 @@ def run(
     from lakefold.capture import Capture, CaptureConfig, CompactionPolicy
 
     source = _source_dsn(dsn)
+    store = store_dsn or _configured_store_dsn()
+    slot = resolve_slot(slot, source, store)
     config = CaptureConfig(
-        source_dsn=source, store_dsn=store_dsn or _configured_store_dsn(), slot=slot,
+        source_dsn=source, store_dsn=store, slot=slot,
         publication=publication, schema=schema,
         tables=tuple(table or ()), stream_prefix=stream_prefix, streaming=streaming,
         keep_messages=keep_messages, take_over=take_over,
@@ -178,14 +240,14 @@ def _current_lsn(dsn: str) -> int:
     import psycopg
 
     from lakefold.capture import StoreUnavailableError, parse_lsn
-    from lakefold.core.dsn import error_text, mask_dsn
+    from lakefold.core.dsn import connection_problem, mask_dsn
 
     try:
         with psycopg.connect(dsn, connect_timeout=10) as conn:
             row = conn.execute("SELECT pg_current_wal_insert_lsn()::text").fetchone()
     except psycopg.OperationalError as e:
         raise StoreUnavailableError(f"cannot connect to the source at {mask_dsn(dsn)}: "
-                                    f"{error_text(e)}") from e
+                                    f"{connection_problem(e, dsn)}") from e
     return parse_lsn(row[0] if row else "0/0")
 
 
@@ -212,7 +274,7 @@ def streams(store_dsn: StoreOption = None, as_json: JsonOption = False) -> None:
     for s in infos:
         table.add_row(escape(s.name), escape(s.slot), f"{s.head:,}", f"v{s.schema_version}",
                       str(s.last_commit_ts or "-"), f"{compaction[s.name].compacted_to:,}")
-    _out.print(table)
+    print_table(_out, table)
     for name, state in compaction.items():  # what holds each stream's compaction
         holder = state.held_by
         if state.keep_history:
@@ -253,7 +315,7 @@ def _print_records(records: list[dict[str, Any]], *, as_json: bool, title: str) 
         table.add_column(column)
     for record in records:
         table.add_row(*(escape(str(record[c])) for c in columns))
-    _out.print(table)
+    print_table(_out, table)
 
 
 @capture_app.command("read")
@@ -365,15 +427,16 @@ def release_reader(
 def drop(
     dsn: DsnOption = None,
     store_dsn: StoreOption = None,
-    slot: SlotOption = "lakefold",
+    slot: SlotOption = None,
     publication: PublicationOption = "lakefold",
 ) -> None:
     """Drop the capture's slot and publication (streams and records stay in the store)."""
     from lakefold.capture.operations import drop_capture
 
     source = _source_dsn(dsn)
-    drop_capture(source, store_dsn or _store_dsn(None, source), slot=slot,
-                 publication=publication)
+    store = store_dsn or _store_dsn(None, source)
+    slot = resolve_slot(slot, source, store)
+    drop_capture(source, store, slot=slot, publication=publication)
     _out.print(f"dropped slot {escape(slot)} and publication {escape(publication)}")
 
 

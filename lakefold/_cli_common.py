@@ -13,6 +13,7 @@ from types import TracebackType
 
 import typer
 from rich.console import Console
+from rich.measure import Measurement
 from rich.progress import (
     BarColumn,
     MofNCompleteColumn,
@@ -21,26 +22,64 @@ from rich.progress import (
     TextColumn,
     TimeElapsedColumn,
 )
+from rich.table import Table
 
 app = typer.Typer(
     no_args_is_help=True,
     pretty_exceptions_enable=False,
+    rich_markup_mode=None,  # plain click help: no <bool> after flags, sentences re-flowed
     add_completion=False,
     help="lakefold: change-data capture and event sourcing on PostgreSQL, projected by Spark.",
 )
 _err = Console(stderr=True)
 
 
+def _print_version(asked: bool) -> None:
+    if asked:
+        from importlib.metadata import version
+
+        typer.echo(f"lakefold {version('lakefold')}")
+        raise typer.Exit
+
+
+@app.callback()
+def _root(version: bool = typer.Option(
+        False, "--version", is_eager=True, callback=_print_version,
+        help="Print lakefold's version and exit.")) -> None:
+    """lakefold: change-data capture and event sourcing on PostgreSQL, projected by Spark."""
+
+
+def print_table(console: Console, table: Table) -> None:
+    """Print ``table`` whole: names are never cut. On a terminal it keeps the terminal's
+    width (a long name folds onto the next line); elsewhere (a pipe, a log) it is as wide as
+    its rows need."""
+    if console.is_terminal:
+        for column in table.columns:
+            column.overflow = "fold"
+        console.print(table)
+        return
+    natural = Measurement.get(console, console.options.update(max_width=1 << 16), table).maximum
+    width = console.width
+    console.width = max(natural, width)
+    try:
+        console.print(table)
+    finally:
+        console.width = width
+
+
 class SnapshotProgress(AbstractContextManager["SnapshotProgress"]):
     """A rich progress bar per table with rows copied and rows/s (a ``SnapshotListener``);
     drawn on stderr so that ``--json`` output stays clean. The bars are shown only while a
-    snapshot copies rows (a long-running capture keeps its terminal)."""
+    snapshot copies rows (a long-running capture keeps its terminal), and only on a
+    terminal: in a redirected log each table gets one line when it is done instead of bars
+    drawn again and again."""
 
     def __init__(self, *, enabled: bool = True) -> None:
+        self._lines = enabled and not _err.is_terminal
         self._progress = Progress(
             TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
             TextColumn("{task.fields[rate]}"), TimeElapsedColumn(),
-            console=_err, disable=not enabled, transient=False)
+            console=_err, disable=not enabled or self._lines, transient=False)
         self._tasks: dict[str, tuple[TaskID, float, int]] = {}
         self._open = 0
         self._live = False
@@ -74,7 +113,10 @@ class SnapshotProgress(AbstractContextManager["SnapshotProgress"]):
                               rate=f"{copied / elapsed:,.0f} rows/s")
 
     def table_done(self, table: str, rows: int) -> None:
-        task, _, _ = self._tasks[table]
+        task, started, _ = self._tasks[table]
+        if self._lines:
+            _err.print(f"snapshot of {table}: {rows:,} rows in "
+                       f"{time.monotonic() - started:.1f} s", highlight=False, markup=False)
         self._progress.update(task, total=rows, completed=rows)
         self._open -= 1
         if self._open <= 0 and self._live:

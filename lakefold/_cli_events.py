@@ -69,7 +69,7 @@ def _json_default(value: Any) -> Any:
 
 @events_app.command("install")
 def install(dsn: DsnOption = None) -> None:
-    """Create schema ``lakefold``'s event store tables and functions (idempotent)."""
+    """Create the event store's tables and functions in schema lakefold (idempotent)."""
     from lakefold.eventstore import EventStore
 
     with EventStore(_resolve_dsn(dsn)) as store:

@@ -16,7 +16,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from lakefold._cli_common import app
+from lakefold._cli_common import app, print_table
 from lakefold._cli_projections import JsonOption, _catalog, _settings, _store_dsn
 
 late_app = typer.Typer(no_args_is_help=True,
@@ -57,7 +57,7 @@ def late_list(
         table.add_row(str(e.position), escape(e.input), e.event_time.isoformat(),
                       f"{e.window_start.isoformat()} to {e.window_end.time().isoformat()}",
                       e.watermark.isoformat(), f"{e.late_by_seconds:,.1f} s", e.status)
-    _out.print(table)
+    print_table(_out, table)
 
 
 @late_app.command("replay")

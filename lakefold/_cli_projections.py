@@ -18,7 +18,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from lakefold._cli_common import app
+from lakefold._cli_common import app, print_table
 from lakefold.core.exceptions import ConfigurationError
 from lakefold.projections.exceptions import ProjectionTerminalError
 
@@ -56,23 +56,56 @@ def _store_dsn(settings: Settings) -> str:
     return dsn
 
 
-def _catalog(settings: Settings) -> Catalog:
+def _catalog(settings: Settings, *, install: bool = True) -> Catalog:
+    """The projection catalog; ``install`` creates its tables when missing (a command that
+    only reads passes False and checks ``_catalog_installed`` first: a read never writes)."""
     from lakefold.projections.operations import Catalog, SinkRoots
 
     catalog = Catalog(_store_dsn(settings), SinkRoots.under(settings.home, settings.lake_dir))
-    catalog.install()
+    if install:
+        catalog.install()
     return catalog
 
 
-def _registry(settings: Settings, location: str | None) -> Registry:
-    from lakefold.projections import load_projections
+def _catalog_installed(settings: Settings) -> bool:
+    """Whether the store holds the projection catalog (and so may hold projections)."""
+    import psycopg
+
+    from lakefold.core.dsn import connection_problem, mask_dsn
+    from lakefold.projections.exceptions import CatalogUnavailableError
+
+    dsn = _store_dsn(settings)
+    try:
+        with psycopg.connect(dsn, autocommit=True, connect_timeout=10) as conn:
+            row = conn.execute("SELECT to_regclass('lakefold.projections') IS NOT NULL"
+                               ).fetchone()
+    except psycopg.OperationalError as e:
+        raise CatalogUnavailableError(
+            f"cannot connect to the store at {mask_dsn(dsn)}: {connection_problem(e, dsn)}"
+        ) from e
+    return bool(row and row[0])
+
+
+def _registry(settings: Settings, location: str | None,
+              names: tuple[str, ...] = ()) -> Registry:
+    """The projections module's registry; every one of ``names`` must be a projection or a
+    view of it (ProjectionNotFoundError listing them all), checked before Spark starts."""
+    from lakefold._from_settings import load_projections_module
+    from lakefold.projections.exceptions import ProjectionNotFoundError
 
     where = location or settings.projections
     if not where:
         raise ConfigurationError(
             "no projections module: pass --projections FILE or set LAKEFOLD_PROJECTIONS"
         )
-    return load_projections(where)
+    registry = load_projections_module(where)
+    known = sorted({p.name for p in registry} | set(registry.views))
+    unknown = [n for n in names if n not in known]
+    if unknown:
+        raise ProjectionNotFoundError(
+            f"no projection or view named {unknown[0]!r} in {where}; it defines "
+            + (", ".join(known) or "none"))
+    return registry
 
 
 def _runner(settings: Settings, location: str | None, *, only: tuple[str, ...] = (),
@@ -81,7 +114,8 @@ def _runner(settings: Settings, location: str | None, *, only: tuple[str, ...] =
     from lakefold.projections import Runner, RunnerConfig
     from lakefold.projections.operations import RUNNER_SPARK_CONF, SinkRoots
 
-    registry = _registry(settings, location)
+    registry = _registry(settings, location, only)
+    _catalog_installed(settings)  # the store answers (or one line says why) before Spark starts
     redis_url = settings.redis_url.get_secret_value() if settings.redis_url else None
     config = RunnerConfig(store_dsn=_store_dsn(settings),
                           roots=SinkRoots.under(settings.home, settings.lake_dir),
@@ -144,7 +178,7 @@ def _print_reports(reports: list[ProjectionReport], as_json: bool) -> None:
         state = "caught up" if r.caught_up else r.state
         table.add_row(escape(r.name), str(r.generation), f"{r.batches:,}", f"{r.records:,}",
                       escape(position), f"{r.seconds:.1f} s", escape(state))
-    _out.print(table)
+    print_table(_out, table)
 
 
 @app.command("rebuild")
@@ -226,8 +260,10 @@ def status(as_json: JsonOption = False) -> None:
     from lakefold.projections.operations import projection_status, slot_status
 
     settings = _settings()
-    with _catalog(settings) as catalog:
-        statuses = projection_status(catalog, _store_dsn(settings))
+    statuses = []
+    if _catalog_installed(settings):  # a fresh store has none, and a read writes nothing
+        with _catalog(settings, install=False) as catalog:
+            statuses = projection_status(catalog, _store_dsn(settings))
     source_dsn = settings.source_dsn()
     slots = slot_status(source_dsn) if source_dsn else []
     if as_json:
@@ -244,7 +280,7 @@ def status(as_json: JsonOption = False) -> None:
         table.add_row(s.name, s.target, gen, s.state, f"{s.lag_records:,}",
                       f"{s.lag_seconds:.1f}", f"{s.throughput_per_s:,.0f}", str(s.dead_letters),
                       f"{s.late_events:,}", escape((s.last_error or "")[:60]))
-    _out.print(table)
+    print_table(_out, table)
     inputs = Table(title="view inputs")
     for column in ("view", "input", "applied", "head", "lag", "lag s"):
         inputs.add_column(column)
@@ -254,7 +290,7 @@ def status(as_json: JsonOption = False) -> None:
                            f"{source.head:,}", f"{source.lag_records:,}",
                            f"{source.lag_seconds:.1f}")
     if inputs.row_count:
-        _out.print(inputs)
+        print_table(_out, inputs)
     for s in statuses:
         if s.watermark is not None:
             _out.print(f"{escape(s.name)}: watermark {s.watermark}, {s.late_events:,} late "
@@ -270,7 +306,7 @@ def status(as_json: JsonOption = False) -> None:
         for slot in slots:
             slot_table.add_row(slot.slot, str(slot.active), str(slot.wal_status),
                                f"{slot.retained_bytes or 0:,} B", str(slot.healthy))
-        _out.print(slot_table)
+        print_table(_out, slot_table)
 
 
 @dlq_app.command("list")
@@ -284,8 +320,11 @@ def dlq_list(
     """List dead letters."""
     from lakefold.projections import DeadLetters
 
-    with _catalog(_settings()) as catalog:
-        letters = DeadLetters(catalog).find(name, status=state, limit=limit)
+    settings = _settings()
+    letters = []
+    if _catalog_installed(settings):
+        with _catalog(settings, install=False) as catalog:
+            letters = DeadLetters(catalog).find(name, status=state, limit=limit)
     if as_json:
         typer.echo(json.dumps([d.as_json() for d in letters], default=str))
         return
@@ -296,7 +335,7 @@ def dlq_list(
     for d in letters:
         table.add_row(str(d.id), d.name, str(d.generation), d.stage, d.source, str(d.position),
                       str(d.attempts), d.status, escape(d.error[:80]))
-    _out.print(table)
+    print_table(_out, table)
 
 
 @dlq_app.command("retry")
@@ -348,5 +387,5 @@ def search(
                            if not k.startswith("_"))
         matched = "; ".join(f"{f}: {m.marked()}" for f, m in hit.matched.items())
         table.add_row(hit.key, f"{hit.score:.2f}", escape(matched), escape(fields[:120]))
-    _out.print(table)
+    print_table(_out, table)
 

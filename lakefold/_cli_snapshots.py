@@ -27,22 +27,31 @@ from lakefold._cli_capture import (
     _source_dsn,
     _store_dsn,
     capture_app,
+    resolve_slot,
 )
-from lakefold._cli_common import SnapshotProgress
+from lakefold._cli_common import SnapshotProgress, print_table
 from lakefold.core.exceptions import ConfigurationError
 
 _out = Console()
 
 
-def _config(dsn: str | None, store_dsn: str | None, slot: str, publication: str,
+def _config(dsn: str | None, store_dsn: str | None, slot: str | None, publication: str,
             tables: list[str], stream_prefix: str = "", *, schema: str | None = None) -> Any:
     from lakefold.capture import CaptureConfig
 
     source = _source_dsn(dsn)
-    return CaptureConfig(source_dsn=source, store_dsn=store_dsn or _configured_store_dsn(),
-                         slot=slot, publication=publication, schema=schema,
+    store = store_dsn or _configured_store_dsn()
+    return CaptureConfig(source_dsn=source, store_dsn=store,
+                         slot=resolve_slot(slot, source, store), publication=publication,
+                         schema=schema,
                          tables=() if schema else tuple(tables or ["public.unused"]),
                          stream_prefix=stream_prefix)
+
+
+def _settings_source_dsn() -> str | None:
+    from lakefold.settings import load_settings
+
+    return load_settings().source_dsn()
 
 
 @capture_app.command("resnapshot")
@@ -50,7 +59,7 @@ def resnapshot_command(
     table: Annotated[list[str], typer.Argument(help="Table(s) to re-read (schema.table).")],
     dsn: DsnOption = None,
     store_dsn: StoreOption = None,
-    slot: SlotOption = "lakefold",
+    slot: SlotOption = None,
     publication: PublicationOption = "lakefold",
     chunk_rows: Annotated[int, typer.Option(
         help="Rows per chunk (each chunk's rows are share-locked while it is read).")] = 2_000,
@@ -82,7 +91,7 @@ def resnapshot_command(
 def status_command(
     dsn: DsnOption = None,
     store_dsn: StoreOption = None,
-    slot: SlotOption = "lakefold",
+    slot: SlotOption = None,
     warn_lag_mb: Annotated[float, typer.Option(help="Warn above this lag (MiB).")] = 1024,
     critical_lag_mb: Annotated[float, typer.Option(help="Critical above (MiB).")] = 8192,
     warn_lag_seconds: Annotated[float, typer.Option(help="Warn above this lag (s).")] = 300,
@@ -115,14 +124,19 @@ def status_command(
 def _print_health(health: Any) -> None:
     colour = {"ok": "green", "warning": "yellow"}.get(health.status, "red")
     data = health.as_dict()
+    if not health.exists:  # nothing to tabulate: say so, and why
+        _out.print(f"slot {escape(health.slot)}: [{colour}]{health.status}[/]")
+        for problem in health.problems:
+            _out.print(f"[{colour}]•[/] {escape(problem)}", soft_wrap=True)
+        return
     table = Table(title=f"slot {escape(health.slot)}: [{colour}]{health.status}[/]")
     table.add_column("field")
     table.add_column("value")
     rows = [
         ("active", "yes" if health.active else "no"),
         ("paused", "yes" if health.paused else "no"),
-        ("wal_status", str(health.wal_status)),
-        ("confirmed LSN", str(data["confirmed_lsn_text"])),
+        ("wal_status", health.wal_status or "-"),
+        ("confirmed LSN", data["confirmed_lsn_text"] or "-"),
         ("lag", "-" if health.lag_bytes is None else f"{health.lag_bytes:,} bytes"),
         ("lag (seconds)", "-" if health.lag_seconds is None else f"{health.lag_seconds:,.1f}"),
         ("retained WAL", "-" if health.retained_bytes is None
@@ -136,26 +150,30 @@ def _print_health(health: Any) -> None:
     ]
     for name, value in rows:
         table.add_row(name, escape(value))
-    _out.print(table)
+    print_table(_out, table)
     for problem in health.problems:
-        _out.print(f"[{colour}]•[/] {escape(problem)}")
+        _out.print(f"[{colour}]•[/] {escape(problem)}", soft_wrap=True)
 
 
 @capture_app.command("pause")
-def pause_command(store_dsn: StoreOption = None, slot: SlotOption = "lakefold") -> None:
+def pause_command(store_dsn: StoreOption = None, slot: SlotOption = None) -> None:
     """Pause a capture: it stops streaming within a second; the slot keeps its place."""
     from lakefold.capture import pause_capture
 
-    pause_capture(_store_dsn(store_dsn), slot)
+    store = _store_dsn(store_dsn)
+    slot = resolve_slot(slot, _settings_source_dsn(), store)
+    pause_capture(store, slot)
     _out.print(f"paused capture {escape(slot)} (the server keeps its WAL until resume)")
 
 
 @capture_app.command("resume")
-def resume_command(store_dsn: StoreOption = None, slot: SlotOption = "lakefold") -> None:
+def resume_command(store_dsn: StoreOption = None, slot: SlotOption = None) -> None:
     """Resume a paused capture where its slot stopped."""
     from lakefold.capture import resume_capture
 
-    resume_capture(_store_dsn(store_dsn), slot)
+    store = _store_dsn(store_dsn)
+    slot = resolve_slot(slot, _settings_source_dsn(), store)
+    resume_capture(store, slot)
     _out.print(f"resumed capture {escape(slot)}")
 
 
@@ -163,7 +181,7 @@ def resume_command(store_dsn: StoreOption = None, slot: SlotOption = "lakefold")
 def recover_command(
     dsn: DsnOption = None,
     store_dsn: StoreOption = None,
-    slot: SlotOption = "lakefold",
+    slot: SlotOption = None,
     publication: PublicationOption = "lakefold",
     schema: Annotated[str | None, typer.Option(
         help="Capture every table of this schema (default: what the publication covers).",
@@ -184,7 +202,7 @@ def recover_command(
                      schema=schema)
     with SnapshotProgress() as progress:
         recover(config, listener=progress)
-    _out.print(f"recovered capture {escape(slot)}: new slot, streams truncated and "
+    _out.print(f"recovered capture {escape(config.slot)}: new slot, streams truncated and "
                "re-snapshotted; start it again with `lakefold capture run`")
 
 

@@ -11,11 +11,43 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from lakefold.core.exceptions import ConfigurationError, LakefoldError
+
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
+    from lakefold.projections import Registry
     from lakefold.settings import Settings
     from lakefold.spark import TableCatalog
+
+
+class ProjectionsModuleError(ConfigurationError):
+    """The projections module cannot be imported: its file, line and Python's reason."""
+
+
+def load_projections_module(location: str) -> Registry:
+    """The projections and views of ``location`` (a ``.py`` file or a module name); a module
+    that Python cannot import (a syntax error, a name that is not defined) is one
+    ProjectionsModuleError naming the file and the line, not a traceback."""
+    import traceback
+
+    from lakefold.projections import load_projections
+
+    try:
+        return load_projections(location)
+    except LakefoldError:
+        raise
+    except SyntaxError as e:
+        where = f"{e.filename or location}, line {e.lineno}" if e.lineno else location
+        raise ProjectionsModuleError(
+            f"cannot load the projections in {where}: {e.msg}; fix the file") from None
+    except Exception as e:
+        frames = [f for f in traceback.extract_tb(e.__traceback__)
+                  if f.filename and Path(f.filename).resolve() == Path(location).resolve()]
+        where = f"{location}, line {frames[-1].lineno}" if frames else location
+        raise ProjectionsModuleError(
+            f"cannot load the projections in {where}: {type(e).__name__}: {e}; fix the "
+            "file") from None
 
 
 def settings_driver_log(settings: Settings) -> Path:

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import logging
 import sys
+from typing import Any
 
 import typer
+import typer.main
 from rich.console import Console
 from rich.markup import escape
 
@@ -13,7 +15,7 @@ from lakefold._bench import bench_app
 from lakefold._cli_common import app
 from lakefold.core.exceptions import LakefoldError
 
-__all__ = ["app", "main"]
+__all__ = ["app", "command", "main", "tidy_help"]
 
 app.add_typer(bench_app, name="bench")
 _stderr = Console(stderr=True)
@@ -72,6 +74,46 @@ def _with_driver_log(message: str) -> str:
     return f"{message}{chr(10) if chr(10) in message else ' '}(Spark's own log: {path})"
 
 
+_METAVARS = {"str": "TEXT", "int": "INTEGER", "float": "NUMBER", "int range": "INTEGER",
+             "float range": "NUMBER", "path": "PATH", "file": "FILE", "directory": "DIR"}
+
+
+def _metavar(param: Any, ctx: typer.Context) -> str:
+    """One upper-case placeholder in click's style for an option's value (``TEXT``,
+    ``INTEGER``, ``[a|b]``), whatever typer would print (``<list[str]>``)."""
+    shown = str(getattr(param, "display_type", lambda _: "")(ctx) or "").strip("<>")
+    while shown.startswith("list[") and shown.endswith("]"):
+        shown = shown[5:-1]
+    if "|" in shown:
+        return f"[{shown}]"
+    return _METAVARS.get(shown, shown.upper() or "TEXT")
+
+
+def tidy_help(command: Any, ctx: typer.Context | None = None) -> Any:
+    """``command`` (and its subcommands) with help in one style: arguments as upper-case
+    names in the usage line (``STREAM TYPE``, not ``{stream} {TYPE}``), options' values as
+    click's placeholders, no type after a flag."""
+    # typer's commands and parameters are its own (vendored) click's: known by what they say
+    # they are, not by class
+    ctx = ctx or typer.Context(command)
+    for param in command.params:
+        if param.param_type_name == "argument":
+            param.metavar = param.metavar or (param.name or "value").upper()
+            # its name says what it is; typer would add "<list[int]>"
+            param.display_type_rich = lambda ctx: None
+        elif param.param_type_name == "option" and param.metavar is None \
+                and not getattr(param, "is_flag", False):
+            param.metavar = _metavar(param, ctx)
+    for sub in getattr(command, "commands", {}).values():
+        tidy_help(sub, ctx)
+    return command
+
+
+def command() -> Any:
+    """The ``lakefold`` command as click runs it (the typer app, help tidied)."""
+    return tidy_help(typer.main.get_command(app))
+
+
 def main() -> None:
     """Entry point: run the CLI, turning lakefold errors into a one-line message."""
     _log_to_stderr()
@@ -80,7 +122,7 @@ def main() -> None:
 
         register_benchmarks()
     try:
-        app()
+        command()(prog_name="lakefold")
     except LakefoldError as e:
         _stderr.print(f"[bold red]error:[/] {escape(_with_driver_log(str(e)))}",
                       highlight=False, soft_wrap=True)

@@ -25,6 +25,7 @@ from pydantic_settings import (
     TomlConfigSettingsSource,
 )
 
+from lakefold.core.dsn import check_dsn
 from lakefold.core.exceptions import ConfigurationError
 
 ENV_PREFIX = "LAKEFOLD_"
@@ -69,6 +70,9 @@ class Settings(BaseSettings):
     console_token: SecretStr | None = Field(
         default=None, description="Token every request to `lakefold console` must carry.",
     )
+    console_token_file: Path | None = Field(
+        default=None, description="File holding the console's token (its one line).",
+    )
 
     @classmethod
     def settings_customise_sources(
@@ -101,17 +105,23 @@ def load_settings(**overrides: object) -> Settings:
 
     Unknown ``LAKEFOLD_*`` variables are ignored, each with a warning (see
     ``warn_unknown_variables``). Raises ConfigurationError with a one-line explanation for a
-    value of the wrong type or an unknown key in ``lakefold.toml``.
+    value of the wrong type, an unknown key in ``lakefold.toml``, or a DSN that libpq cannot
+    parse as written (``check_dsn``).
     """
     warn_unknown_variables(os.environ)
     try:
-        return Settings(**overrides)  # type: ignore[arg-type]
+        settings = Settings(**overrides)  # type: ignore[arg-type]
     except ValidationError as e:
         problems = "; ".join(
             f"{ENV_PREFIX}{'.'.join(str(p) for p in err['loc']).upper()}: {err['msg']}"
             for err in e.errors()
         )
         raise ConfigurationError(f"invalid setting: {problems}") from e
+    for name in ("dsn", "store_dsn"):  # a DSN libpq cannot read: one line, quoting none of it
+        secret = getattr(settings, name)
+        if secret is not None and secret.get_secret_value():
+            check_dsn(secret.get_secret_value(), what=f"{ENV_PREFIX}{name.upper()}")
+    return settings
 
 
 def known_variables() -> frozenset[str]:

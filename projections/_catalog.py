@@ -32,7 +32,7 @@ from psycopg import sql
 from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 
-from lakefold.core.dsn import error_text, mask_dsn
+from lakefold.core.dsn import connection_problem, mask_dsn
 from lakefold.projections.exceptions import (
     CatalogUnavailableError,
     ProjectionNotFoundError,
@@ -231,9 +231,8 @@ class Catalog:
                     self._connection.close()
                 self._connection = None
                 raise CatalogUnavailableError(
-                    f"the projection catalog at {mask_dsn(self.dsn)} is unreachable "
-                    f"({error_text(e)}); "
-                    "check that PostgreSQL is running, then retry"
+                    f"cannot connect to the projection catalog at {mask_dsn(self.dsn)}: "
+                    f"{connection_problem(e, self.dsn)}"
                 ) from e
 
     def close(self) -> None:

@@ -107,7 +107,12 @@ SELECT s.active, s.active_pid, s.wal_status, to_jsonb(s) ->> 'invalidation_reaso
        pg_current_wal_lsn()::text,
        (SELECT extract(epoch FROM r.flush_lag) FROM pg_stat_replication r
         WHERE r.pid = s.active_pid)
-FROM pg_replication_slots s WHERE s.slot_name = %s
+FROM pg_replication_slots s WHERE s.slot_name = %s AND s.database = current_database()
+"""
+# A slot of that name for another database of the server (slot names are per server).
+_ELSEWHERE_QUERY = """
+SELECT database FROM pg_replication_slots WHERE slot_name = %s
+AND database IS DISTINCT FROM current_database()
 """
 
 
@@ -119,9 +124,12 @@ def slot_health(config: CaptureConfig, *,
     try:
         with psycopg.connect(config.source_dsn, autocommit=True, connect_timeout=10) as src:
             row = src.execute(_SLOT_QUERY, (config.slot,)).fetchone()
+            elsewhere = None
             if row is None:
                 current = src.execute("SELECT pg_current_wal_lsn()::text").fetchone()
                 current_lsn = parse_lsn(current[0]) if current else 0
+                other = src.execute(_ELSEWHERE_QUERY, (config.slot,)).fetchone()
+                elsewhere = None if other is None else str(other[0] or "no database")
     except psycopg.OperationalError as e:
         raise StoreUnavailableError(
             f"cannot reach the source at {mask_dsn(config.source_dsn)}: {error_text(e)}") from e
@@ -129,6 +137,10 @@ def slot_health(config: CaptureConfig, *,
     tables = _publication_side(config, store["scope"])
     problems: list[str] = []
     if row is None:
+        if elsewhere is not None:
+            problems.append(f"slot {config.slot!r} on this server belongs to database "
+                            f"{elsewhere!r}, not to this one; pass --slot for this database's "
+                            "capture")
         return _judge(SlotHealth(
             slot=config.slot, status="missing", problems=(), exists=False, active=False,
             active_pid=None, paused=store["paused"], wal_status=None, invalidation_reason=None,
@@ -326,8 +338,8 @@ def explain_failure(config: CaptureConfig, error: LakefoldError) -> LakefoldErro
     try:
         with psycopg.connect(config.source_dsn, autocommit=True, connect_timeout=5) as src:
             row = src.execute("SELECT wal_status, to_jsonb(s) ->> 'invalidation_reason' "
-                              "FROM pg_replication_slots s WHERE slot_name = %s",
-                              (config.slot,)).fetchone()
+                              "FROM pg_replication_slots s WHERE slot_name = %s "
+                              "AND database = current_database()", (config.slot,)).fetchone()
     except psycopg.Error:
         return error
     if row is not None and (row[0] == "lost" or row[1]):

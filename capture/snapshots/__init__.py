@@ -6,7 +6,11 @@ read again in-band (``_reread``), and what a snapshot needs to know about a sour
 (``_table_shape``).
 """
 
-from lakefold.capture.snapshots._incremental_snapshot import resnapshot
+from lakefold.capture.snapshots._incremental_snapshot import (
+    plan_resnapshot,
+    resnapshot,
+    run_locked,
+)
 from lakefold.capture.snapshots._initial_snapshot import SnapshotListener, SnapshotStats
 
-__all__ = ["SnapshotListener", "SnapshotStats", "resnapshot"]
+__all__ = ["SnapshotListener", "SnapshotStats", "plan_resnapshot", "resnapshot", "run_locked"]

@@ -89,6 +89,17 @@ def resnapshot(config: CaptureConfig, tables: Sequence[str], *,
     Raises CaptureError when a table is not captured by ``config``'s publication, or when the
     store has no record of the slot.
     """
+    stats = run_locked(config, plan_resnapshot(config, tables), listener=listener)
+    if stats is None:  # cannot happen: nobody else knows the new run yet
+        raise StoreError("the new snapshot run is being executed by another process")
+    return stats
+
+
+def plan_resnapshot(config: CaptureConfig, tables: Sequence[str]) -> int:
+    """Check that every table of ``tables`` can be re-snapshotted by ``config``'s capture and
+    record the run (the id returned; ``run_locked`` executes it). Raises CaptureError, having
+    recorded nothing, for a table the capture does not cover (or that does not exist), or a
+    slot the store does not know."""
     if not tables:
         raise CaptureTerminalError("name at least one table to re-snapshot (schema.table)")
     with psycopg.connect(config.resolved_store_dsn, autocommit=True,
@@ -103,12 +114,8 @@ def resnapshot(config: CaptureConfig, tables: Sequence[str], *,
                 _check_published(src, config.publication, leaf, schema, table)
                 planned.append((leaf, schema, table, f"{config.stream_prefix}{schema}.{table}"))
         state.install(store)
-        snapshot_id = state.create_run(store, slot=config.slot, kind="incremental",
-                                       consistent_lsn=None, tables=planned)
-    stats = run_locked(config, snapshot_id, listener=listener)
-    if stats is None:  # cannot happen: nobody else knows the new run yet
-        raise StoreError(f"snapshot run {snapshot_id} is being executed by another process")
-    return stats
+        return state.create_run(store, slot=config.slot, kind="incremental",
+                                consistent_lsn=None, tables=planned)
 
 
 def resume(config: CaptureConfig, *, listener: SnapshotListener | None = None,
@@ -225,8 +232,8 @@ def _check_slot(store: psycopg.Connection[Any], src: psycopg.Connection[Any],
         raise SlotError(
             f"the store at {mask_dsn(config.resolved_store_dsn)} has no capture with slot "
             f"{config.slot!r}; start the capture first (lakefold capture run), then re-snapshot")
-    exists = src.execute("SELECT 1 FROM pg_replication_slots WHERE slot_name = %s",
-                         (config.slot,)).fetchone()
+    exists = src.execute("SELECT 1 FROM pg_replication_slots WHERE slot_name = %s "
+                         "AND database = current_database()", (config.slot,)).fetchone()
     if exists is None:
         raise SlotError(
             f"replication slot {config.slot!r} does not exist on the source; run `lakefold "

@@ -1,29 +1,37 @@
-"""Who may use the console: the listening address and the token.
+"""Who may use the console: the listening address, the names it answers to, and the token.
 
-The console listens on 127.0.0.1 unless told otherwise; any other address needs a token
-(``--token`` or ``LAKEFOLD_CONSOLE_TOKEN``), and is refused without one. With a token, every
-request carries it: as ``Authorization: Bearer <token>`` (API clients, Prometheus), or as the
-``HttpOnly`` cookie that ``POST /login`` sets after checking it (the page). A request without
-it gets 401 (the page: a form that asks for it). The token is compared in constant time and
-never written to a page or a log.
+The console listens on 127.0.0.1 unless told otherwise; any other address needs a token, and
+is refused without one, or with a weak one (fewer than ``MIN_TOKEN_LENGTH`` characters or
+fewer than ``MIN_TOKEN_DISTINCT`` different ones). The token comes from a file
+(``--token-file``, ``LAKEFOLD_CONSOLE_TOKEN_FILE``), the environment
+(``LAKEFOLD_CONSOLE_TOKEN``) or ``--token`` (which other users of the machine see in ``ps``:
+the command warns). It is compared in constant time, as UTF-8 bytes, and never written to a
+page or a log.
+
+A browser is not bounded by loopback: any page it opens can send requests to 127.0.0.1, and a
+name the attacker controls can resolve to it (DNS rebinding). So the console answers only
+requests whose ``Host`` is one of its own names (``allowed_hosts``: ``localhost``, an IP
+address, the address it listens on, its machine's name when it listens beyond loopback, and the
+names given with ``--allow-host``); the rest of the checks are in ``_guard``.
 """
 
 from __future__ import annotations
 
-import hmac
 import ipaddress
-import json
-from http.cookies import CookieError, SimpleCookie
+import logging
+import socket
+import stat
 from pathlib import Path
-
-from starlette.types import ASGIApp, Receive, Scope, Send
 
 from lakefold.console.exceptions import ConsoleBindError
 
-COOKIE = "lakefold_console_token"
-#: Paths served without the token: the login form's own request.
-OPEN_PATHS = frozenset({"/login"})
-_LOGIN_PAGE = Path(__file__).with_name("static") / "login.html"
+log = logging.getLogger("lakefold.console")
+
+#: The shortest token accepted on a non-loopback address, and how many different characters
+#: it needs at least (``secrets.token_urlsafe(24)`` gives 32 characters, ~24 different).
+MIN_TOKEN_LENGTH = 16
+MIN_TOKEN_DISTINCT = 8
+_MAKE_ONE = "python3 -c 'import secrets; print(secrets.token_urlsafe(24))' > token"
 
 
 def is_loopback(host: str) -> bool:
@@ -36,59 +44,102 @@ def is_loopback(host: str) -> bool:
         return False
 
 
+def check_token(token: str) -> None:
+    """Refuse a token that cannot travel or be typed as given: blank, with whitespace around
+    it, or with control characters (ConsoleBindError, with the fix)."""
+    if not token.strip():
+        raise ConsoleBindError(f"the console token is blank; make one: {_MAKE_ONE}")
+    if token != token.strip() or not token.isprintable():
+        raise ConsoleBindError(
+            "the console token has whitespace around it or control characters in it; use "
+            f"printable characters only, e.g. {_MAKE_ONE}")
+
+
 def check_bind(host: str, token: str | None) -> None:
-    """Refuse a non-loopback address without a token (ConsoleBindError, with the fix)."""
-    if not token and not is_loopback(host):
+    """Refuse a non-loopback address without a token, or with a weak one, and any malformed
+    token (ConsoleBindError, with the fix)."""
+    if token is not None and token != "":
+        check_token(token)
+    if is_loopback(host):
+        return
+    if not token:
         raise ConsoleBindError(
             f"refusing to listen on {host} without a token: anyone who reaches it could pause "
-            "projections and read data; pass --token (or set LAKEFOLD_CONSOLE_TOKEN), or "
-            "listen on 127.0.0.1")
+            "projections and read data; give one with --token-file FILE (or set "
+            "LAKEFOLD_CONSOLE_TOKEN), or listen on 127.0.0.1")
+    if len(token) < MIN_TOKEN_LENGTH or len(set(token)) < MIN_TOKEN_DISTINCT:
+        raise ConsoleBindError(
+            f"refusing to listen on {host} with a weak token: a token that anyone on the "
+            f"network may try needs at least {MIN_TOKEN_LENGTH} characters, "
+            f"{MIN_TOKEN_DISTINCT} of them different; make one: {_MAKE_ONE}")
 
 
-def presented_token(scope: Scope) -> str | None:
-    """The token a request carries: its bearer header, else its cookie."""
-    headers: dict[bytes, bytes] = dict(scope.get("headers") or [])
-    auth = headers.get(b"authorization", b"").decode("latin-1")
-    if auth.lower().startswith("bearer "):
-        return auth[7:].strip()
-    cookie = headers.get(b"cookie")
-    if cookie:
-        jar: SimpleCookie = SimpleCookie()
-        try:
-            jar.load(cookie.decode("latin-1"))
-        except CookieError:  # a malformed cookie header carries no token
-            return None
-        if COOKIE in jar:
-            return str(jar[COOKIE].value)
-    return None
+def read_token_file(path: Path) -> str:
+    """The token in ``path`` (its one line, without the line end); warns when other users
+    may read the file. ConsoleBindError when it cannot be read or is empty."""
+    try:
+        text = path.read_text(encoding="utf-8")
+        mode = path.stat().st_mode
+    except (OSError, UnicodeDecodeError) as e:
+        raise ConsoleBindError(f"cannot read the console token from {path}: "
+                               f"{getattr(e, 'strerror', None) or e}") from None
+    token = text.removesuffix("\n").removesuffix("\r")
+    if not token:
+        raise ConsoleBindError(f"the console token file {path} is empty; make one: {_MAKE_ONE}")
+    if mode & (stat.S_IRGRP | stat.S_IROTH):
+        log.warning("the console token file %s may be read by other users; chmod 600 it", path)
+    return token
 
 
-def token_matches(expected: str, given: str | None) -> bool:
-    return given is not None and hmac.compare_digest(expected.encode(), given.encode())
+def allowed_hosts(host: str, extra: tuple[str, ...] = ()) -> frozenset[str]:
+    """The ``Host`` names the console answers to besides IP addresses (always accepted: a
+    rebinding page has a name, not an address): ``localhost``, the listening address, the
+    ``extra`` names, and the machine's name when listening beyond loopback."""
+    names = {"localhost", host.strip("[]").lower(), *(n.lower().rstrip(".") for n in extra)}
+    if not is_loopback(host):
+        names.add(socket.gethostname().lower())
+    return frozenset(n for n in names if n)
 
 
-class RequireToken:
-    """ASGI middleware: 401 for any request without the token (the page's path gets the
-    login form with it), except ``OPEN_PATHS``."""
+def host_allowed(header: str, allowed: frozenset[str]) -> bool:
+    """Whether a request's ``Host`` header (``name[:port]``, ``[v6][:port]``) names the
+    console: an IP address, or one of ``allowed``."""
+    name = split_host(header)[0]
+    if not name:
+        return False
+    try:
+        ipaddress.ip_address(name)
+        return True
+    except ValueError:
+        return name in allowed
 
-    def __init__(self, app: ASGIApp, token: str) -> None:
-        self.app = app
-        self.token = token
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope["path"] in OPEN_PATHS \
-                or token_matches(self.token, presented_token(scope)):
-            await self.app(scope, receive, send)
-            return
-        if scope["path"] == "/":
-            body = _LOGIN_PAGE.read_bytes()
-            kind = b"text/html; charset=utf-8"
-        else:
-            body = json.dumps({
-                "error": "this console needs its token: send 'Authorization: Bearer <token>' "
-                         "(or log in on the page)", "code": "unauthorized"}).encode()
-            kind = b"application/json"
-        await send({"type": "http.response.start", "status": 401,
-                    "headers": [(b"content-type", kind), (b"www-authenticate", b"Bearer"),
-                                (b"content-length", str(len(body)).encode())]})
-        await send({"type": "http.response.body", "body": body})
+def split_host(header: str) -> tuple[str, int | None]:
+    """``(name, port)`` of a ``Host`` value, the name lower-cased without a final dot; an
+    empty name when the value is not a host."""
+    value = header.strip().lower()
+    if value.startswith("["):
+        name, _, rest = value[1:].partition("]")
+        port_text = rest[1:] if rest.startswith(":") else ""
+        if rest and not rest.startswith(":"):
+            return "", None
+    else:
+        name, _, port_text = value.partition(":")
+    if port_text and not port_text.isdigit():
+        return "", None
+    if any(c in name for c in "/@?#\\ ") or not name.isprintable():
+        return "", None
+    return name.rstrip("."), int(port_text) if port_text else None
+
+
+def token_from(option: str | None, file: Path | None, setting: str | None) -> str | None:
+    """The token, from ``--token-file`` first, then ``--token`` (with a warning: other users
+    see it in ``ps``), then the setting (``LAKEFOLD_CONSOLE_TOKEN``); None when none is
+    given."""
+    if file is not None:
+        return read_token_file(file)
+    if option:
+        log.warning("--token is visible to every user of this machine (ps, /proc); prefer "
+                    "--token-file FILE or LAKEFOLD_CONSOLE_TOKEN")
+        return option
+    return setting or None

@@ -20,7 +20,8 @@ from typing import Any
 import psycopg
 from psycopg.types.json import Jsonb
 
-from lakefold.capture import CaptureConfig, pause_capture, resnapshot, resume_capture, slot_health
+from lakefold.capture import CaptureConfig, pause_capture, resume_capture, slot_health
+from lakefold.capture.snapshots import plan_resnapshot, run_locked
 from lakefold.console.exceptions import ConsoleNotFoundError, ConsoleRequestError
 from lakefold.core.exceptions import LakefoldError
 from lakefold.projections import DeadLetters, Registry, load_projections
@@ -176,16 +177,25 @@ class Actions:
 
     def resnapshot(self, who: str, slot: str, tables: list[str]) -> Outcome:
         """Re-read tables of a capture into their streams, in the background; its progress
-        shows in the overview (the capture's running snapshots)."""
+        shows in the overview (the capture's running snapshots). A table the capture does not
+        cover (or that does not exist) is refused here, before anything starts: the error
+        is raised and the refusal audited."""
         if not tables:
             raise ConsoleRequestError("name at least one table to re-snapshot (schema.table)")
         config = self._capture_config(slot, tuple(tables))
+        try:
+            snapshot_id = plan_resnapshot(config, tables)
+        except LakefoldError as e:
+            self._audited(who, Outcome("resnapshot", slot, False, f"refused: {e}",
+                                       detail={"tables": tables}))
+            raise
 
         def run() -> None:
             try:
-                stats = resnapshot(config, tables)
-                log.warning("console: re-snapshot of %s done: %d rows", ", ".join(tables),
-                            stats.rows)
+                stats = run_locked(config, snapshot_id)
+                if stats is not None:
+                    log.warning("console: re-snapshot of %s done: %d rows", ", ".join(tables),
+                                stats.rows)
             except LakefoldError as e:
                 log.error("console: re-snapshot of %s failed: %s", ", ".join(tables), e)
 
@@ -193,5 +203,6 @@ class Actions:
         thread.start()
         self._snapshots.append(thread)
         return self._audited(who, Outcome(
-            "resnapshot", slot, True, f"re-snapshot of {', '.join(tables)} started; its "
-            "progress shows under the capture", detail={"tables": tables}))
+            "resnapshot", slot, True, f"re-snapshot {snapshot_id} of {', '.join(tables)} "
+            "started; its progress shows under the capture",
+            detail={"tables": tables, "snapshot_id": snapshot_id}))

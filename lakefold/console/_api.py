@@ -4,29 +4,35 @@
 Errors are JSON ``{"error": ..., "code": ...}``: 404 for an unknown projection, stream,
 category, dead letter or capture; 409 for what cannot be done as asked; 503 while the store
 cannot be reached (the monitor keeps trying; the console recovers by itself); 401 without the
-token when one is set (``_access``).
+token when one is set, 403 for a request from another origin or without the header
+``X-Lakefold-Request``, 400 for a foreign ``Host`` or a NUL byte, 429 after too many wrong
+tokens (``_guard``); 422 for a request that does not match this document (naming the field and
+what is wrong with it, never echoing the input).
 """
 
 from __future__ import annotations
 
 import asyncio
+import datetime as dt
 import json
 import threading
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import asdict
-from pathlib import Path
+from pathlib import Path as FilePath
 from typing import Annotated, Any
 
 import psycopg
-from fastapi import Body, FastAPI, Query, Request
+from fastapi import Body, FastAPI, Header, Path, Query, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.openapi.utils import get_openapi
 from fastapi.responses import FileResponse, JSONResponse, Response, StreamingResponse
 from fastapi.staticfiles import StaticFiles
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, StringConstraints
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from lakefold.console._access import COOKIE, RequireToken, token_matches
 from lakefold.console._actions import Actions, read_audit
+from lakefold.console._guard import ACTION_HEADER, Guard
 from lakefold.console._history import read_history
 from lakefold.console._metrics import exposition, metrics_registry
 from lakefold.console._monitor import Monitor
@@ -37,13 +43,14 @@ from lakefold.console._peek import (
     stream_records,
     view_rows,
 )
+from lakefold.console._sessions import COOKIE
 from lakefold.console.exceptions import ConsoleNotFoundError
 from lakefold.core.dsn import error_text
 from lakefold.core.exceptions import LakefoldError, TransientError
 from lakefold.projections import DeadLetters
 from lakefold.projections.exceptions import ProjectionNotFoundError
 
-STATIC = Path(__file__).with_name("static")
+STATIC = FilePath(__file__).with_name("static")
 _OPERATOR_HEADER = "x-lakefold-operator"
 
 
@@ -65,23 +72,42 @@ class ActionResult(BaseModel):
     detail: dict[str, Any]
 
 
+#: No name in lakefold holds a NUL byte (PostgreSQL text cannot): the document says so, and
+#: the gate (``_guard``) answers 400 to a path or query that holds one.
+NO_NUL = r"^[^\x00]*$"
+Name = Annotated[str, Path(pattern=NO_NUL)]
+Text = Annotated[str, StringConstraints(pattern=NO_NUL)]
+
+
 class Resnapshot(BaseModel):
     """Tables (``schema.table``) of the capture to read again."""
 
-    tables: list[str] = Field(min_length=1)
-
-
-class Login(BaseModel):
-    token: str
+    tables: list[Text] = Field(min_length=1)
 
 
 _ERRORS: dict[int | str, dict[str, Any]] = {
-    400: {"model": ErrorBody, "description": "The request's body could not be read."},
+    400: {"model": ErrorBody, "description": "A foreign Host, or a NUL byte in a name."},
     401: {"model": ErrorBody, "description": "The token is missing or wrong."},
+    403: {"model": ErrorBody, "description": "An action from another origin, or without the "
+                                             f"header {ACTION_HEADER}."},
     404: {"model": ErrorBody, "description": "No such thing."},
     409: {"model": ErrorBody, "description": "It cannot be done as asked."},
+    422: {"model": ErrorBody, "description": "The request does not match this document."},
+    429: {"model": ErrorBody, "description": "Too many wrong tokens from this address."},
     503: {"model": ErrorBody, "description": "The store cannot be reached."},
 }
+#: Every action carries this header: no form, and no cross-site fetch without a CORS
+#: pre-flight (never granted), can send it.
+ActionHeader = Annotated[str, Header(
+    alias=ACTION_HEADER, min_length=1,
+    description="Any value: the mark of a request sent by a script of the console's own "
+                "origin (a cross-site form cannot send it).")]
+
+
+def _problem(error: Any) -> str:
+    """One validation error as ``where: what``, without the input it was about."""
+    where = ".".join(str(p) for p in error.get("loc", ()) if len(str(p)) <= 40)
+    return f"{where}: {error.get('msg', 'invalid')}"
 
 
 def _error(status: int, text: str, code: str) -> JSONResponse:
@@ -95,11 +121,13 @@ def _who(request: Request) -> str:
     return f"{name}@{host}"
 
 
-def create_app(monitor: Monitor, actions: Actions, *, token: str | None = None,
-               redis_url: str | None = None,
+def create_app(monitor: Monitor, actions: Actions, *, allowed_hosts: frozenset[str],
+               token: str | None = None, redis_url: str | None = None,
                closing: threading.Event | None = None) -> FastAPI:
     """The console's ASGI application over a monitor (started and stopped with the app) and
-    the actions. ``closing``, once set (the server is stopping), ends the event streams."""
+    the actions, behind the gate (``_guard``) that answers only to ``allowed_hosts`` (and IP
+    addresses), and to every request only with ``token`` when one is set. ``closing``, once
+    set (the server is stopping), ends the event streams."""
     closing = closing or threading.Event()
     store_dsn = monitor.addresses.store_dsn
     catalog = monitor.catalog
@@ -117,8 +145,34 @@ def create_app(monitor: Monitor, actions: Actions, *, token: str | None = None,
                   lifespan=lifespan, responses=_ERRORS,
                   description="Captures, the event store, projections and views: their "
                               "state, history, contents, and actions on them.")
-    if token:
-        app.add_middleware(RequireToken, token=token)
+    app.add_middleware(Guard, allowed_hosts=allowed_hosts, token=token or None)
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            schema = get_openapi(title=app.title, version=app.version,
+                                 description=app.description, routes=app.routes)
+            if token:  # what this console asks of every request
+                schema.setdefault("components", {})["securitySchemes"] = {
+                    "bearer": {"type": "http", "scheme": "bearer",
+                               "description": "The console's token."},
+                    "session": {"type": "apiKey", "in": "cookie", "name": COOKIE,
+                                "description": "The session POST /login starts."}}
+                schema["security"] = [{"bearer": []}, {"session": []}]
+            app.openapi_schema = schema
+        return app.openapi_schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid(_: Request, e: Exception) -> JSONResponse:
+        assert isinstance(e, RequestValidationError)  # noqa: S101 - registered for it
+        problems = "; ".join(_problem(error) for error in e.errors()[:5])
+        return _error(422, f"invalid request: {problems}"[:1000], "invalid_request")
+
+    @app.exception_handler(psycopg.DataError)
+    async def bad_value(_: Request, e: Exception) -> JSONResponse:
+        return _error(400, "a value in the request cannot be stored or looked up in "
+                           "PostgreSQL", "bad_request")
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(_: Request, e: Exception) -> JSONResponse:
@@ -163,15 +217,12 @@ def create_app(monitor: Monitor, actions: Actions, *, token: str | None = None,
 
     app.mount("/static", StaticFiles(directory=STATIC), name="static")
 
-    @app.post("/login", include_in_schema=False)
-    async def login(body: Login) -> Response:
-        if not token or not token_matches(token, body.token):
-            return _error(401, "wrong token", "unauthorized")
-        response = Response(status_code=204)
-        response.set_cookie(COOKIE, body.token, httponly=True, samesite="strict")
-        return response
-
     # ------------------------------------------------------------------ reading
+
+    @app.get("/api/console", summary="What this console is: whether it needs a token (the "
+                                     "page offers 'log out'), whether it can rebuild")
+    async def about() -> dict[str, bool]:
+        return {"token_required": bool(token), "can_rebuild": actions.projections is not None}
 
     @app.get("/api/overview", summary="Captures, the event store, projections, views, the DAG",
              response_class=Response,
@@ -211,13 +262,17 @@ def create_app(monitor: Monitor, actions: Actions, *, token: str | None = None,
                                  headers={"Cache-Control": "no-store"})
 
     @app.get("/api/history", summary="Sampled lag and throughput, from the store")
-    def history(subject: Annotated[str | None, Query(max_length=300)] = None,
-                minutes: Annotated[float, Query(gt=0, le=7 * 24 * 60)] = 180.0) -> Any:
+    def history(subject: Annotated[str | None, Query(max_length=300, pattern=NO_NUL)] = None,
+                minutes: Annotated[float, Query(gt=0, le=7 * 24 * 60)] = 180.0,
+                since: Annotated[dt.datetime | None, Query(
+                    description="Only samples after this time (the last one a page has): "
+                                "a page fetches the history once, then what is new.")] = None,
+                ) -> Any:
         return {"minutes": minutes, "series": read_history(store_dsn, subject=subject,
-                                                           minutes=minutes)}
+                                                           minutes=minutes, since=since)}
 
     @app.get("/api/projections/{name}", summary="One projection or view, as in the overview")
-    def projection(name: str) -> Any:
+    def projection(name: Name) -> Any:
         found = overview_or_503()
         if isinstance(found, JSONResponse):
             return found
@@ -236,7 +291,7 @@ def create_app(monitor: Monitor, actions: Actions, *, token: str | None = None,
 
     @app.get("/api/streams/{stream}/records",
              summary="Latest records of a changelog stream, newest first")
-    def records(stream: str, before: Annotated[int | None, Query(ge=1)] = None,
+    def records(stream: Name, before: Annotated[int | None, Query(ge=1)] = None,
                 limit: Annotated[int, Query(ge=1, le=500)] = 20) -> Any:
         return stream_records(store_dsn, stream, before=before, limit=limit)
 
@@ -248,12 +303,13 @@ def create_app(monitor: Monitor, actions: Actions, *, token: str | None = None,
 
     @app.get("/api/categories/{category}/events",
              summary="Latest events of a category, newest first")
-    def events(category: str, before: Annotated[int | None, Query(ge=1)] = None,
+    def events(category: Name, before: Annotated[int | None, Query(ge=1)] = None,
                limit: Annotated[int, Query(ge=1, le=500)] = 20) -> Any:
         return category_events(store_dsn, category, before=before, limit=limit)
 
     @app.get("/api/dead-letters", summary="Dead letters, newest first")
-    def dead_letters(projection: Annotated[str | None, Query(max_length=300)] = None,
+    def dead_letters(projection: Annotated[str | None, Query(max_length=300,
+                                                             pattern=NO_NUL)] = None,
                      status: Annotated[str | None, Query(
                          pattern="^(open|retry|resolved|dropped)$")] = None,
                      limit: Annotated[int, Query(ge=1, le=1000)] = 100) -> Any:
@@ -265,7 +321,7 @@ def create_app(monitor: Monitor, actions: Actions, *, token: str | None = None,
         return dead_letter(catalog, letter_id)
 
     @app.get("/api/views/{name}/rows", summary="A view's rows for one key (its target's)")
-    def rows(name: str, key: Annotated[list[str], Query(min_length=1)]) -> Any:
+    def rows(name: Name, key: Annotated[list[Text], Query(min_length=1)]) -> Any:
         return view_rows(catalog, name, key, redis_url=redis_url)
 
     @app.get("/api/audit", summary="The actions taken from the console, newest first")
@@ -286,38 +342,39 @@ def create_app(monitor: Monitor, actions: Actions, *, token: str | None = None,
         return ActionResult(**outcome.as_json())
 
     @app.post("/api/projections/{name}/pause", summary="Pause a projection or view")
-    def pause(name: str, request: Request) -> ActionResult:
+    def pause(name: Name, request: Request, _mark: ActionHeader) -> ActionResult:
         return done(actions.set_paused(_who(request), name, True))
 
     @app.post("/api/projections/{name}/resume", summary="Resume a projection or view")
-    def resume(name: str, request: Request) -> ActionResult:
+    def resume(name: Name, request: Request, _mark: ActionHeader) -> ActionResult:
         return done(actions.set_paused(_who(request), name, False))
 
     @app.post("/api/projections/{name}/rebuild",
               summary="Rebuild into a new generation (a running `lakefold run` switches)")
-    def rebuild(name: str, request: Request) -> ActionResult:
+    def rebuild(name: Name, request: Request, _mark: ActionHeader) -> ActionResult:
         return done(actions.rebuild(_who(request), name))
 
     @app.post("/api/dead-letters/{letter_id}/retry", summary="Retry an open dead letter")
-    def retry(letter_id: int, request: Request) -> ActionResult:
+    def retry(letter_id: int, request: Request, _mark: ActionHeader) -> ActionResult:
         return done(actions.dead_letter(_who(request), letter_id, retry=True))
 
     @app.post("/api/dead-letters/{letter_id}/drop", summary="Drop an open dead letter")
-    def drop(letter_id: int, request: Request) -> ActionResult:
+    def drop(letter_id: int, request: Request, _mark: ActionHeader) -> ActionResult:
         return done(actions.dead_letter(_who(request), letter_id, retry=False))
 
     @app.post("/api/captures/{slot}/pause", summary="Pause a capture's streaming")
-    def pause_capture(slot: str, request: Request) -> ActionResult:
+    def pause_capture(slot: Name, request: Request, _mark: ActionHeader) -> ActionResult:
         return done(actions.set_capture_paused(_who(request), slot, True))
 
     @app.post("/api/captures/{slot}/resume", summary="Resume a paused capture")
-    def resume_capture(slot: str, request: Request) -> ActionResult:
+    def resume_capture(slot: Name, request: Request, _mark: ActionHeader
+                       ) -> ActionResult:
         return done(actions.set_capture_paused(_who(request), slot, False))
 
     @app.post("/api/captures/{slot}/resnapshot",
               summary="Re-read tables into their streams (in the background)")
-    def resnapshot(slot: str, request: Request,
-                   body: Annotated[Resnapshot, Body()]) -> ActionResult:
+    def resnapshot(slot: Name, request: Request, body: Annotated[Resnapshot, Body()],
+                   _mark: ActionHeader) -> ActionResult:
         return done(actions.resnapshot(_who(request), slot, body.tables))
 
     return app

@@ -79,15 +79,27 @@ def write_samples(store_dsn: str, at: dt.datetime, samples: list[tuple[str, str,
                      (at - keep,))
 
 
-def read_history(store_dsn: str, *, subject: str | None, minutes: float
-                 ) -> dict[str, dict[str, list[list[Any]]]]:
-    """The samples of the last ``minutes`` (of one subject, or all), as
-    ``{subject: {metric: [[iso time, value], ...]}}`` in time order."""
-    since = dt.datetime.now(dt.UTC) - dt.timedelta(minutes=minutes)
+def sample_time(now: dt.datetime, every_s: float) -> dt.datetime:
+    """``now`` rounded down to a multiple of ``every_s``: two consoles on one store sampling
+    at the same interval write the same times, and the second one's rows are dropped as
+    duplicates instead of doubling every series."""
+    step = max(1.0, every_s)
+    return dt.datetime.fromtimestamp(now.timestamp() // step * step, tz=dt.UTC)
+
+
+def read_history(store_dsn: str, *, subject: str | None, minutes: float,
+                 since: dt.datetime | None = None) -> dict[str, dict[str, list[list[Any]]]]:
+    """The samples of the last ``minutes`` (of one subject, or all; only those after
+    ``since`` when given), as ``{subject: {metric: [[iso time, value], ...]}}`` in time
+    order."""
+    oldest = dt.datetime.now(dt.UTC) - dt.timedelta(minutes=minutes)
+    if since is not None:
+        since = since if since.tzinfo else since.replace(tzinfo=dt.UTC)
+    since = max(oldest, since) if since is not None else oldest
     with psycopg.connect(store_dsn, autocommit=True, connect_timeout=10) as conn:
         rows = conn.execute(
             "SELECT subject, metric, sampled_at, value FROM lakefold.console_samples "
-            "WHERE sampled_at >= %(since)s AND (%(subject)s::text IS NULL OR subject = "
+            "WHERE sampled_at > %(since)s AND (%(subject)s::text IS NULL OR subject = "
             "%(subject)s) ORDER BY subject, metric, sampled_at",
             {"since": since, "subject": subject}).fetchall()
     series: dict[str, dict[str, list[list[Any]]]] = {}

@@ -20,7 +20,12 @@ from typing import Any
 
 import psycopg
 
-from lakefold.console._history import install_console_tables, samples_of, write_samples
+from lakefold.console._history import (
+    install_console_tables,
+    sample_time,
+    samples_of,
+    write_samples,
+)
 from lakefold.console._overview import StoreAddresses, read_overview
 from lakefold.core.dsn import error_text
 from lakefold.core.exceptions import LakefoldError
@@ -66,6 +71,7 @@ class Monitor:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._previous: tuple[float, dict[str, Any]] | None = None
+        self._errors: dict[str, int] = {}  # errors seen per projection, since the start
         self._last_sample = 0.0
         self._installed = False
 
@@ -123,12 +129,28 @@ class Monitor:
         if now - self._last_sample >= self.sample_s:
             self._last_sample = now
             try:
-                write_samples(self.addresses.store_dsn, dt.datetime.now(dt.UTC),
+                write_samples(self.addresses.store_dsn,
+                              sample_time(dt.datetime.now(dt.UTC), self.sample_s),
                               samples_of(overview), keep=self.keep)
             except psycopg.Error as e:
                 log.warning("console: could not store a history sample (%s)", error_text(e))
 
+    def _count_errors(self, overview: dict[str, Any]) -> None:
+        """``errors_total`` of each projection: the errors this console saw it run into (a
+        last error that was not there, or changed, since the previous reading)."""
+        before = {p["name"]: p for p in self._previous[1]["projections"]} \
+            if self._previous is not None else {}
+        for entry in overview["projections"]:
+            name = entry["name"]
+            last = before.get(name)
+            if entry["last_error"] and entry["state"] in ("retrying", "failed") and (
+                    last is None or last["last_error"] != entry["last_error"]
+                    or last["state"] not in ("retrying", "failed")):
+                self._errors[name] = self._errors.get(name, 0) + 1
+            entry["errors_total"] = self._errors.get(name, 0)
+
     def _fill_rates(self, now: float, overview: dict[str, Any]) -> None:
+        self._count_errors(overview)
         if self._previous is None:
             return
         then, before = self._previous

@@ -15,6 +15,8 @@ import datetime as dt
 from dataclasses import dataclass
 from typing import Any
 
+import psycopg
+
 from lakefold.capture import DERIVED_SLOT, CaptureConfig, ChangelogStore, slot_health
 from lakefold.eventstore import (
     EventStore,
@@ -22,6 +24,7 @@ from lakefold.eventstore import (
     StoreOptions,
     list_subscriptions,
 )
+from lakefold.eventstore.recorder import WatermarkHolder
 from lakefold.projections.operations import Catalog, projection_status
 
 #: Projection states that need a person's attention.
@@ -85,18 +88,32 @@ def read_event_store(addresses: StoreAddresses) -> dict[str, Any]:
                       "lag": max(0, status.head - s.position),
                       "updated_at": _iso(s.updated_at)}
                      for s in list_subscriptions(addresses.store_dsn)]
-    data = status.as_dict()
     return {"head": status.head, "events_per_s": 0.0,
             "pending_events": status.pending_events, "watermark_held": status.held,
-            "watermark_holder": data["holder"], "subscriptions": subscriptions}
+            "watermark_holder": _holder(status.holder), "subscriptions": subscriptions}
+
+
+def _holder(holder: WatermarkHolder | None) -> dict[str, Any] | None:
+    """Who holds the watermark: pid, application, state and for how long; never the
+    statement it runs (another session's SQL may hold card numbers or passwords)."""
+    if holder is None:
+        return None
+    return {"pid": holder.pid, "application": holder.application, "state": holder.state,
+            "xact_start": _iso(holder.xact_start),
+            "held_for_s": max(0.0, round(holder.held_for_s, 3)),  # read in another snapshot
+            "prepared": holder.prepared_gid is not None}
 
 
 def read_projections(catalog: Catalog, addresses: StoreAddresses) -> list[dict[str, Any]]:
     """Every projection and view as ``lakefold status`` reports it, with its definition's
     inputs and target for the DAG."""
     result = []
+    dead_letters = dead_letters_ever(addresses.store_dsn)
     for status in projection_status(catalog, addresses.store_dsn):
         entry = status.as_json()
+        # what it processed, on the scale of its lag: the positions applied of its inputs
+        entry["records_total"] = sum(int(v) for v in status.position.values())
+        entry["dead_letters_total"] = dead_letters.get(status.name, 0)
         definition = catalog.definition(status.name) or {}
         entry["inputs"] = _inputs_of(definition)
         entry["target_spec"] = definition.get("target", {}).get("kind", status.target)
@@ -104,6 +121,18 @@ def read_projections(catalog: Catalog, addresses: StoreAddresses) -> list[dict[s
         entry["health"] = projection_health(entry)
         result.append(entry)
     return result
+
+
+def dead_letters_ever(store_dsn: str) -> dict[str, int]:
+    """Every dead letter ever recorded, per projection (dropped and resolved ones too, so the
+    count only grows)."""
+    with psycopg.connect(store_dsn, autocommit=True, connect_timeout=10) as conn:
+        if conn.execute("SELECT to_regclass('lakefold.projection_dead_letters')").fetchone() \
+                == (None,):
+            return {}
+        rows = conn.execute("SELECT name, count(*) FROM lakefold.projection_dead_letters "
+                            "GROUP BY name").fetchall()
+    return {str(name): int(count) for name, count in rows}
 
 
 def _inputs_of(definition: dict[str, Any]) -> list[dict[str, str]]:

@@ -12,6 +12,7 @@ import datetime as dt
 import decimal
 import uuid
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from lakefold.capture import ChangelogStore, UnknownStreamError
@@ -147,15 +148,20 @@ def _delta_rows(path: str, columns: list[str], key: list[str]) -> list[dict[str,
     if len(columns) != len(key):
         raise ConsoleRequestError(f"the key has {len(columns)} column(s) ({', '.join(columns)})"
                                   f"; give {len(columns)} value(s), not {len(key)}")
+    local = path.removeprefix("file://")
+    if "://" not in local and not (Path(local) / "_delta_log").is_dir():
+        return []  # the view has written nothing yet: no table, no rows
     try:
         frame = pl.scan_delta(path)
-    except Exception as e:  # an empty or missing table: nothing written yet
+        schema = frame.collect_schema()
+        predicate = pl.lit(True)
+        for column, text in zip(columns, key, strict=True):
+            predicate = predicate & (pl.col(column).cast(pl.String) == text) \
+                if column in schema else pl.lit(False)
+        return list(frame.filter(predicate).collect().to_dicts())
+    except FileNotFoundError:  # removed under us (a rebuild's switch dropped it)
+        return []
+    except Exception as e:
         if "not a Delta table" in str(e) or "No such file" in str(e):
             return []
         raise ConsoleRequestError(f"cannot read the Delta table of this view ({e})") from e
-    schema = frame.collect_schema()
-    predicate = pl.lit(True)
-    for column, text in zip(columns, key, strict=True):
-        predicate = predicate & (pl.col(column).cast(pl.String) == text) \
-            if column in schema else pl.lit(False)
-    return list(frame.filter(predicate).collect().to_dicts())

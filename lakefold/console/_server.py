@@ -9,7 +9,7 @@ from types import FrameType
 
 from fastapi import FastAPI
 
-from lakefold.console._access import check_bind
+from lakefold.console._access import allowed_hosts, check_bind
 from lakefold.console._actions import Actions
 from lakefold.console._api import create_app
 from lakefold.console._monitor import Monitor, install_store
@@ -26,7 +26,8 @@ class ConsoleConfig:
     sinks live; ``projections``: the projections module (needed only to rebuild);
     ``refresh_s``: how often the overview is read; ``sample_s``: how often a history sample
     is stored; ``keep_hours``: how long samples are kept; ``token``: required of every
-    request when set.
+    request when set; ``allow_hosts``: names besides its own address and ``localhost`` that
+    the console answers to (the name a reverse proxy or DNS gives it).
     """
 
     store_dsn: str
@@ -38,19 +39,22 @@ class ConsoleConfig:
     sample_s: float = 10.0
     keep_hours: float = 24.0
     token: str | None = None
+    allow_hosts: tuple[str, ...] = ()
 
 
-def build_app(config: ConsoleConfig, *, closing: threading.Event | None = None) -> FastAPI:
-    """The console's application (its monitor starts with it); setting ``closing`` ends its
-    event streams (``serve`` sets it when the server is asked to stop)."""
+def build_app(config: ConsoleConfig, *, host: str = "127.0.0.1",
+              closing: threading.Event | None = None) -> FastAPI:
+    """The console's application (its monitor starts with it), answering to the names of
+    ``host`` (the address it listens on) and ``config.allow_hosts``; setting ``closing`` ends
+    its event streams (``serve`` sets it when the server is asked to stop)."""
     catalog = Catalog(config.store_dsn, config.roots)
     monitor = Monitor(catalog, StoreAddresses(config.store_dsn, config.source_dsn),
                       refresh_s=config.refresh_s, sample_s=config.sample_s,
                       keep=dt.timedelta(hours=config.keep_hours))
     actions = Actions(catalog, config.store_dsn, config.source_dsn,
                       projections=config.projections)
-    return create_app(monitor, actions, token=config.token, redis_url=config.redis_url,
-                      closing=closing)
+    return create_app(monitor, actions, allowed_hosts=allowed_hosts(host, config.allow_hosts),
+                      token=config.token, redis_url=config.redis_url, closing=closing)
 
 
 def install(config: ConsoleConfig) -> None:
@@ -74,6 +78,6 @@ def serve(config: ConsoleConfig, *, host: str = "127.0.0.1", port: int = 8470) -
             closing.set()  # open event streams end, so the shutdown need not wait for them
             super().handle_exit(sig, frame)
 
-    Server(uvicorn.Config(build_app(config, closing=closing), host=host, port=port,
+    Server(uvicorn.Config(build_app(config, host=host, closing=closing), host=host, port=port,
                           log_level="warning", access_log=False, server_header=False,
                           timeout_graceful_shutdown=5)).run()

@@ -36,6 +36,8 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
 LAKEFOLD = str(Path(sys.executable).with_name("lakefold"))
 PROJECTIONS = ("customer_cache", "revenue", "customer_cities", "city_counts")
+#: The header every action needs (a form or a cross-site request cannot send it).
+ACTION = "X-Lakefold-Request"
 POISON_EVERY = 5
 
 
@@ -95,7 +97,9 @@ class System:
         return self.console.url
 
     def client(self, **kwargs: Any) -> httpx.Client:
-        return httpx.Client(base_url=self.url, timeout=30, **kwargs)
+        """A client of the console that acts as its page does (the action header set)."""
+        headers = {ACTION: "test", **kwargs.pop("headers", {})}
+        return httpx.Client(base_url=self.url, timeout=30, headers=headers, **kwargs)
 
     def overview(self) -> dict[str, Any]:
         with self.client() as client:

@@ -11,14 +11,13 @@ from pathlib import Path
 import httpx
 import psycopg
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 from typer.testing import CliRunner
 
 from lakefold.cli import app as cli_app
-from lakefold.console import METRICS, ConsoleBindError, ConsoleConfig, check_bind
+from lakefold.console import ConsoleBindError, ConsoleConfig, check_bind
 from lakefold.local import LocalPostgres
 from lakefold.projections.operations import SinkRoots
-from tests.console.conftest import PROJECTIONS, ServedApp, System, wait_until
+from tests.console.conftest import ACTION, PROJECTIONS, ServedApp, System, wait_until
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -158,7 +157,7 @@ def test_capture_pause_resume_and_resnapshot(system: System) -> None:
         records = system.overview()["captures"][0]["records"]
         started = client.post("/api/captures/console/resnapshot",
                               json={"tables": ["public.customers"]}).json()
-        assert started["changed"] and started["detail"] == {"tables": ["public.customers"]}
+        assert started["changed"] and started["detail"]["tables"] == ["public.customers"]
         assert client.post("/api/captures/console/resnapshot",
                            json={"tables": []}).status_code == 422
     # the re-read rows reach the stream
@@ -175,24 +174,6 @@ def test_rebuild_from_the_console(system: System) -> None:
                    what="the rebuilt generation to switch", timeout=180)
         assert client.get("/api/views/customer_cache/rows",
                           params={"key": "3"}).json()["generation"] == generation + 1
-
-
-def test_metrics_are_prometheus_with_the_documented_names(system: System) -> None:
-    with system.client() as client:
-        response = client.get("/metrics")
-    assert response.headers["content-type"].startswith("text/plain")
-    families = {f.name: f for f in text_string_to_metric_families(response.text)}
-    assert set(families) == set(METRICS) and all(n.startswith("lakefold_") for n in families)
-    lag = {s.labels["projection"] for s in families["lakefold_projection_lag_records"].samples}
-    assert set(PROJECTIONS) <= lag
-    dead = {s.labels["projection"]: s.value
-            for s in families["lakefold_projection_dead_letters"].samples}
-    assert dead["customer_cache"] == 0
-    assert [s.value for s in families["lakefold_console_store_up"].samples] == [1]
-    assert families["lakefold_capture_wal_retained_bytes"].samples[0].labels == {
-        "slot": "console"}
-    readme = (Path(__file__).parents[2] / "README.md").read_text()
-    assert [n for n in METRICS if f"`{n}`" not in readme] == []
 
 
 def test_openapi_document_and_history_kept_in_the_store(system: System) -> None:
@@ -223,15 +204,17 @@ def test_a_token_is_required_of_every_request_when_set(system: System) -> None:
             response = client.get(path)
             assert response.status_code == 401, path
             assert "needs its token" in response.json()["error"]
-        assert client.post("/api/projections/customer_cache/pause").status_code == 401
+        assert client.post("/api/projections/customer_cache/pause",
+                           headers={ACTION: "test"}).status_code == 401
         page = client.get("/")
         assert page.status_code == 401 and "<form" in page.text and "s3cret" not in page.text
         bearer = {"Authorization": f"Bearer {token}"}
         assert client.get("/api/overview", headers=bearer).status_code == 200
         assert client.get("/api/overview", headers={
             "Authorization": "Bearer wrong"}).status_code == 401
-        assert client.post("/login", json={"token": "wrong"}).status_code == 401
-        assert client.post("/login", json={"token": token}).status_code == 204
+        login = {ACTION: "login"}
+        assert client.post("/login", json={"token": "wrong"}, headers=login).status_code == 401
+        assert client.post("/login", json={"token": token}, headers=login).status_code == 204
         assert client.get("/api/overview").status_code == 200  # the cookie it set
         assert "s3cret" not in client.get("/").text
 
@@ -239,7 +222,7 @@ def test_a_token_is_required_of_every_request_when_set(system: System) -> None:
 def test_a_non_loopback_address_without_a_token_is_refused() -> None:
     for host in ("127.0.0.1", "localhost", "::1"):
         check_bind(host, None)
-    check_bind("0.0.0.0", "t")  # noqa: S104
+    check_bind("0.0.0.0", "a-strong-token-0123456789")  # noqa: S104
     with pytest.raises(ConsoleBindError, match=r"refusing to listen on 0\.0\.0\.0 without a token"):
         check_bind("0.0.0.0", None)  # noqa: S104
     result = CliRunner().invoke(cli_app, ["console", "--host", "0.0.0.0"],  # noqa: S104
@@ -268,7 +251,8 @@ def test_a_store_that_is_down_gives_503_and_the_console_recovers(
             assert "recovers by itself" in down.json()["error"]
             assert secret not in down.text
             assert client.get("/api/audit").status_code == 503
-            assert client.post("/api/projections/x/pause").status_code == 503
+            assert client.post("/api/projections/x/pause",
+                               headers={ACTION: "test"}).status_code == 503
             with client.stream("GET", "/api/stream") as events:
                 line = next(line for line in events.iter_lines() if line.startswith("data:"))
             assert json.loads(line[5:])["ok"] is False

@@ -152,6 +152,9 @@ def test_a_store_that_goes_down_shows_a_banner_until_it_is_back(page: Page, tmp_
             server.stop()
             banner.wait_for(state="visible")
             assert "Store unavailable" in banner.inner_text()
+            page.wait_for_selector("#live.off")  # not "live" while nothing can be read
+            assert page.locator("#live").inner_text() == "store down"
+            assert "cannot be read" in page.locator("#health").inner_text()
             page.screenshot(path=str(artifacts / "store-down-banner.png"))
             server.start()
             banner.wait_for(state="hidden")
@@ -172,3 +175,54 @@ def test_the_page_asks_for_the_token(system: System, page: Page) -> None:
         page.locator("#login button").click()
         page.wait_for_selector("#live.on")
         assert token not in page.content()
+
+
+def test_the_health_summary_says_what_needs_a_person(system: System, page: Page) -> None:
+    _open(page, system.url)
+    page.wait_for_selector("#health li:not(.muted)")
+    overview = system.overview()
+    text = page.locator("#health").inner_text()
+    needing = [p["name"] for p in overview["projections"] if p["dead_letters"]]
+    for name in needing:
+        assert f"projection {name} has" in text and "dead letter" in text, text
+    if not needing:
+        assert text.startswith("All is well"), text
+    lag = _row(page, "customer_cache").locator(".lag-seconds").inner_text()
+    assert lag.endswith((" s", " min", " h", " d")), lag  # a duration, not raw seconds
+
+
+def test_the_page_fits_800_px_and_fetches_only_new_history(system: System, browser: Browser,
+                                                            artifacts: Path) -> None:
+    context = browser.new_context(viewport={"width": 800, "height": 1400})
+    page = context.new_page()
+    page.set_default_timeout(60_000)
+    try:
+        histories: list[str] = []
+        page.on("request", lambda r: histories.append(r.url) if "/api/history" in r.url
+                else None)
+        _open(page, system.url)
+        page.wait_for_selector(".chart polyline", state="attached")
+        width = page.evaluate("document.documentElement.scrollWidth")
+        assert width <= 800, width
+        page.screenshot(path=str(artifacts / "overview-800px.png"), full_page=True)
+        later = page.wait_for_event("request", predicate=lambda r: "/api/history" in r.url,
+                                    timeout=60_000)  # the page asks again every 10 s
+        assert "since=" not in histories[0] and "since=" in later.url, (histories, later.url)
+        charts = page.locator('.chart[data-metric="lag_seconds"] line.threshold')
+        assert charts.count() >= 1  # lag charts draw the limit the alerts use
+    finally:
+        context.close()
+
+
+def test_rebuild_is_offered_only_when_the_console_can_rebuild(system: System,
+                                                               page: Page) -> None:
+    _open(page, system.url)
+    _row(page, "customer_cache").locator('button[data-action="rebuild"]').wait_for()
+    config = ConsoleConfig(store_dsn=system.dsn, roots=SinkRoots.under(system.home))
+    with ServedApp(config) as bare:  # no --projections: it cannot rebuild
+        other = page.context.new_page()
+        _open(other, bare.url)
+        _row(other, "customer_cache").wait_for()
+        assert other.locator('button[data-action="rebuild"]').count() == 0
+        assert _row(other, "customer_cache").locator('button[data-action="pause"], '
+                                                     'button[data-action="resume"]').count()

@@ -19,9 +19,31 @@ function formatNumber(value) {
   return Number.isInteger(v) ? String(v) : v.toFixed(2);
 }
 
-// points: [[isoTime, value], ...] in time order.
-function lineChart(points, { width = 320, height = 120 } = {}) {
-  const pad = { left: 40, right: 6, top: 8, bottom: 16 };
+// A duration for a person: "0 s", "42 s", "12 min", "3.5 h", "2.1 d".
+function formatDuration(seconds) {
+  const s = Number(seconds);
+  if (!Number.isFinite(s)) return "-";
+  if (s < 90) return `${s < 10 ? s.toFixed(1).replace(/\.0$/, "") : Math.round(s)} s`;
+  if (s < 5400) return `${Math.round(s / 60)} min`;
+  if (s < 172800) return `${(s / 3600).toFixed(1)} h`;
+  return `${(s / 86400).toFixed(1)} d`;
+}
+
+// A size for a person, in binary units: "512 B", "1.5 KiB", "2.0 GiB".
+function formatBytes(bytes) {
+  let v = Number(bytes);
+  if (!Number.isFinite(v)) return "-";
+  const units = ["B", "KiB", "MiB", "GiB", "TiB"];
+  let i = 0;
+  while (Math.abs(v) >= 1024 && i < units.length - 1) { v /= 1024; i += 1; }
+  return i === 0 ? `${v} B` : `${v.toFixed(1)} ${units[i]}`;
+}
+
+// points: [[isoTime, value], ...] in time order; format: how a value reads (its unit);
+// threshold: a value drawn as a dashed line, the chart scaled to show it.
+function lineChart(points, { width = 320, height = 120, format = formatNumber,
+                             threshold = null } = {}) {
+  const pad = { left: 52, right: 6, top: 8, bottom: 16 };
   if (!points.length) {
     return `<svg viewBox="0 0 ${width} ${height}"><text x="${width / 2}" y="${height / 2}"
       text-anchor="middle">no samples yet</text></svg>`;
@@ -29,19 +51,25 @@ function lineChart(points, { width = 320, height = 120 } = {}) {
   const times = points.map((p) => Date.parse(p[0]));
   const values = points.map((p) => Number(p[1]));
   const t0 = Math.min(...times), t1 = Math.max(...times, t0 + 1);
-  const vmax = Math.max(...values, 1e-9);
+  const vmax = Math.max(...values, threshold ?? 0, 1e-9);
   const x = (t) => pad.left + ((t - t0) / (t1 - t0)) * (width - pad.left - pad.right);
   const y = (v) => height - pad.bottom - (v / vmax) * (height - pad.top - pad.bottom);
   const line = points.map((_, i) => `${x(times[i]).toFixed(1)},${y(values[i]).toFixed(1)}`);
   const label = (t) => new Date(t).toISOString().slice(11, 16);
-  return `<svg viewBox="0 0 ${width} ${height}" preserveAspectRatio="none">
+  const over = threshold !== null && values.some((v) => v > threshold);
+  const limit = threshold === null ? "" : `<line class="threshold" x1="${pad.left}"
+      y1="${y(threshold).toFixed(1)}" x2="${width - pad.right}" y2="${y(threshold).toFixed(1)}"/>
+      <text class="threshold" x="${width - pad.right}" y="${(y(threshold) - 2).toFixed(1)}"
+      text-anchor="end">${escapeXml(format(threshold))}</text>`;
+  return `<svg viewBox="0 0 ${width} ${height}" preserveAspectRatio="none"
+      class="${over ? "over" : ""}">
     <line x1="${pad.left}" y1="${height - pad.bottom}" x2="${width - pad.right}"
       y2="${height - pad.bottom}" stroke="#ccd"/>
-    <text x="2" y="${pad.top + 8}">${escapeXml(formatNumber(vmax))}</text>
+    <text x="2" y="${pad.top + 8}">${escapeXml(format(vmax))}</text>
     <text x="2" y="${height - pad.bottom}">0</text>
     <text x="${pad.left}" y="${height - 3}">${label(t0)}</text>
     <text x="${width - pad.right}" y="${height - 3}" text-anchor="end">${label(t1)}</text>
-    <polyline points="${line.join(" ")}"/>
+    ${limit}<polyline points="${line.join(" ")}"/>
   </svg>`;
 }
 
@@ -80,5 +108,6 @@ function dagSvg(dag) {
     ${edges.join("")}${nodes.join("")}</svg>`;
 }
 
-window.lakefoldCharts = { escapeXml, formatNumber, lineChart, dagSvg };
+window.lakefoldCharts = { escapeXml, formatNumber, formatDuration, formatBytes, lineChart,
+  dagSvg };
 })();

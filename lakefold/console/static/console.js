@@ -3,17 +3,22 @@
 // audit are fetched; every action asks for confirmation first.
 "use strict";
 
-const { escapeXml: esc, formatNumber: num, lineChart, dagSvg } = window.lakefoldCharts;
+const { escapeXml: esc, formatNumber: num, formatDuration: duration, formatBytes: bytes,
+  lineChart, dagSvg } = window.lakefoldCharts;
 const $ = (selector) => document.querySelector(selector);
 let latest = null;
+const consoleInfo = { token_required: false, can_rebuild: false };
+// The lag that needs a person (the alert rules' LakefoldProjectionLagging / CaptureLagging).
+const LAG_LIMIT_S = 600;
 
 function operator() { return $("#operator").value.trim() || "anonymous"; }
 
 async function api(path, options = {}) {
   const response = await fetch(path, {
     ...options,
+    // X-Lakefold-Request: the mark of the console's own page (no form can send it)
     headers: { "X-Lakefold-Operator": operator(), "Content-Type": "application/json",
-               ...(options.headers || {}) },
+               "X-Lakefold-Request": "page", ...(options.headers || {}) },
   });
   const body = response.headers.get("content-type")?.includes("json")
     ? await response.json() : await response.text();
@@ -125,15 +130,56 @@ function renderProjections(projections) {
       <td class="num">${p.generation}${rebuildBar(p)}</td>
       <td class="state">${healthCell(p.health, p.state)}</td>
       <td class="num lag">${num(p.lag_records)}</td>
-      <td class="num lag-seconds">${p.lag_seconds.toFixed(1)}</td>
+      <td class="num lag-seconds${p.lag_seconds > LAG_LIMIT_S ? " health-failed" : ""}">
+        ${duration(p.lag_seconds)}</td>
       <td class="num">${num(p.throughput_per_s)}</td>
       <td class="num dead">${p.dead_letters}</td>
-      <td>${esc((p.last_error || "").slice(0, 120))}</td>
+      <td class="error-text">${esc(p.last_error || "")}</td>
       <td>${p.paused
         ? `<button data-action="resume" data-name="${esc(p.name)}">resume</button>`
         : `<button data-action="pause" data-name="${esc(p.name)}">pause</button>`}
-        <button data-action="rebuild" data-name="${esc(p.name)}">rebuild</button></td>
+        ${consoleInfo.can_rebuild
+          ? `<button data-action="rebuild" data-name="${esc(p.name)}">rebuild</button>` : ""}
+      </td>
     </tr>`).join("") || '<tr><td colspan="10" class="muted">no projections yet</td></tr>';
+}
+
+// What needs a person now, and why: one line each, worst first; "all is well" otherwise.
+function renderHealth(overview) {
+  const items = [];
+  for (const p of overview.projections) {
+    const error = p.last_error ? `: ${p.last_error}` : "";
+    if (p.state === "failed") items.push(["failed", `projection ${p.name} failed${error}`]);
+    else if (p.state === "retrying") {
+      items.push(["warning", `projection ${p.name} is retrying${error}`]);
+    }
+    if (p.dead_letters) {
+      items.push(["warning", `projection ${p.name} has ${p.dead_letters} open dead ` +
+        `letter${p.dead_letters === 1 ? "" : "s"}: retry or drop them below`]);
+    }
+    if (p.lag_seconds > LAG_LIMIT_S) {
+      items.push(["warning", `projection ${p.name} is ${duration(p.lag_seconds)} behind`]);
+    }
+  }
+  for (const c of overview.captures) {
+    if (c.status !== "ok") {
+      const level = ["critical", "lost", "missing"].includes(c.status) ? "failed" : "warning";
+      const why = c.problems.length ? c.problems.join("; ") : "no reason given";
+      items.push([level, `capture ${c.slot} is ${c.status}: ${why}`]);
+    }
+  }
+  const holder = overview.event_store.watermark_holder;
+  if (overview.event_store.watermark_held && holder) {
+    items.push(["warning", `${overview.event_store.pending_events} events wait behind ` +
+      `a transaction open for ${duration(holder.held_for_s)} (pid ${holder.pid}, ` +
+      `${holder.application || "no application name"})`]);
+  }
+  items.sort((a, b) => (a[0] === "failed" ? 0 : 1) - (b[0] === "failed" ? 0 : 1));
+  const running = overview.projections.filter((p) => p.state === "running").length;
+  $("#health").innerHTML = items.map(([level, text]) =>
+    `<li class="health-${level}">${esc(text)}</li>`).join("") ||
+    `<li class="health-ok">All is well: ${running} of ${overview.projections.length} ` +
+    `projections and views running, ${overview.captures.length} capture(s) ok.</li>`;
 }
 
 function renderCaptures(captures) {
@@ -147,12 +193,14 @@ function renderCaptures(captures) {
     }).join("");
     const health = c.status === "ok" ? "ok" : ["critical", "lost", "missing"]
       .includes(c.status) ? "failed" : "warning";
+    const why = c.status === "ok" ? "" : `<div class="muted error-text">${
+      esc(c.problems.join("; ") || "no reason given")}</div>`;
     return `<tr data-slot="${esc(c.slot)}"><td>${esc(c.slot)}</td>
-      <td>${healthCell(health, c.status + (c.paused ? " (paused)" : ""))}</td>
+      <td>${healthCell(health, c.status + (c.paused ? " (paused)" : ""))}${why}</td>
       <td>${esc(c.wal_status ?? "-")}</td>
-      <td class="num">${c.safe_wal_size === null ? "unlimited" : num(c.safe_wal_size)}</td>
-      <td class="num">${c.lag_bytes === null ? "-" : num(c.lag_bytes)}</td>
-      <td class="num">${c.lag_seconds === null ? "-" : c.lag_seconds.toFixed(1)}</td>
+      <td class="num">${c.safe_wal_size === null ? "unlimited" : bytes(c.safe_wal_size)}</td>
+      <td class="num">${c.lag_bytes === null ? "-" : bytes(c.lag_bytes)}</td>
+      <td class="num">${c.lag_seconds === null ? "-" : duration(c.lag_seconds)}</td>
       <td class="num">${num(c.changes_per_s)}</td><td>${snap || "-"}</td>
       <td>${c.paused
         ? `<button data-action="capture-resume" data-slot="${esc(c.slot)}">resume</button>`
@@ -169,7 +217,7 @@ function renderEventStore(store) {
     <span>${store.pending_events} pending</span>
     <span>${holder ? healthCell(store.watermark_held ? "failed" : "warning",
       `watermark held by pid ${holder.pid} (${holder.application || "?"}) for ` +
-      `${holder.held_for_s} s`) : healthCell("ok", "watermark free")}</span></div>`;
+      `${duration(holder.held_for_s)}`) : healthCell("ok", "watermark free")}</span></div>`;
   $("#subscriptions tbody").innerHTML = store.subscriptions.map((s) => `<tr>
     <td>${esc(s.name)}</td><td class="num">${s.position}</td><td class="num">${s.lag}</td>
     </tr>`).join("") || '<tr><td colspan="3" class="muted">no subscriptions</td></tr>';
@@ -189,6 +237,7 @@ function fillPicker(select, names) {
 function render(overview) {
   latest = overview;
   $("#read-at").textContent = "read " + overview.read_at.slice(11, 19) + " UTC";
+  renderHealth(overview);
   renderProjections(overview.projections);
   renderCaptures(overview.captures);
   renderEventStore(overview.event_store);
@@ -209,6 +258,10 @@ function connect() {
       render(data.overview);
     } else {
       showBanner(data.error);
+      $("#live").textContent = "store down";
+      $("#live").className = "pill off";
+      $("#health").innerHTML = `<li class="health-failed">the store cannot be read: ${
+        esc(data.error)}</li>`;
     }
   });
   source.onerror = () => {
@@ -219,23 +272,48 @@ function connect() {
 
 // ------------------------------------------------------------------ history
 
+// The history is fetched whole once (and when the window changes), then only what is new.
+const history = { minutes: null, last: null, series: {} };
+const CHARTS = [
+  ["lag_seconds", "behind by", duration, LAG_LIMIT_S],
+  ["lag_records", "lag (records)", num, null],
+  ["throughput_per_s", "records/s", num, null],
+  ["lag_bytes", "lag (WAL)", bytes, null],
+  ["changes_per_s", "changes/s", num, null],
+  ["events_per_s", "events/s", num, null],
+];
+
 async function loadHistory() {
+  const minutes = Number($("#history-minutes").value);
+  const fresh = history.minutes !== minutes || history.last === null;
+  const since = fresh ? "" : `&since=${encodeURIComponent(history.last)}`;
   let data;
   try {
-    data = await api(`/api/history?minutes=${$("#history-minutes").value}`);
+    data = await api(`/api/history?minutes=${minutes}${since}`);
   } catch (error) {
     return;
   }
-  const charts = [];
-  const wanted = [["lag_records", "lag (records)"], ["throughput_per_s", "records/s"],
-                  ["lag_bytes", "lag (bytes)"], ["changes_per_s", "changes/s"],
-                  ["events_per_s", "events/s"]];
+  if (fresh) { history.series = {}; history.minutes = minutes; }
+  const oldest = Date.now() - minutes * 60000;
   for (const [subject, metrics] of Object.entries(data.series)) {
-    for (const [metric, label] of wanted) {
-      if (metrics[metric]) {
+    for (const [metric, points] of Object.entries(metrics)) {
+      const kept = ((history.series[subject] ||= {})[metric] ||= []);
+      kept.push(...points);
+      for (const [at] of points) if (!history.last || at > history.last) history.last = at;
+    }
+  }
+  for (const metrics of Object.values(history.series)) {
+    for (const [metric, points] of Object.entries(metrics)) {
+      metrics[metric] = points.filter((p) => Date.parse(p[0]) >= oldest);
+    }
+  }
+  const charts = [];
+  for (const [subject, metrics] of Object.entries(history.series).sort()) {
+    for (const [metric, label, format, threshold] of CHARTS) {
+      if (metrics[metric] && metrics[metric].length) {
         charts.push(`<div class="chart" data-subject="${esc(subject)}"
           data-metric="${esc(metric)}"><h3>${esc(subject)}: ${esc(label)}</h3>
-          ${lineChart(metrics[metric])}</div>`);
+          ${lineChart(metrics[metric], { format, threshold })}</div>`);
       }
     }
   }
@@ -329,6 +407,15 @@ $("#category-pick").addEventListener("change", (e) => e.target.value && peek("ca
   e.target.value));
 $("#view-go").addEventListener("click", viewRows);
 $("#history-minutes").addEventListener("change", loadHistory);
+$("#logout").addEventListener("click", async () => {
+  await api("/logout", { method: "POST" }).catch(() => null);
+  location.reload();
+});
+api("/api/console").then((info) => {
+  Object.assign(consoleInfo, info);
+  $("#logout").hidden = !info.token_required;
+  if (latest) render(latest);
+}).catch(() => null);
 connect();
 loadHistory();
 loadCategories();
