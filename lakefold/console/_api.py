@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import json
+import re
 import threading
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -75,6 +76,24 @@ class ActionResult(BaseModel):
 #: No name in lakefold holds a NUL byte (PostgreSQL text cannot): the document says so, and
 #: the gate (``_guard``) answers 400 to a path or query that holds one.
 NO_NUL = r"^[^\x00]*$"
+#: An RFC 3339 time, as the document's ``format: date-time`` says: numbers, which pydantic
+#: would read as seconds since the epoch, are refused.
+RFC3339 = re.compile(r"(\d{4}-\d\d-\d\d)[Tt ](\d\d:\d\d:\d\d)(?:\.(\d+))?([Zz]|[+-]\d\d:\d\d)")
+
+
+def _rfc3339(text: str) -> dt.datetime | None:
+    """``text`` as an aware time, or None when it is not an RFC 3339 time."""
+    found = RFC3339.fullmatch(text)
+    if found is None:
+        return None
+    day, clock, fraction, offset = found.groups()
+    offset = "+00:00" if offset in "Zz" else offset
+    try:
+        return dt.datetime.fromisoformat(f"{day}T{clock}.{(fraction or '0')[:6]:0<6}{offset}")
+    except ValueError:
+        return None
+
+
 Name = Annotated[str, Path(pattern=NO_NUL)]
 Text = Annotated[str, StringConstraints(pattern=NO_NUL)]
 
@@ -264,12 +283,17 @@ def create_app(monitor: Monitor, actions: Actions, *, allowed_hosts: frozenset[s
     @app.get("/api/history", summary="Sampled lag and throughput, from the store")
     def history(subject: Annotated[str | None, Query(max_length=300, pattern=NO_NUL)] = None,
                 minutes: Annotated[float, Query(gt=0, le=7 * 24 * 60)] = 180.0,
-                since: Annotated[dt.datetime | None, Query(
-                    description="Only samples after this time (the last one a page has): "
-                                "a page fetches the history once, then what is new.")] = None,
-                ) -> Any:
+                since: Annotated[str | None, Query(
+                    max_length=64, json_schema_extra={"format": "date-time"},
+                    description="Only samples after this time (RFC 3339; the last one a page "
+                                "has): a page fetches the history once, then what is new.")
+                ] = None) -> Any:
+        after = None if since is None else _rfc3339(since)
+        if since is not None and after is None:
+            return _error(422, "since is not a time; give an RFC 3339 time such as "
+                               "2026-11-28T12:00:00Z", "invalid_request")
         return {"minutes": minutes, "series": read_history(store_dsn, subject=subject,
-                                                           minutes=minutes, since=since)}
+                                                           minutes=minutes, since=after)}
 
     @app.get("/api/projections/{name}", summary="One projection or view, as in the overview")
     def projection(name: Name) -> Any:

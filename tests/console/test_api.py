@@ -192,6 +192,14 @@ def test_openapi_document_and_history_kept_in_the_store(system: System) -> None:
             "subject": "projection:customer_cache", "minutes": 60}).json()["series"]
         points = series["projection:customer_cache"]["lag_records"]
         assert len(points) >= 2 and all(len(p) == 2 for p in points)
+        # since: only what is newer; a number (pydantic would read epoch seconds) is refused
+        last = points[-1][0]
+        newer = client.get("/api/history", params={
+            "subject": "projection:customer_cache", "since": last}).json()["series"]
+        assert all(p[0] > last for s in newer.values() for p in s["lag_records"])
+        for bad in ("1700000000", "2026-13-40T00:00:00Z", "yesterday"):
+            refused = client.get("/api/history", params={"since": bad})
+            assert refused.status_code == 422 and "RFC 3339" in refused.json()["error"], bad
 
 
 def test_a_token_is_required_of_every_request_when_set(system: System) -> None:

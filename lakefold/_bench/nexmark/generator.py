@@ -40,6 +40,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from lakefold._bench.report import BenchmarkError
+
 PERSON, AUCTION, BID = 0, 1, 2
 PERSON_PROPORTION, AUCTION_PROPORTION, BID_PROPORTION = 1, 3, 46
 TOTAL_PROPORTION = PERSON_PROPORTION + AUCTION_PROPORTION + BID_PROPORTION
@@ -267,8 +269,10 @@ def generate(config: Config) -> pa.Table:
     """The events of ``config`` in log order, as a table of ``SCHEMA`` (see the module
     docstring); the same config gives the same table."""
     if config.events < 1 or config.rate < 1 or config.disorder < 1 or config.disorder % 953 == 0:
-        raise ValueError("need events >= 1, rate >= 1 and a disorder >= 1 that 953 does not "
-                         "divide")
+        raise BenchmarkError(
+            f"nexmark: --events {config.events}, rate {config.rate}, disorder "
+            f"{config.disorder}: give events >= 1, a rate >= 1 and a disorder >= 1 that 953 "
+            "does not divide")
     rng = np.random.default_rng(config.seed)
     strings = _Strings(rng)
     ids = adjusted_ids(config)
