@@ -1,6 +1,6 @@
 """Projections: user-defined views kept up to date in Delta, Redis and search, and rebuilt.
 
-Define projections in a Python module (see ``lakefold.projections._api`` for a full example)::
+Define projections in a Python module (see ``lakefold.projections.spec._api`` for a full example)::
 
     from lakefold.projections import Fold, changelog, events, projection, delta_table, \\
         redis_cache, search_index
@@ -19,35 +19,6 @@ from lakefold.core.lazy import lazy_getattr
 if TYPE_CHECKING:  # the real names for type checkers; at run time they load lazily
     from pathlib import Path
 
-    from lakefold.projections._api import (
-        STREAM_KEY,
-        Fold,
-        Projection,
-        Registry,
-        load_projections,
-        projection,
-        view,
-    )
-    from lakefold.projections._deadletters import DeadLetter, DeadLetters
-    from lakefold.projections._interval_joins import IntervalJoin, interval_join
-    from lakefold.projections._lookups import Lookup, lookup
-    from lakefold.projections._model import ProjectionOptions, Record, changelog, events
-    from lakefold.projections._redis import RedisCacheReader
-    from lakefold.projections._run_report import ProjectionReport
-    from lakefold.projections._runner import Runner, RunnerConfig
-    from lakefold.projections._search import SearchHit, SearchIndexReader
-    from lakefold.projections._search_matches import MatchedText
-    from lakefold.projections._tables import ProjectionTableCatalog
-    from lakefold.projections._target_specs import (
-        DeltaTableTarget,
-        RedisCacheTarget,
-        SearchIndexTarget,
-        delta_table,
-        redis_cache,
-        search_index,
-    )
-    from lakefold.projections._view_api import View
-    from lakefold.projections._windows import Window, hopping, session, tumbling
     from lakefold.projections.exceptions import (
         BehindCompactionError,
         IncompatibleTargetError,
@@ -61,33 +32,65 @@ if TYPE_CHECKING:  # the real names for type checkers; at run time they load laz
         StatefulChangelogError,
         UnknownSourceError,
     )
+    from lakefold.projections.runtime._run_report import ProjectionReport
+    from lakefold.projections.runtime._runner import Runner, RunnerConfig
+    from lakefold.projections.spec._api import (
+        STREAM_KEY,
+        Fold,
+        Projection,
+        Registry,
+        load_projections,
+        projection,
+        view,
+    )
+    from lakefold.projections.spec._model import ProjectionOptions, Record, changelog, events
+    from lakefold.projections.spec._target_specs import (
+        DeltaTableTarget,
+        RedisCacheTarget,
+        SearchIndexTarget,
+        delta_table,
+        redis_cache,
+        search_index,
+    )
+    from lakefold.projections.spec._view_api import View
+    from lakefold.projections.spec._view_inputs import IntervalJoin, Lookup, interval_join, lookup
+    from lakefold.projections.spec._windows import Window, hopping, session, tumbling
+    from lakefold.projections.state._deadletters import DeadLetter, DeadLetters
+    from lakefold.projections.targets._redis import RedisCacheReader
+    from lakefold.projections.targets._search import SearchHit, SearchIndexReader
+    from lakefold.projections.targets._search_matches import MatchedText
+    from lakefold.projections.targets._tables import ProjectionTableCatalog
     from lakefold.spark._source_inputs import ChangelogSource, EventSource
 
 # Lazy exports: Spark's Python workers may import a projections module (the retry source),
 # which runs this file; importing Redis, Tantivy and psycopg here would add a second to every
 # worker start.
 _EXPORTS: dict[str, str] = {
-    "STREAM_KEY": "_api", "Fold": "_api", "Projection": "_api", "Registry": "_api",
-    "load_projections": "_api", "projection": "_api", "view": "_api", "View": "_view_api",
-    "DeadLetter": "_deadletters", "DeadLetters": "_deadletters",
-    "ChangelogSource": "_model", "DeltaTableTarget": "_target_specs", "EventSource": "_model",
-    "ProjectionOptions": "_model", "Record": "_model", "RedisCacheTarget": "_target_specs",
-    "SearchIndexTarget": "_target_specs", "changelog": "_model", "delta_table": "_target_specs",
-    "events": "_model", "redis_cache": "_target_specs", "search_index": "_target_specs",
-    "RedisCacheReader": "_redis",
-    "SearchHit": "_search", "SearchIndexReader": "_search", "MatchedText": "_search_matches",
-    "Runner": "_runner", "RunnerConfig": "_runner", "ProjectionReport": "_run_report",
-    "BehindCompactionError": "exceptions",
-    "IncompatibleTargetError": "exceptions", "MissingKeyError": "exceptions",
-    "NotMaintainableError": "exceptions",
+    "Lookup": "spec._view_inputs", "lookup": "spec._view_inputs",
+    "IntervalJoin": "spec._view_inputs", "interval_join": "spec._view_inputs",
+    "ProjectionReport": "runtime._run_report",
+    "Runner": "runtime._runner", "RunnerConfig": "runtime._runner",
+    "STREAM_KEY": "spec._api", "Fold": "spec._api", "Projection": "spec._api", "Registry":
+    "spec._api", "load_projections": "spec._api", "projection": "spec._api", "view":
+    "spec._api",
+    "ChangelogSource": "spec._model", "EventSource": "spec._model", "ProjectionOptions":
+    "spec._model", "Record": "spec._model", "changelog": "spec._model", "events": "spec._model",
+    "DeltaTableTarget": "spec._target_specs", "RedisCacheTarget": "spec._target_specs",
+    "SearchIndexTarget": "spec._target_specs", "delta_table": "spec._target_specs",
+    "redis_cache": "spec._target_specs", "search_index": "spec._target_specs",
+    "View": "spec._view_api",
+    "Window": "spec._windows", "hopping": "spec._windows", "tumbling": "spec._windows",
+    "session": "spec._windows",
+    "DeadLetter": "state._deadletters", "DeadLetters": "state._deadletters",
+    "RedisCacheReader": "targets._redis",
+    "SearchHit": "targets._search", "SearchIndexReader": "targets._search",
+    "MatchedText": "targets._search_matches",
+    "BehindCompactionError": "exceptions", "IncompatibleTargetError": "exceptions",
+    "MissingKeyError": "exceptions", "NotMaintainableError": "exceptions",
     "ProjectionDefinitionError": "exceptions", "ProjectionError": "exceptions",
     "ProjectionNotFoundError": "exceptions", "ProjectionStateError": "exceptions",
     "RecordFailedError": "exceptions", "StatefulChangelogError": "exceptions",
     "UnknownSourceError": "exceptions",
-    "Window": "_windows", "hopping": "_windows", "tumbling": "_windows",
-    "session": "_windows",
-    "Lookup": "_lookups", "lookup": "_lookups",
-    "IntervalJoin": "_interval_joins", "interval_join": "_interval_joins",
 }
 
 __all__ = [
@@ -153,6 +156,6 @@ def table_catalog(store_dsn: str | None, lake_path: Path) -> ProjectionTableCata
     """The generation-aware ``TableCatalog`` for ``lakefold query``: each Delta-target
     projection under its name, at its current generation's path (read from the store at
     ``store_dsn``), over the Delta tables directly under ``lake_path`` (see ``_tables``)."""
-    from lakefold.projections._tables import ProjectionTableCatalog
+    from lakefold.projections.targets._tables import ProjectionTableCatalog
 
     return ProjectionTableCatalog(store_dsn=store_dsn, lake_path=lake_path)

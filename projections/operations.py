@@ -12,30 +12,34 @@ from typing import TYPE_CHECKING
 from lakefold.core.lazy import lazy_getattr
 
 if TYPE_CHECKING:
-    from lakefold.projections._api import current_registry, registering_into
-    from lakefold.projections._catalog import Catalog, Generation, SinkRoots
-    from lakefold.projections._late_events import LateEvent, late_events, replay_late_events
-    from lakefold.projections._readers import release_gone
-    from lakefold.projections._rebuild_request import request_rebuild
-    from lakefold.projections._redis import drop_prefix
-    from lakefold.projections._runner import RUNNER_SPARK_CONF
-    from lakefold.projections._status import projection_status, slot_status
-    from lakefold.projections._tables import ProjectionTableCatalog
-    from lakefold.projections._targets import TargetContext
-    from lakefold.projections._view_maintainer import ViewMaintainer, open_view, output_stream
-    from lakefold.projections._view_targets import ViewTargetWriter
+    from lakefold.projections.operators._view_maintainer import (
+        ViewMaintainer,
+        open_view,
+        output_stream,
+    )
+    from lakefold.projections.runtime._rebuild_request import request_rebuild
+    from lakefold.projections.runtime._runner import RUNNER_SPARK_CONF
+    from lakefold.projections.runtime._status import projection_status, slot_status
+    from lakefold.projections.spec._api import current_registry, registering_into
+    from lakefold.projections.spec._targets import TargetContext
+    from lakefold.projections.state._catalog import Catalog, Generation, SinkRoots
+    from lakefold.projections.state._late_events import LateEvent, late_events, replay_late_events
+    from lakefold.projections.state._readers import release_gone
+    from lakefold.projections.targets._redis import drop_prefix
+    from lakefold.projections.targets._tables import ProjectionTableCatalog
+    from lakefold.projections.targets._view_targets import ViewTargetWriter
 
 _EXPORTS: dict[str, str] = {
-    "current_registry": "_api", "registering_into": "_api",
-    "Catalog": "_catalog", "Generation": "_catalog", "SinkRoots": "_catalog",
-    "LateEvent": "_late_events", "late_events": "_late_events",
-    "replay_late_events": "_late_events",
-    "release_gone": "_readers", "request_rebuild": "_rebuild_request",
-    "drop_prefix": "_redis", "RUNNER_SPARK_CONF": "_runner",
-    "projection_status": "_status", "slot_status": "_status",
-    "ProjectionTableCatalog": "_tables", "TargetContext": "_targets",
-    "ViewMaintainer": "_view_maintainer", "open_view": "_view_maintainer",
-    "output_stream": "_view_maintainer", "ViewTargetWriter": "_view_targets",
+    "current_registry": "spec._api", "registering_into": "spec._api",
+    "Catalog": "state._catalog", "Generation": "state._catalog", "SinkRoots": "state._catalog",
+    "LateEvent": "state._late_events", "late_events": "state._late_events",
+    "replay_late_events": "state._late_events",
+    "release_gone": "state._readers", "request_rebuild": "runtime._rebuild_request",
+    "drop_prefix": "targets._redis", "RUNNER_SPARK_CONF": "runtime._runner",
+    "projection_status": "runtime._status", "slot_status": "runtime._status",
+    "ProjectionTableCatalog": "targets._tables", "TargetContext": "spec._targets",
+    "ViewMaintainer": "operators._view_maintainer", "open_view": "operators._view_maintainer",
+    "output_stream": "operators._view_maintainer", "ViewTargetWriter": "targets._view_targets",
 }
 
 __all__ = [

@@ -54,7 +54,7 @@ def expected_sums(events: int, customers: int) -> dict[str, tuple[int, int]]:
 NAME = "sales_by_customer"
 #: Records per batch of the live generation (generation 1's build, for reference); the
 #: rebuild's batches are ``--batch``. Batches above ``LIVE_READ_MAX`` (both, at the defaults)
-#: are read in parallel tasks, not on the driver (``projections._plan.build``).
+#: are read in parallel tasks, not on the driver (``projections.runtime._queries.build``).
 LIVE_BATCH = 200_000
 
 

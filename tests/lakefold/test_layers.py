@@ -19,8 +19,13 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 
 # The layers, lowest first.
-LAYERS = ("core", "schemas", "store", "capture/spark", "projections", "application")
-CORE, SCHEMAS, STORE, CAPTURE_SPARK, PROJECTIONS, APPLICATION = range(len(LAYERS))
+LAYERS = ("core", "schemas", "store", "capture/spark",
+          # projections/ in rooms, lowest first (each room's docstring says what it may import)
+          "projections errors", "projections spec", "projections state", "projections plan",
+          "projections operators/targets", "projections runtime", "projections face",
+          "application")
+(CORE, SCHEMAS, STORE, CAPTURE_SPARK, P_ERRORS, P_SPEC, P_STATE, P_PLAN, P_EXECUTE, P_RUNTIME,
+ PROJECTIONS, APPLICATION) = range(len(LAYERS))
 
 # Module-name prefix -> (layer, package). The longest matching prefix wins; two packages in one
 # layer must not import each other. Edit this table, not the checker.
@@ -34,6 +39,14 @@ LAYER_MAP: dict[str, tuple[int, str]] = {
     "lakefold.capture": (CAPTURE_SPARK, "capture"),
     "lakefold.spark": (CAPTURE_SPARK, "spark"),
     "lakefold.projections": (PROJECTIONS, "projections"),
+    "lakefold.projections.exceptions": (P_ERRORS, "projections errors"),
+    "lakefold.projections.spec": (P_SPEC, "projections spec"),
+    "lakefold.projections.state": (P_STATE, "projections state"),
+    "lakefold.projections.plan": (P_PLAN, "projections plan"),
+    # operators and targets are siblings: neither imports the other
+    "lakefold.projections.operators": (P_EXECUTE, "projections operators"),
+    "lakefold.projections.targets": (P_EXECUTE, "projections targets"),
+    "lakefold.projections.runtime": (P_RUNTIME, "projections runtime"),
     # The application: cli and _cli_*, settings, _from_settings, local services, demo, _shop,
     # _bench, console.
     "lakefold": (APPLICATION, "application"),
@@ -279,7 +292,8 @@ def test_no_import_cycles_between_modules() -> None:
 
 def _tree(root: Path, files: dict[str, str]) -> dict[str, Path]:
     (root / "pyproject.toml").write_text(
-        '[tool.setuptools]\npackage-dir = { "lakefold" = "lakefold", "lakefold.spark" = "spark" }\n'
+        '[tool.setuptools]\npackage-dir = { "lakefold" = "lakefold", "lakefold.spark" = "spark",'
+        ' "lakefold.projections" = "projections" }\n'
     )
     for name, text in {"lakefold/__init__.py": "", "lakefold/core/__init__.py": "",
                        "spark/__init__.py": "", **files}.items():
@@ -340,5 +354,28 @@ def test_checker_catches_sideways_imports_and_cycles(tmp_path: Path) -> None:
         "lakefold/capture/__init__.py:2", "lakefold/capture/_x.py:1"
     ], problems
     assert problems[0].endswith(
-        "imports lakefold.projections._z (layer projections, projections): upward")
+        "imports lakefold.projections._z (layer projections face, projections): upward")
     assert problems[1].endswith("imports lakefold.spark (layer capture/spark, spark): sideways")
+
+
+def test_checker_keeps_the_rooms_of_projections_in_order(tmp_path: Path) -> None:
+    modules = _tree(tmp_path, {
+        "projections/__init__.py": "from lakefold.projections.runtime import _r\n",
+        "projections/exceptions.py": "",
+        "projections/spec/_s.py": "from lakefold.projections.exceptions import E\n",
+        "projections/plan/_p.py": "from lakefold.projections.spec import _s\n"
+                                  "from lakefold.projections.runtime import _r\n",
+        "projections/operators/_o.py": "from lakefold.projections.targets import _t\n",
+        "projections/targets/_t.py": "from lakefold.projections.state import _st\n",
+        "projections/state/_st.py": "",
+        "projections/runtime/_r.py": "from lakefold.projections.operators import _o\n"
+                                     "from lakefold.projections import View\n",
+    })
+    problems = layer_violations(all_imports(modules), LAYER_MAP, tmp_path)
+    assert sorted(p.split(": ", 1)[0] for p in problems) == [
+        "projections/operators/_o.py:1", "projections/plan/_p.py:2",
+        "projections/runtime/_r.py:2"], problems
+    kinds = {p.split(": ", 1)[0]: p.rsplit(": ", 1)[1] for p in problems}
+    assert kinds == {"projections/operators/_o.py:1": "sideways",
+                     "projections/plan/_p.py:2": "upward",
+                     "projections/runtime/_r.py:2": "upward"}

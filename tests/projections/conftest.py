@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from lakefold.capture import Capture, CaptureConfig
-from lakefold.projections._view_maintainer import ViewMaintainer
+from lakefold.projections.operators._view_maintainer import ViewMaintainer
 from tests.capture.conftest import capture_now, execute
 from tests.fixtures.postgres import TestDatabase
 from tests.projections.view_shop import open_views

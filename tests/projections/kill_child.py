@@ -10,8 +10,8 @@ import sys
 from pathlib import Path
 
 from lakefold.projections import Runner, RunnerConfig, load_projections
-from lakefold.projections._runner import RUNNER_SPARK_CONF
 from lakefold.projections.operations import SinkRoots
+from lakefold.projections.runtime._runner import RUNNER_SPARK_CONF
 from lakefold.spark import spark_session
 
 

@@ -7,12 +7,12 @@ import threading
 import psycopg
 import pytest
 
-from lakefold.projections._catalog import Catalog, SinkRoots
-from lakefold.projections._deadletters import DeadLetters, NewDeadLetter
 from lakefold.projections.exceptions import (
     ProjectionNotFoundError,
     ProjectionStateError,
 )
+from lakefold.projections.state._catalog import Catalog, SinkRoots
+from lakefold.projections.state._deadletters import DeadLetters, NewDeadLetter
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -32,8 +32,8 @@ from lakefold.projections import (
     projection,
     redis_cache,
 )
-from lakefold.projections._plan import validate
 from lakefold.projections.operations import Catalog, SinkRoots, registering_into
+from lakefold.projections.runtime._queries import validate
 from lakefold.spark._source_records import source_frame
 from tests.projections import helpers
 

@@ -12,9 +12,9 @@ from typer.testing import CliRunner
 
 from lakefold.cli import app
 from lakefold.projections import DeadLetters
-from lakefold.projections._deadletters import NewDeadLetter
-from lakefold.projections._search import IndexLayout, SearchIndexWriter
 from lakefold.projections.operations import Catalog, SinkRoots
+from lakefold.projections.state._deadletters import NewDeadLetter
+from lakefold.projections.targets._search import IndexLayout, SearchIndexWriter
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -93,7 +93,7 @@ def test_late_commands(env, pg):
     import numpy as np
     import psycopg
 
-    from lakefold.projections._late_events import install_late_events, record_late
+    from lakefold.projections.state._late_events import install_late_events, record_late
 
     minute = 60_000_000
     with psycopg.connect(pg.dsn, autocommit=True) as conn:

@@ -24,10 +24,10 @@ from deltalake import DeltaTable
 
 from lakefold.capture import ChangelogStore
 from lakefold.projections import RedisCacheReader, Runner, RunnerConfig, load_projections
-from lakefold.projections._readers import reader_name, release_gone
-from lakefold.projections._status import projection_status
 from lakefold.projections.exceptions import ProjectionStateError
 from lakefold.projections.operations import Catalog, SinkRoots
+from lakefold.projections.runtime._status import projection_status
+from lakefold.projections.state._readers import reader_name, release_gone
 from tests.projections import helpers
 
 pytestmark = pytest.mark.timeout(300)

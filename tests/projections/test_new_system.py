@@ -18,8 +18,8 @@ from typer.testing import CliRunner
 from lakefold.cli import app
 from lakefold.eventstore import EventStore
 from lakefold.projections import Runner, RunnerConfig, UnknownSourceError, events, load_projections
-from lakefold.projections._input_checks import check_sources_exist
 from lakefold.projections.operations import Catalog, SinkRoots
+from lakefold.projections.plan._input_checks import check_sources_exist
 from lakefold.schemas.events import NewEvent
 from tests.projections import helpers
 

@@ -8,12 +8,12 @@ import pyarrow as pa
 import pytest
 import redis
 
-from lakefold.projections._redis import (
+from lakefold.projections.exceptions import ProjectionNotFoundError, TargetError
+from lakefold.projections.targets._redis import (
     RedisCacheReader,
     RedisCacheWriter,
     drop_prefix,
 )
-from lakefold.projections.exceptions import ProjectionNotFoundError, TargetError
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -24,8 +24,8 @@ from lakefold.projections import (
     SearchIndexReader,
     load_projections,
 )
-from lakefold.projections._search import IndexLayout, SearchIndexWriter
 from lakefold.projections.operations import Catalog, SinkRoots
+from lakefold.projections.targets._search import IndexLayout, SearchIndexWriter
 from tests.projections import helpers
 
 pytestmark = pytest.mark.timeout(240)

@@ -15,8 +15,8 @@ from typer.testing import CliRunner
 from lakefold import _shop
 from lakefold.cli import app
 from lakefold.projections import SearchIndexReader
-from lakefold.projections._search import IndexLayout, SearchIndexWriter
 from lakefold.projections.operations import Catalog, SinkRoots
+from lakefold.projections.targets._search import IndexLayout, SearchIndexWriter
 
 pytestmark = pytest.mark.timeout(60)
 PRODUCTS = [
@@ -38,7 +38,7 @@ def _index(path: Path) -> None:
 
 
 def test_each_hit_names_the_text_that_matched(tmp_path: Path) -> None:
-    from lakefold.projections._search_matches import MatchedText
+    from lakefold.projections.targets._search_matches import MatchedText
 
     _index(tmp_path / "index")
     reader = SearchIndexReader(lambda view: str(tmp_path / "index"))

@@ -8,13 +8,13 @@ from decimal import Decimal
 import pyarrow as pa
 import pytest
 
-from lakefold.projections._search import (
+from lakefold.projections.exceptions import IncompatibleTargetError, ProjectionNotFoundError
+from lakefold.projections.targets._search import (
     IndexLayout,
     SearchIndexReader,
     SearchIndexWriter,
     committed_batch,
 )
-from lakefold.projections.exceptions import IncompatibleTargetError, ProjectionNotFoundError
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -9,7 +9,7 @@ from collections.abc import Hashable, Sequence
 
 import numpy as np
 
-from lakefold.projections._session_windows import Sessions, assign_sessions
+from lakefold.projections.operators._session_windows import Sessions, assign_sessions
 
 MINUTE = 60_000_000
 GAP, LATENESS = 3 * MINUTE, 2 * MINUTE

@@ -18,10 +18,10 @@ from deltalake import DeltaTable
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from lakefold.projections._delta import DeltaViewWriter
-from lakefold.projections._redis import RedisCacheReader, RedisCacheWriter
-from lakefold.projections._search import IndexLayout, SearchIndexReader, SearchIndexWriter
-from lakefold.projections._target_specs import delta_table
+from lakefold.projections.spec._target_specs import delta_table
+from lakefold.projections.targets._delta import DeltaViewWriter
+from lakefold.projections.targets._redis import RedisCacheReader, RedisCacheWriter
+from lakefold.projections.targets._search import IndexLayout, SearchIndexReader, SearchIndexWriter
 from lakefold.spark._source_truncates import Truncate, apply_mode, cut_records, fan_out
 
 pytestmark = pytest.mark.timeout(240)
@@ -290,9 +290,9 @@ def test_delta_upsert_view_equals_the_replayed_changelog(tmp_path, ops, cuts, re
 
 def test_a_view_that_cannot_apply_a_truncate_exactly_is_refused(pg, spark):
     from lakefold.projections import Fold, Registry, changelog, events, projection, redis_cache
-    from lakefold.projections._plan import validate
     from lakefold.projections.exceptions import ProjectionDefinitionError
     from lakefold.projections.operations import registering_into
+    from lakefold.projections.runtime._queries import validate
     from tests.projections import helpers
 
     with registering_into(Registry()):

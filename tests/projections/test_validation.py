@@ -24,7 +24,6 @@ from lakefold.projections import (
     redis_cache,
     search_index,
 )
-from lakefold.projections._plan import validate
 from lakefold.projections.exceptions import (
     IncompatibleTargetError,
     MissingKeyError,
@@ -33,6 +32,7 @@ from lakefold.projections.exceptions import (
     UnknownSourceError,
 )
 from lakefold.projections.operations import Catalog, SinkRoots, registering_into
+from lakefold.projections.runtime._queries import validate
 from tests.projections import helpers
 
 pytestmark = pytest.mark.timeout(120)

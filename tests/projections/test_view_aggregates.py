@@ -17,9 +17,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from lakefold.capture import Capture, CaptureConfig
-from lakefold.projections._view_aggregates import spark_average
-from lakefold.projections._view_maintainer import open_view
-from lakefold.projections._view_plan import analyze
+from lakefold.projections.operators._view_aggregates import spark_average
+from lakefold.projections.operators._view_maintainer import open_view
+from lakefold.projections.plan._view_plan import analyze
 from tests.capture.conftest import capture_now, execute
 from tests.fixtures.postgres import TestDatabase
 

@@ -27,19 +27,19 @@ from lakefold.projections import (
     interval_join,
     tumbling,
 )
-from lakefold.projections._api import Registry, registering_into, view
-from lakefold.projections._late_events import replay_late
-from lakefold.projections._model import changelog, events
-from lakefold.projections._target_specs import delta_table
-from lakefold.projections._view_events import feed_stream
-from lakefold.projections._view_maintainer import view_owner
-from lakefold.projections._view_validation import plan_views
 from lakefold.projections.exceptions import (
     MissingKeyError,
     NotMaintainableError,
     ProjectionDefinitionError,
 )
 from lakefold.projections.operations import Catalog, SinkRoots, projection_status
+from lakefold.projections.operators._view_events import feed_stream
+from lakefold.projections.operators._view_maintainer import view_owner
+from lakefold.projections.runtime._view_validation import plan_views
+from lakefold.projections.spec._api import Registry, registering_into, view
+from lakefold.projections.spec._model import changelog, events
+from lakefold.projections.spec._target_specs import delta_table
+from lakefold.projections.state._late_events import replay_late
 from lakefold.schemas import EventRegistry, NewEvent
 from tests.fixtures.postgres import TestDatabase
 from tests.projections.window_oracle import table

@@ -14,8 +14,8 @@ from hypothesis import strategies as st
 from psycopg import sql
 
 from lakefold.capture import CaptureConfig
-from lakefold.projections._view_maintainer import ViewMaintainer, open_view
 from lakefold.projections.exceptions import MissingKeyError
+from lakefold.projections.operators._view_maintainer import ViewMaintainer, open_view
 from tests.capture.conftest import capture_now, execute
 from tests.projections.view_shop import (
     CITIES,

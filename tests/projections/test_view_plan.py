@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from lakefold.projections._view_plan import Lookup, analyze
 from lakefold.projections.exceptions import MissingKeyError, NotMaintainableError
+from lakefold.projections.plan._view_plan import Lookup, analyze
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -209,7 +209,7 @@ def test_a_key_the_plan_shows_is_not_unique_is_refused(spark, query, key, unique
 
 
 def test_a_window_end_follows_from_its_start(spark):
-    from lakefold.projections._plan_keys import WindowColumns
+    from lakefold.projections.plan._plan_keys import WindowColumns
 
     views = {"v": "position bigint, page string, window_start timestamp, "
                   "window_end timestamp"}

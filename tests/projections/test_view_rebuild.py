@@ -22,11 +22,11 @@ from lakefold.capture import CaptureConfig
 from lakefold.capture.store import ChangelogStore
 from lakefold.cli import app
 from lakefold.projections import Runner, RunnerConfig
-from lakefold.projections._api import Registry, registering_into, view
-from lakefold.projections._model import changelog
-from lakefold.projections._target_specs import delta_table
 from lakefold.projections.exceptions import ProjectionStateError
 from lakefold.projections.operations import Catalog, SinkRoots, projection_status
+from lakefold.projections.spec._api import Registry, registering_into, view
+from lakefold.projections.spec._model import changelog
+from lakefold.projections.spec._target_specs import delta_table
 from tests.capture.conftest import capture_now
 from tests.projections.view_shop import ORDER_LINES, REVENUE_BY_CITY, oracle
 

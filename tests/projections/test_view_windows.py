@@ -20,13 +20,13 @@ from hypothesis import strategies as st
 from lakefold.capture import CaptureConfig
 from lakefold.eventstore import EventStore
 from lakefold.projections import DeadLetters, Runner, RunnerConfig, hopping, tumbling
-from lakefold.projections._api import Registry, registering_into, view
-from lakefold.projections._late_events import list_late, replay_late
-from lakefold.projections._model import changelog, events
-from lakefold.projections._target_specs import delta_table
-from lakefold.projections._view_validation import plan_views
 from lakefold.projections.exceptions import MissingKeyError, ProjectionDefinitionError
 from lakefold.projections.operations import Catalog, SinkRoots, projection_status
+from lakefold.projections.runtime._view_validation import plan_views
+from lakefold.projections.spec._api import Registry, registering_into, view
+from lakefold.projections.spec._model import changelog, events
+from lakefold.projections.spec._target_specs import delta_table
+from lakefold.projections.state._late_events import list_late, replay_late
 from lakefold.schemas import NewEvent
 from tests.projections.window_oracle import (
     BASE,

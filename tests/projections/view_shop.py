@@ -10,7 +10,7 @@ from typing import Any
 
 import psycopg
 
-from lakefold.projections._view_maintainer import ViewMaintainer, open_view, output_stream
+from lakefold.projections.operators._view_maintainer import ViewMaintainer, open_view, output_stream
 
 ORDER_LINES = """
     SELECT o.id AS order_id, o.customer_id, o.amount, c.city, p.category

@@ -9,8 +9,8 @@ from typing import TYPE_CHECKING
 import pytest
 
 from lakefold.core.exceptions import LakefoldError, marker_in
-from lakefold.projections._runner import _describe, _terminal
 from lakefold.projections.exceptions import RecordFailedError, TargetUnavailableError
+from lakefold.projections.runtime._runner import _describe, _terminal
 
 if TYPE_CHECKING:
     import pyarrow as pa

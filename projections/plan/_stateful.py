@@ -1,0 +1,168 @@
+"""Refuse transforms that keep state across records of a changelog (issue 18, item 2).
+
+A changelog is a stream of *changes to a table*, not a stream of facts. Spark Structured
+Streaming has no retractions: an aggregation, join, deduplication, window function or limit
+over a changelog takes each update and delete record as one more input row. ``groupBy("city")
+.count()`` then counts a customer again at every update (under its new city, while its old
+city keeps it) and counts each delete as a row with a NULL city. The view drifts from the
+table silently, so such a transform is refused when the projection is validated (``lakefold
+run``, ``lakefold rebuild``, ``Runner.prepare``), before anything is written.
+
+What stays allowed: per-row operators over changelogs (select, filter, withColumn, UDFs,
+explode, union, mapInPandas), any operator over event sources only (events are append-only
+facts), and folds (``Fold``), whose handlers see each insert, update and delete.
+
+How: the analyzed logical plan of the transform's output is walked; an operator that keeps
+state across records (``STATEFUL_OPERATORS``) is refused when a changelog source's leaf (the
+streaming relation whose ``source`` option names a changelog) is anywhere below it. A join is
+refused when either side reads a changelog, a static side included: the static side is read
+again at every micro-batch, so a replay or rebuild would join with other data.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from lakefold.projections.exceptions import StatefulChangelogError
+from lakefold.projections.spec._api import Projection
+from lakefold.spark._source_inputs import ChangelogSource
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame
+
+#: Logical operators (Spark node names) that keep state across records, and what to call them.
+STATEFUL_OPERATORS: dict[str, str] = {
+    "Aggregate": "an aggregation (groupBy/agg/count, or a time window)",
+    "Deduplicate": "a deduplication (dropDuplicates/distinct)",
+    "DeduplicateWithinWatermark": "a deduplication (dropDuplicatesWithinWatermark)",
+    "Distinct": "a deduplication (distinct)",
+    "Join": "a join",
+    "AsOfJoin": "a join",
+    "LateralJoin": "a join",
+    "Window": "a window function (over a Window spec)",
+    "WindowGroupLimit": "a window function (over a Window spec)",
+    "GlobalLimit": "a limit",
+    "Offset": "an offset",
+    "Intersect": "a set operation (intersect)",
+    "Except": "a set operation (subtract/exceptAll)",
+    "FlatMapGroupsWithState": "per-group state (flatMapGroupsWithState)",
+    "FlatMapGroupsInPandasWithState": "per-group state (applyInPandasWithState)",
+    "FlatMapGroupsInPandas": "a per-group function (groupBy().applyInPandas)",
+    "FlatMapGroupsInArrow": "a per-group function (groupBy().applyInArrow)",
+    "FlatMapCoGroupsInPandas": "a co-grouped function (cogroup().applyInPandas)",
+    "FlatMapCoGroupsInArrow": "a co-grouped function (cogroup().applyInArrow)",
+    "MapGroups": "a per-group function (mapGroups)",
+    "CoGroup": "a co-grouped function (cogroup)",
+    "TransformWithState": "per-key state (transformWithState)",
+    "TransformWithStateInPandas": "per-key state (transformWithStateInPandas)",
+    "TransformWithStateInPySpark": "per-key state (transformWithStateInPandas)",
+}
+_SUBQUERY = "a subquery (a join in disguise)"
+
+
+@dataclass(frozen=True)
+class StatefulUse:
+    """One stateful operator and the changelog tables read below it."""
+
+    operator: str
+    description: str
+    tables: tuple[str, ...]
+
+
+def _java_seq(seq: Any) -> Iterator[Any]:
+    for index in range(seq.size()):
+        yield seq.apply(index)
+
+
+def _leaf_changelog(node: Any) -> str | None:
+    """The changelog table a leaf reads, from its ``source`` option (see ``_source``)."""
+    for attribute in ("extraOptions", "options"):
+        getter = getattr(node, attribute, None)
+        if getter is None:
+            continue
+        try:
+            text = getter().get("source")
+        except Exception:  # noqa: S112 - not every leaf has options of this shape
+            continue
+        if not text:
+            continue
+        try:
+            source = json.loads(str(text))
+        except ValueError:
+            return None
+        if isinstance(source, dict) and source.get("kind") == "changelog":
+            return str(source.get("table"))
+        return None
+    return None
+
+
+def _walk(node: Any, found: list[StatefulUse]) -> set[str]:
+    """The changelog tables read below ``node`` (itself included); stateful operators over
+    one of them are appended to ``found``, innermost first."""
+    tables: set[str] = set()
+    children = list(_java_seq(node.children()))
+    if not children:
+        table = _leaf_changelog(node)
+        if table is not None:
+            tables.add(table)
+    for child in children:
+        tables |= _walk(child, found)
+    subqueries = list(_java_seq(node.subqueries()))
+    for subquery in subqueries:
+        tables |= _walk(subquery, found)
+    name = str(node.nodeName())
+    description = STATEFUL_OPERATORS.get(name) or (_SUBQUERY if subqueries else None)
+    if description is not None and tables:
+        found.append(StatefulUse(name, description, tuple(sorted(tables))))
+    return tables
+
+
+def stateful_changelog_uses(output: DataFrame) -> list[StatefulUse] | None:
+    """Stateful operators of ``output``'s plan that read a changelog (innermost first);
+    None when the plan cannot be inspected."""
+    try:
+        plan = output._jdf.queryExecution().analyzed()
+        found: list[StatefulUse] = []
+        _walk(plan, found)
+    except Exception:
+        return None
+    return found
+
+
+def check_no_state_over_changelogs(projection: Projection, output: DataFrame,
+                                   stateful: bool) -> None:
+    """Raise StatefulChangelogError when ``projection``'s transform keeps state across the
+    records of a changelog source (see the module docstring). ``stateful``: whether the plan
+    keeps any state at all (used when the plan cannot be inspected: then any state over a
+    projection that reads a changelog is refused)."""
+    if projection.fold is not None:
+        return
+    changelogs = [s.table for s in projection.sources if isinstance(s, ChangelogSource)]
+    if not changelogs:
+        return
+    uses = stateful_changelog_uses(output)
+    if uses is None:
+        if not stateful:
+            return
+        uses = [StatefulUse("?", "an operator that keeps state across records",
+                            tuple(changelogs))]
+    if not uses:
+        return
+    use = uses[0]
+    tables = ", ".join(use.tables)
+    raise StatefulChangelogError(
+        f"projection {projection.name}: its transform applies {use.description} (Spark "
+        f"operator {use.operator}) to the changelog of {tables}. Spark streaming has no "
+        "retractions: every update and delete of a changelog arrives as a new row, so the "
+        "view would count old versions and deleted rows again and drift from the table "
+        "without any error. Write it as a view (lakefold.view): the same query, in Spark SQL "
+        "or as a DataFrame function, kept equal to the table under updates and deletes, as "
+        "order_lines and revenue_by_city in lakefold/_demo_projections.py are; or as a Fold "
+        "(lakefold.projections.Fold), whose handlers see each insert, update and delete and "
+        "keep per-key state; or project the rows as they are (select/filter, into "
+        "delta_table('upsert', keys=[<the table's key>])) and aggregate or join them with "
+        "`lakefold query`."
+    )
