@@ -65,7 +65,7 @@ from lakefold.projections.plan._view_cuts import (
     install_view_cuts,
     record_cut,
 )
-from lakefold.projections.plan._view_plan import ViewPlan, analyze, view_frame
+from lakefold.projections.plan._view_plan import Operator, ViewPlan, analyze, view_frame
 from lakefold.projections.spec._view_api import Query
 from lakefold.projections.spec._view_inputs import EventInput
 from lakefold.projections.spec._windows import (
@@ -189,11 +189,12 @@ class ViewMaintainer:
         #: The windowed event input whose rows fold into the view's aggregates (no input
         #: state, no Spark; ``_window_aggregates``), if the view is one such ``GROUP BY``.
         self.folded: WindowAggregates | None = None
-        fed = self.feeds.get(window.input) if window is not None else None
-        if plan.aggregate is not None and isinstance(fed, EventFeed) and fed.window is not None \
-                and fed.window.kind != "session" and plan.aggregate.input == fed.alias:
+        if plan.operator is Operator.WINDOW_FOLD:
+            assert window is not None and plan.aggregate is not None  # noqa: S101 - the plan's
+            fed = self.feeds[window.input]
+            assert isinstance(fed, EventFeed)  # noqa: S101 - the planner folds event inputs
             self.folded = fed.folder = WindowAggregates(self.owner, plan.aggregate, fed.schema,
-                                                        fed.window.time)
+                                                        window.time)
         # Input name → its state. Names over one stream (a self-join written as two inputs of
         # one table or view) share one state, applied once a batch: each name then sees the
         # batch's images of that stream (``_apply_states``).
@@ -214,7 +215,8 @@ class ViewMaintainer:
         self.output = DerivedStream(output_stream(view, generation))
         self.own = StreamState(self.owner, self.output.name)
         self.aggregates: AggregateState | None = self.folded
-        if plan.aggregate is not None and window is None:
+        if plan.operator is Operator.KEPT_AGGREGATE:
+            assert plan.aggregate is not None  # noqa: S101 - the plan keeps this aggregate
             self.aggregates = AggregateState(self.owner, plan.aggregate,
                                              self.states[plan.aggregate.input])
         self._schema: Any = None

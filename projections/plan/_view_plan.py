@@ -26,6 +26,12 @@ sampling, window functions, subqueries, non-deterministic functions, an input re
 reaches every input while some key column is an input's. A view whose key columns are all
 computed (a global aggregate's constant, an aggregate of an aggregate) has no partitions
 (``ViewPlan.whole``): every batch recomputes it whole.
+
+**One decision, made here**: ``ViewPlan.operator`` says which operator maintains the view —
+recompute the touched partitions (``RECOMPUTE``; ``WINDOWED`` when an input is windowed), keep
+one ``GROUP BY``'s aggregates by their changes (``KEPT_AGGREGATE``), fold a windowed event
+input's rows straight into its aggregates (``WINDOW_FOLD``), or join two event inputs within a
+time bound (``INTERVAL_JOIN``). The maintainer executes the tag; it never decides again.
 """
 
 from __future__ import annotations
@@ -34,6 +40,7 @@ import itertools
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from enum import StrEnum
 from typing import TYPE_CHECKING, Final
 
 from lakefold.projections.exceptions import MissingKeyError, NotMaintainableError
@@ -102,6 +109,16 @@ class Lookup:
     via_column: str
 
 
+class Operator(StrEnum):
+    """Which operator maintains a view (see the module docstring)."""
+
+    RECOMPUTE = "recompute"
+    WINDOWED = "windowed"
+    KEPT_AGGREGATE = "kept_aggregate"
+    WINDOW_FOLD = "window_fold"
+    INTERVAL_JOIN = "interval_join"
+
+
 @dataclass(frozen=True)
 class ViewPlan:
     """How one view is maintained (see the module docstring)."""
@@ -115,10 +132,13 @@ class ViewPlan:
     direct: Mapping[str, tuple[str, ...]]
     #: Lookup input → how its rows are found, in the order they must be found.
     lookups: Mapping[str, Lookup]
-    #: Set when the view is one GROUP BY kept by its changes (``_view_aggregates``).
+    #: Set when the view is one GROUP BY kept by its changes (``KEPT_AGGREGATE``) or folded
+    #: from its windowed event input (``WINDOW_FOLD``); None for every other operator.
     aggregate: AggregatePlan | None = None
-    #: Set for a join of two event inputs within a time bound (``_interval_joins``).
+    #: Set for a join of two event inputs within a time bound (``INTERVAL_JOIN``).
     join: IntervalJoin | None = None
+    #: The operator that maintains the view, decided here once.
+    operator: Operator = Operator.RECOMPUTE
 
     @property
     def inputs(self) -> tuple[str, ...]:
@@ -145,9 +165,16 @@ class ViewPlan:
         parts += [f"{name} direct by {', '.join(cols)}" for name, cols in self.direct.items()]
         parts += [f"{name} looked up by {lookup.column} = {lookup.via}.{lookup.via_column}"
                   for name, lookup in self.lookups.items()]
-        if self.aggregate is not None:
-            parts.append("aggregates kept by their changes")
-        return "; ".join(parts)
+        parts.append(_DESCRIBE[self.operator])
+        return "; ".join(p for p in parts if p)
+
+
+_DESCRIBE: Final = {
+    Operator.RECOMPUTE: "", Operator.WINDOWED: "its windowed input's rows recomputed",
+    Operator.KEPT_AGGREGATE: "aggregates kept by their changes",
+    Operator.WINDOW_FOLD: "window aggregates folded from the event feed",
+    Operator.INTERVAL_JOIN: "an interval join's left events recomputed on their own",
+}
 
 
 # ---------------------------------------------------------------------------------- analysis
@@ -417,12 +444,24 @@ def analyze_plan(view: str, plan_json: str, key: Sequence[str],
         plan = ViewPlan({}, tuple(key), (), {}, {})
     if plan is None:
         raise _unreachable(view, scope, tuple(key))
-    aggregate = aggregate_plan(tree)
+    return _operator(plan, aggregate_plan(tree), windowed,
+                     windowed or (window.input if window is not None else None))
+
+
+def _operator(plan: ViewPlan, aggregate: AggregatePlan | None, windowed: str | None,
+              window_input: str | None) -> ViewPlan:
+    """``plan`` with its operator: ``aggregate`` is kept when the view is that one GROUP BY
+    over one direct input by its partition, folded when that input is ``windowed`` (an event
+    input's fixed windows), and otherwise recomputed (``WINDOWED`` when ``window_input``)."""
     if aggregate is not None and not plan.lookups and list(plan.direct) == [aggregate.input] \
             and set(plan.partition) == {name for name, column in aggregate.groups
                                         if aggregate.input != windowed or column != WINDOW_END}:
-        plan = replace(plan, aggregate=aggregate)
-    return plan
+        if aggregate.input == windowed:
+            return replace(plan, aggregate=aggregate, operator=Operator.WINDOW_FOLD)
+        if window_input is None:
+            return replace(plan, aggregate=aggregate, operator=Operator.KEPT_AGGREGATE)
+    return replace(plan, operator=Operator.RECOMPUTE if window_input is None
+                   else Operator.WINDOWED)
 
 
 def _unreachable(view: str, scope: _Scope, key: tuple[str, ...]) -> NotMaintainableError:
@@ -489,4 +528,4 @@ def _joined(view: str, plan: ViewPlan, join: IntervalJoin) -> ViewPlan:
             f"'{join.left}_position', '{join.right}_position']), so each left event's rows "
             f"are computed on their own and can be forgotten once its bound passed; this "
             f"key partitions by {', '.join(plan.partition)} ({plan.describe()})")
-    return replace(plan, join=join)
+    return replace(plan, join=join, operator=Operator.INTERVAL_JOIN, aggregate=None)
