@@ -10,13 +10,11 @@ Snapshots and operations: the initial snapshot runs when the slot is created
 invalidated slot.
 
 Read side: ``ChangelogStore(store_dsn)`` and ``read_changelog_range`` (Spark's workers), with
-durable readers that hold compaction back: see ``lakefold.capture.store``, whose names are
-exported here too.
+durable readers that hold compaction back: see ``lakefold.store`` (the store the capture,
+the event store's feeds and the views share), whose names are exported here too.
 
 Rooms, lowest first (each imports only the ones before it):
 
-``store``        the changelog store (reads, writer, compaction, durable readers, segments);
-                 importable without the rest, which is what Spark's workers load
 ``decoding``     the replication connection, pgoutput and the decoder, in-band messages
 ``snapshots``    the initial snapshot, incremental snapshots, rows read again
 ``operations``   ``Capture`` and its loop, control, slot health and recovery, ownership, the
@@ -30,7 +28,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from lakefold.capture import store as _store  # cheap: the store's own names load lazily
+import lakefold.store as _store  # cheap: the store's own names load lazily
 from lakefold.core.lazy import lazy_getattr
 
 if TYPE_CHECKING:
@@ -70,7 +68,7 @@ if TYPE_CHECKING:
         SnapshotStats,
         resnapshot,
     )
-    from lakefold.capture.store import *  # noqa: F403 (the names in store.__all__)
+    from lakefold.store import *  # noqa: F403 (the names in store.__all__)
 
 # public name -> module that defines it
 _EXPORTS: dict[str, str] = {
@@ -103,7 +101,7 @@ _EXPORTS: dict[str, str] = {
     "SlotError": "lakefold.capture.exceptions",
     "SourceConfigurationError": "lakefold.capture.exceptions",
 }
-_EXPORTS |= dict.fromkeys(_store.__all__, "lakefold.capture.store")
+_EXPORTS |= dict.fromkeys(_store.__all__, "lakefold.store")
 
 __all__ = [
     "LEGACY_SLOT",

@@ -11,7 +11,7 @@ from typing import Final
 
 from lakefold.capture._options import HeartbeatPolicy, SnapshotPolicy
 from lakefold.capture.exceptions import CaptureConfigurationError, SourceConfigurationError
-from lakefold.capture.store._compaction import CompactionPolicy
+from lakefold.store.internals import CompactionPolicy
 
 _SLOT_NAME: Final = re.compile(r"^[a-z0-9_]{1,63}$")
 

@@ -3,13 +3,14 @@
 Every error says what happened and what to do. Transient errors (a dropped connection, a
 server restart) are retried by ``Capture.run`` with backoff; terminal ones stop it. The base
 ``CaptureError`` and the errors the changelog store raises are defined in
-``lakefold.capture.store.exceptions`` (the store is the lowest room of capture and imports nothing
+``lakefold.store.exceptions`` (the store is the lowest room of capture and imports nothing
 above it); this module lists every capture error.
 """
 
 from __future__ import annotations
 
-from lakefold.capture.store.exceptions import (
+from lakefold.core.exceptions import ConfigurationError
+from lakefold.store.exceptions import (
     CaptureConfigurationError,
     CaptureError,
     CaptureLookupError,
@@ -23,7 +24,6 @@ from lakefold.capture.store.exceptions import (
     StoreUnavailableError,
     UnknownStreamError,
 )
-from lakefold.core.exceptions import ConfigurationError
 
 __all__ = [
     "CaptureConfigurationError",

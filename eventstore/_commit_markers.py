@@ -25,8 +25,7 @@ from typing import Any, Final
 
 import psycopg
 
-#: The prefix of a commit marker's logical decoding message.
-COMMIT_MARKER_PREFIX: Final = "lakefold.event_commit"
+from lakefold.core.wal import COMMIT_MARKER_PREFIX
 
 _INSTALL: Final = """
 CREATE OR REPLACE FUNCTION lakefold.event_commit_marker() RETURNS trigger

@@ -34,8 +34,11 @@ from lakefold.eventstore._model import (
     normalise_expected,
     positive_int,
 )
-from lakefold.eventstore._postgres import PostgresRecorder, append_on
-from lakefold.eventstore._postgres import save_checkpoint as save_checkpoint_on
+from lakefold.eventstore._postgres import (
+    PostgresRecorder,
+    append_on,
+    save_checkpoint as save_checkpoint_on,
+)
 from lakefold.eventstore._recorder import EventRecorder
 from lakefold.eventstore._segments import SEGMENT_POSITIONS
 from lakefold.eventstore._subscriptions import Subscription, SubscriptionOptions

@@ -25,8 +25,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from lakefold._cli_common import app as _app
-from lakefold._cli_common import print_table
+from lakefold._cli_common import app as _app, print_table
 from lakefold.core.exceptions import ConfigurationError
 
 capture_app = typer.Typer(

@@ -60,7 +60,7 @@ if TYPE_CHECKING:  # the real names for type checkers; at run time they load laz
     from lakefold.projections.targets._search import SearchHit, SearchIndexReader
     from lakefold.projections.targets._search_matches import MatchedText
     from lakefold.projections.targets._tables import ProjectionTableCatalog
-    from lakefold.spark._source_inputs import ChangelogSource, EventSource
+    from lakefold.spark.internals import ChangelogSource, EventSource
 
 # Lazy exports: Spark's Python workers may import a projections module (the retry source),
 # which runs this file; importing Redis, Tantivy and psycopg here would add a second to every

@@ -5,7 +5,7 @@ readers get the same information as Arrow tables instead; the capture's hot path
 these models.
 
 Values in ``key``, ``before`` and ``after`` are typed per column (see
-``lakefold.capture.store._text_values``): ``int``, ``Decimal``, ``float``, ``str``, ``bool``,
+``lakefold.store._text_values``): ``int``, ``Decimal``, ``float``, ``str``, ``bool``,
 ``date``, ``time``, ``datetime``, ``Interval``, ``UUID``, ``bytes``, lists for arrays; a ``json``
 value is its exact text (``str``), a ``jsonb`` value parsed JSON with exact numbers
 (``Decimal``).
@@ -19,6 +19,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from lakefold.core.wal import format_lsn
 from lakefold.schemas.exceptions import SchemaValueError
 
 
@@ -91,7 +92,7 @@ class ChangeEvent(BaseModel):
     @property
     def commit_lsn_text(self) -> str:
         """The commit LSN in PostgreSQL's ``X/Y`` form."""
-        return f"{self.commit_lsn >> 32:X}/{self.commit_lsn & 0xFFFFFFFF:X}"
+        return format_lsn(self.commit_lsn)
 
     @property
     def dedupe_key(self) -> tuple[int, int]:

@@ -22,8 +22,7 @@ from pathlib import Path
 from typing import TypeVar
 
 import pyarrow as pa
-from deltalake import DeltaTable
-from deltalake import Schema as DeltaSchema
+from deltalake import DeltaTable, Schema as DeltaSchema
 from deltalake.exceptions import CommitFailedError, DeltaError, TableNotFoundError
 from deltalake.transaction import AddAction, CommitProperties, RemoveAction, Transaction
 

@@ -13,8 +13,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import pyarrow as pa
-from deltalake import Field as DeltaField
-from deltalake import Schema as DeltaSchema
+from deltalake import Field as DeltaField, Schema as DeltaSchema
 from deltalake.schema import PrimitiveType
 
 from lakefold.spark._delta_files import SUPPORTED_PARTITION_TYPES, is_partitionable

@@ -65,8 +65,7 @@ def _staging_prefix(target: DeltaTarget, batch_id: int) -> str:
 
 def _dedupe(df: DataFrame, target: DeltaTarget) -> DataFrame:
     """Keep, per key, the row with the greatest ``order_by`` value."""
-    from pyspark.sql import Window
-    from pyspark.sql import functions as F
+    from pyspark.sql import Window, functions as F
 
     order = F.col(str(target.order_by)).desc_nulls_last()
     rank = "__lakefold_rank"

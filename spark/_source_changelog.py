@@ -34,7 +34,6 @@ from dataclasses import dataclass
 
 import pyarrow as pa
 
-from lakefold.capture.store import read_changelog_range
 from lakefold.schemas.arrow import conform_batch, spark_compatible
 from lakefold.spark import _source_reads
 from lakefold.spark._source_columns import changelog_records
@@ -42,6 +41,7 @@ from lakefold.spark._source_formats import PositionSource, RangeQuery
 from lakefold.spark._source_positions import PositionRange
 from lakefold.spark._store_dsn import store_dsn_option
 from lakefold.spark.exceptions import SparkTerminalError
+from lakefold.store import read_changelog_range
 
 SOURCE_NAME = "lakefold_changelog"
 

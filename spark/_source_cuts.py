@@ -36,8 +36,8 @@ from typing import Any
 
 import psycopg
 
-from lakefold.capture.store import commit_at, first_after, frontier
 from lakefold.spark._source_positions import capped_end
+from lakefold.store import commit_at, first_after, frontier
 
 _DDL = """
 CREATE TABLE IF NOT EXISTS lakefold.commit_cuts (

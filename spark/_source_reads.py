@@ -61,7 +61,7 @@ def _handle(kind: str, dsn: str) -> Any:
 
             handle = EventStore(dsn)
         else:
-            from lakefold.capture.store import ChangelogStore
+            from lakefold.store import ChangelogStore
 
             handle = ChangelogStore(dsn)
         _handles[key] = handle
@@ -116,7 +116,7 @@ def events_arrow_schema() -> pa.Schema:
 
 def changelog_streams(dsn: str) -> list[str]:
     """The changelog streams (``schema.table``) in the store."""
-    from lakefold.capture.store import ChangelogStore
+    from lakefold.store import ChangelogStore
 
     with ChangelogStore(dsn) as store:
         return [info.name for info in store.streams()]
@@ -146,7 +146,7 @@ def changelog_truncates(dsn: str, stream: str, start: int, end: int) -> list[Tru
 def changelog_arrow_schema(dsn: str, stream: str) -> pa.Schema:
     """The columns a changelog read yields: the metadata columns, capture's own change columns
     (``_op``, ``_commit_lsn``, ...) and the table's typed columns (newest schema version)."""
-    from lakefold.capture.store import ChangelogStore
+    from lakefold.store import ChangelogStore
 
     with ChangelogStore(dsn) as store:
         empty = store.read(stream, from_position=2**62, limit=1)
@@ -157,7 +157,7 @@ def changelog_arrow_schema(dsn: str, stream: str) -> pa.Schema:
 def read_changelog(dsn: str, source: ChangelogSource, start: int, end: int
                    ) -> Iterator[pa.RecordBatch]:
     """Changelog records at positions ``[start, end)`` with the metadata columns."""
-    from lakefold.capture.store import read_changelog_range
+    from lakefold.store import read_changelog_range
 
     for batch in read_changelog_range(dsn, source.table, max(start, 1), end):
         yield changelog_records(batch, source.table)

@@ -10,6 +10,6 @@ TOASTed values (``_toast_fill``), type and key lookups in the source catalog
 Public here: the LSN text form (``format_lsn``, ``parse_lsn``).
 """
 
-from lakefold.capture.decoding._pgoutput import format_lsn, parse_lsn
+from lakefold.core.wal import format_lsn, parse_lsn
 
 __all__ = ["format_lsn", "parse_lsn"]

@@ -27,15 +27,16 @@ from typing import Any, Final, Protocol
 
 from lakefold.capture.decoding import _pgoutput as pgo
 from lakefold.capture.exceptions import DecodingError
-from lakefold.capture.store._changelog_writer import (
+from lakefold.core.wal import format_lsn
+from lakefold.store.internals import (
     NULL_FIELD,
     Batch,
     CapturedMessage,
     Checkpoint,
     SlotState,
     StreamedCommit,
+    StreamSchema,
 )
-from lakefold.capture.store._stream_schema import StreamSchema
 
 log = logging.getLogger(__name__)
 
@@ -304,7 +305,7 @@ class Decoder:
         """Rows of a partial transaction that the server will not send again (the slot moved
         past it): drop them and reuse their positions."""
         log.warning("dropping the unfinished transaction at commit LSN %s left by an earlier "
-                    "run: the slot no longer sends it", pgo.format_lsn(self._checkpoint.commit_lsn))
+                    "run: the slot no longer sends it", format_lsn(self._checkpoint.commit_lsn))
         for stream in self._streams.values():
             stream.next_position = stream.head + 1
         self._batch.drop_invisible.extend(s.stream_id for s in self._streams.values())

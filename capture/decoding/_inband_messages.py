@@ -54,14 +54,12 @@ from typing import Any, Final
 
 import psycopg
 
-from lakefold.capture.decoding import _pgoutput as pgo
-from lakefold.capture.decoding import _publishable
+from lakefold.capture.decoding import _pgoutput as pgo, _publishable
 from lakefold.capture.decoding._decoder import Decoder
 from lakefold.capture.decoding._toast_fill import FillItem, ToastFill, fill_from_before
 from lakefold.capture.exceptions import DecodingError
-from lakefold.capture.store import _capture_state
-from lakefold.capture.store._changelog_writer import NULL_FIELD, Batch, Checkpoint
-from lakefold.eventstore._commit_markers import COMMIT_MARKER_PREFIX
+from lakefold.core.wal import COMMIT_MARKER_PREFIX
+from lakefold.store.internals import NULL_FIELD, Batch, Checkpoint, capture_state
 
 log = logging.getLogger(__name__)
 
@@ -151,7 +149,7 @@ class _StoreHeartbeats:
     beats: list[tuple[int, datetime]] = field(default_factory=list)
 
     def __call__(self, cur: psycopg.Cursor[Any]) -> None:
-        _capture_state.store_heartbeats(cur, self.slot, self.beats)
+        capture_state.store_heartbeats(cur, self.slot, self.beats)
 
 
 @dataclass
@@ -160,7 +158,7 @@ class _StoreEventCommits:
     commits: list[tuple[int, int]] = field(default_factory=list)
 
     def __call__(self, cur: psycopg.Cursor[Any]) -> None:
-        _capture_state.store_event_commits(cur, self.slot, self.commits)
+        capture_state.store_event_commits(cur, self.slot, self.commits)
 
 
 @dataclass
@@ -172,9 +170,9 @@ class _PlanResnapshot:
     tables: dict[int, tuple[int, str, str, str]] = field(default_factory=dict)
 
     def __call__(self, cur: psycopg.Cursor[Any]) -> None:
-        _capture_state.insert_run(cur, slot=self.slot, kind="incremental",
+        capture_state.insert_run(cur, slot=self.slot, kind="incremental",
                                   consistent_lsn=None, tables=list(self.tables.values()))
-        cur.execute("SELECT pg_notify(%s, %s)", (_capture_state.CONTROL_CHANNEL, self.slot))
+        cur.execute("SELECT pg_notify(%s, %s)", (capture_state.CONTROL_CHANNEL, self.slot))
 
 
 @dataclass

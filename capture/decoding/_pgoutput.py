@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Final
 
-from lakefold.capture.exceptions import CaptureValueError, DecodingError
+from lakefold.capture.exceptions import DecodingError
 
 PG_EPOCH: Final = datetime(2000, 1, 1, tzinfo=UTC)
 _PG_EPOCH_UNIX_US: Final = 946_684_800_000_000
@@ -63,19 +63,6 @@ class Unchanged:
 UNCHANGED_TOAST: Final = Unchanged()
 
 TupleValue = bytes | None | Unchanged
-
-
-def format_lsn(lsn: int) -> str:
-    """``0x16B3748`` -> ``'0/16B3748'`` (PostgreSQL's text form of an LSN)."""
-    return f"{lsn >> 32:X}/{lsn & 0xFFFFFFFF:X}"
-
-
-def parse_lsn(text: str) -> int:
-    """``'0/16B3748'`` -> ``0x16B3748``. Raises ValueError for anything else."""
-    high, sep, low = text.strip().partition("/")
-    if not sep or not high or not low:
-        raise CaptureValueError(f"not an LSN: {text!r} (expected the form 'X/Y', e.g. '0/16B3748')")
-    return (int(high, 16) << 32) | int(low, 16)
 
 
 def pg_timestamp(microseconds: int) -> datetime:

@@ -19,7 +19,7 @@ from typing import Final
 import psycopg
 from psycopg import pq, sql
 
-from lakefold.capture.decoding._pgoutput import format_lsn, parse_lsn, pg_now
+from lakefold.capture.decoding._pgoutput import pg_now
 from lakefold.capture.exceptions import (
     CaptureTerminalError,
     CaptureValueError,
@@ -28,6 +28,7 @@ from lakefold.capture.exceptions import (
     SourceConfigurationError,
 )
 from lakefold.core.dsn import mask_dsn
+from lakefold.core.wal import format_lsn, parse_lsn
 
 SESSION_OPTIONS: Final = (
     "-c datestyle=ISO,YMD -c intervalstyle=iso_8601 -c timezone=UTC "

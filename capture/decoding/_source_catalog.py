@@ -12,7 +12,7 @@ from typing import Any
 import psycopg
 
 from lakefold.capture.decoding import _pgoutput as pgo
-from lakefold.capture.store._stream_schema import (
+from lakefold.store.internals import (
     ColumnSchema,
     StreamSchema,
     TypeInfo,

@@ -37,8 +37,7 @@ from typing import Any, Final
 import psycopg
 from psycopg import sql
 
-from lakefold.capture.store import _snapshot_segments
-from lakefold.capture.store._changelog_writer import split_key
+from lakefold.store.internals import snapshot_segments, split_key
 
 log = logging.getLogger(__name__)
 
@@ -121,7 +120,7 @@ class ToastFill:
         names: dict[tuple[int, int], list[str]] = {}
         for item in sorted(self.items, key=lambda i: (i.stream_id, i.position)):
             if item.stream_id not in floors:
-                _snapshot_segments.hold(cur, item.stream_id)
+                snapshot_segments.hold(cur, item.stream_id)
                 row = cur.execute(
                     "SELECT compacted_to FROM lakefold.changelog_compaction WHERE stream_id = %s",
                     (item.stream_id,)).fetchone()
@@ -130,7 +129,7 @@ class ToastFill:
                                           "k": item.source_key,
                                           "floor": floors[item.stream_id]}).fetchone()
             key = [None if v is None else v.decode() for v in split_key(item.source_key)]
-            in_segment = _snapshot_segments.latest_with_key(
+            in_segment = snapshot_segments.latest_with_key(
                 cur, item.stream_id, key, above=int(found[0]) if found else 0,
                 below=item.position)
             if found is None and in_segment is None:

@@ -9,8 +9,7 @@ database (``_source_setup``).
 """
 
 from lakefold.capture.operations._capture import Capture, CaptureStats, drop_capture
-from lakefold.capture.operations._control import pause as pause_capture
-from lakefold.capture.operations._control import resume as resume_capture
+from lakefold.capture.operations._control import pause as pause_capture, resume as resume_capture
 from lakefold.capture.operations._recovery import recover
 from lakefold.capture.operations._slot_health import SlotHealth, SlotInvalidatedError, slot_health
 

@@ -32,7 +32,6 @@ import psycopg
 from lakefold.capture._config import CaptureConfig
 from lakefold.capture.decoding._decoder import Decoder, DecoderOptions
 from lakefold.capture.decoding._inband_messages import DecoderExtension
-from lakefold.capture.decoding._pgoutput import format_lsn
 from lakefold.capture.decoding._replication_connection import (
     ReplicationConnection,
     SlotInUseError,
@@ -60,11 +59,16 @@ from lakefold.capture.operations._control import CaptureControl
 from lakefold.capture.snapshots import _incremental_snapshot, _initial_snapshot
 from lakefold.capture.snapshots._initial_snapshot import SnapshotListener
 from lakefold.capture.snapshots._reread import reread_queued
-from lakefold.capture.store import _capture_state, _ddl
-from lakefold.capture.store._changelog_writer import ChangelogWriter
-from lakefold.capture.store._write_pipeline import StorePipeline, translate_store_error
 from lakefold.core.dsn import error_text, mask_dsn
 from lakefold.core.exceptions import LakefoldError, TransientError
+from lakefold.core.wal import format_lsn
+from lakefold.store.internals import (
+    ChangelogWriter,
+    StorePipeline,
+    capture_state,
+    ddl,
+    translate_store_error,
+)
 
 log = logging.getLogger(__name__)
 
@@ -143,9 +147,9 @@ def drop_capture(source_dsn: str, store_dsn: str, *, slot: str, publication: str
             source.execute(psycopg.sql.SQL("DROP PUBLICATION {}").format(
                 psycopg.sql.Identifier(publication)))
         _publication_guard.uninstall(source, publication)
-        if _capture_state.is_installed(store):
-            _capture_state.forget_scope(store, slot)
-        if _ddl.is_installed(store):
+        if capture_state.is_installed(store):
+            capture_state.forget_scope(store, slot)
+        if ddl.is_installed(store):
             ChangelogWriter(store, slot).forget_slot()
             _slot_intent.forget(store, slot)
 
@@ -210,7 +214,7 @@ class Capture:
             guard = _source_setup.check_guard(source, schema=cfg.schema)
             self._system_id, self._database = _source_setup.system_identity(source)
             writer = ChangelogWriter(store, cfg.slot)
-            record = writer.slot_record() if _ddl.is_installed(store) else None
+            record = writer.slot_record() if ddl.is_installed(store) else None
             intent = _slot_intent.load(store, cfg.slot) if record is None else None
             if intent is None:
                 self._check_ownership(existing, record)
@@ -223,8 +227,8 @@ class Capture:
                     f"publication {cfg.publication!r} already exists and was not created by "
                     "lakefold; lakefold only captures through a publication it owns. Choose "
                     "another publication name, or drop that publication if it is unused")
-            _ddl.install(store)
-            _capture_state.install(store)
+            ddl.install(store)
+            capture_state.install(store)
             self._owner().record()
             if intent is not None:
                 _slot_intent.discard_orphan(source, store, intent,
@@ -232,7 +236,7 @@ class Capture:
                 existing = None
             _source_setup.ensure_publication(source, cfg.publication, schema=cfg.schema,
                                              tables=cfg.table_refs, guard=guard)
-            _capture_state.record_scope(store, cfg.slot, cfg.publication, cfg.schema,
+            capture_state.record_scope(store, cfg.slot, cfg.publication, cfg.schema,
                                         [(t.schema, t.table) for t in cfg.table_refs],
                                         guarded=guard)
             if existing is None:
@@ -241,7 +245,7 @@ class Capture:
                 except BaseException:
                     if not had_publication:  # what this set-up created goes again
                         _publication_guard.uninstall(source, cfg.publication)
-                        _capture_state.forget_scope(store, cfg.slot)
+                        capture_state.forget_scope(store, cfg.slot)
                     raise
 
     def _check_ownership(self, slot: _source_setup.SlotInfo | None,
@@ -419,7 +423,7 @@ class Capture:
     def _start_compactor(self, stop: threading.Event) -> Any:
         if self.config.compaction is None:
             return None
-        from lakefold.capture.store._compaction import BackgroundCompactor
+        from lakefold.store.internals import BackgroundCompactor
 
         return BackgroundCompactor(self.config.resolved_store_dsn, self.config.compaction,
                                    slot=self.config.slot).start()

@@ -51,8 +51,8 @@ from lakefold.capture.snapshots._initial_snapshot import (
     utc_now,
 )
 from lakefold.capture.snapshots._reread import reread_rows
-from lakefold.capture.store import _capture_state as state
 from lakefold.core.exceptions import LakefoldError, TransientError
+from lakefold.store.internals import capture_state as state
 
 if TYPE_CHECKING:
     from lakefold.capture._config import CaptureConfig
@@ -227,7 +227,7 @@ class CaptureControl:
             (HEARTBEAT_PREFIX, encode_heartbeat(self.config.slot, utc_now()))).fetchone()
         self.heartbeats += 1
         if row is not None:
-            from lakefold.capture.decoding._pgoutput import parse_lsn
+            from lakefold.core.wal import parse_lsn
 
             self.last_heartbeat_lsn = parse_lsn(row[0])
 

@@ -16,7 +16,7 @@ import psycopg
 
 from lakefold.capture._options import SnapshotPolicy
 from lakefold.capture.operations._capture import Capture, drop_capture
-from lakefold.capture.store._changelog_writer import NOTIFY_CHANNEL
+from lakefold.store.internals import NOTIFY_CHANNEL
 
 if TYPE_CHECKING:
     from lakefold.capture._config import CaptureConfig

@@ -29,13 +29,13 @@ import psycopg
 
 from lakefold.capture._options import HealthThresholds
 from lakefold.capture.decoding import _publishable
-from lakefold.capture.decoding._pgoutput import format_lsn, parse_lsn
 from lakefold.capture.exceptions import SlotError, StoreUnavailableError
 from lakefold.capture.operations import _publication_guard
 from lakefold.capture.operations._slot_ownership import current_owner
-from lakefold.capture.store import _capture_state as state
 from lakefold.core.dsn import error_text, mask_dsn
 from lakefold.core.exceptions import LakefoldError
+from lakefold.core.wal import format_lsn, parse_lsn
+from lakefold.store.internals import capture_state as state
 
 if TYPE_CHECKING:
     from lakefold.capture._config import CaptureConfig

@@ -25,9 +25,9 @@ from typing import Any
 
 import psycopg
 
-from lakefold.capture.decoding import _pgoutput as pgo
 from lakefold.capture.exceptions import OwnershipError, SlotError
 from lakefold.capture.operations import _source_setup
+from lakefold.core.wal import parse_lsn
 
 log = logging.getLogger(__name__)
 
@@ -46,7 +46,7 @@ def record(store: psycopg.Connection[Any], *, slot: str, system_id: str, databas
            source: psycopg.Connection[Any]) -> SlotIntent:
     """Record (commit) the intent to create ``slot`` on ``source`` now."""
     row = source.execute("SELECT pg_current_wal_insert_lsn()::text").fetchone()
-    intent = SlotIntent(slot, system_id, database, pgo.parse_lsn(row[0] if row else "0/0"))
+    intent = SlotIntent(slot, system_id, database, parse_lsn(row[0] if row else "0/0"))
     store.execute(
         "INSERT INTO lakefold.capture_slot_intents (slot_name, source_system_id, "
         "source_database, wal_lsn) VALUES (%s, %s, %s, %s) ON CONFLICT (slot_name) DO UPDATE "
@@ -91,7 +91,7 @@ def check(intent: SlotIntent, *, system_id: str, database: str,
         return
     plugin, slot_database, restart_lsn = row[0], row[1], row[2]
     if plugin != "pgoutput" or slot_database != database or restart_lsn is None \
-            or pgo.parse_lsn(restart_lsn) < intent.wal_lsn:
+            or parse_lsn(restart_lsn) < intent.wal_lsn:
         raise OwnershipError(
             f"replication slot {intent.slot!r} already exists on the source but was not "
             "created by this store's interrupted set-up (it is older, or not a pgoutput slot "

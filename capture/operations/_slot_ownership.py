@@ -59,8 +59,8 @@ from lakefold.capture.exceptions import (
     OwnershipLostError,
     StoreError,
 )
-from lakefold.capture.store import _ddl
 from lakefold.core.dsn import error_text, mask_dsn
+from lakefold.store.internals import ddl
 
 log = logging.getLogger(__name__)
 
@@ -186,7 +186,7 @@ class SlotOwnership:
     def _request_take_over(self) -> None:
         conn = self._connection()
         if not _owners_table(conn):
-            _ddl.install(conn)
+            ddl.install(conn)
         conn.execute(
             "INSERT INTO lakefold.capture_owners (slot_name, takeover_host, takeover_pid, "
             "takeover_at) VALUES (%s, %s, %s, now()) ON CONFLICT (slot_name) DO UPDATE SET "

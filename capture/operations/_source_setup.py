@@ -15,7 +15,6 @@ import psycopg
 from psycopg import errors, sql
 
 from lakefold.capture._config import TableRef
-from lakefold.capture.decoding import _pgoutput as pgo
 from lakefold.capture.decoding import _publishable
 from lakefold.capture.exceptions import (
     OwnershipError,
@@ -23,6 +22,7 @@ from lakefold.capture.exceptions import (
     SourceConfigurationError,
 )
 from lakefold.capture.operations import _publication_guard
+from lakefold.core.wal import parse_lsn
 
 log = logging.getLogger(__name__)
 
@@ -202,7 +202,7 @@ def slot_info(conn: psycopg.Connection[Any], name: str) -> SlotInfo | None:
     if row is None:
         return None
     return SlotInfo(row[0], row[1], row[2], row[3], row[4],
-                    pgo.parse_lsn(row[5]) if row[5] else None, row[6])
+                    parse_lsn(row[5]) if row[5] else None, row[6])
 
 
 def check_slot(slot: SlotInfo, *, database: str, application_name: str) -> None:

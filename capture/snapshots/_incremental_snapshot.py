@@ -65,10 +65,9 @@ from lakefold.capture.snapshots._table_shape import (
     find_table,
     table_shape,
 )
-from lakefold.capture.store import _capture_state as state
-from lakefold.capture.store._write_pipeline import translate_store_error
 from lakefold.core.dsn import mask_dsn
 from lakefold.core.exceptions import TerminalError
+from lakefold.store.internals import capture_state as state, translate_store_error
 
 if TYPE_CHECKING:
     from lakefold.capture._config import CaptureConfig

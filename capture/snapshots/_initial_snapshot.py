@@ -51,12 +51,15 @@ from lakefold.capture.exceptions import (
     StoreError,
 )
 from lakefold.capture.snapshots._table_shape import TableShape, capture_tables, table_shape
-from lakefold.capture.store import _capture_state as state
-from lakefold.capture.store import _snapshot_segments
-from lakefold.capture.store._changelog_writer import NOTIFY_CHANNEL, ChangelogWriter
-from lakefold.capture.store._write_pipeline import translate_store_error
 from lakefold.core import adbc
 from lakefold.core.dsn import error_text, mask_dsn
+from lakefold.store.internals import (
+    NOTIFY_CHANNEL,
+    ChangelogWriter,
+    capture_state as state,
+    snapshot_segments,
+    translate_store_error,
+)
 
 if TYPE_CHECKING:
     from lakefold.capture._config import CaptureConfig
@@ -250,7 +253,7 @@ class _Chunk:
 
     table: str
     select: str
-    first: _snapshot_segments.Segment
+    first: snapshot_segments.Segment
     key_indexes: tuple[int, ...]
 
 
@@ -293,14 +296,14 @@ class _Mover:
         return rows
 
     @staticmethod
-    def _store(cur: psycopg.Cursor[Any], first: _snapshot_segments.Segment, offset: int,
+    def _store(cur: psycopg.Cursor[Any], first: snapshot_segments.Segment, offset: int,
                batches: list[pa.RecordBatch], key_indexes: tuple[int, ...]) -> int:
         n = int(sum(b.num_rows for b in batches))
         if n:
             segment = replace(first, first_position=first.first_position + offset,
                               last_position=first.first_position + offset + n - 1,
                               first_ordinal=first.first_ordinal + offset)
-            _snapshot_segments.write(cur, segment, pa.Table.from_batches(batches), key_indexes)
+            snapshot_segments.write(cur, segment, pa.Table.from_batches(batches), key_indexes)
         return n
 
     def close(self) -> None:
@@ -357,7 +360,7 @@ def _copy_table(src: psycopg.Connection[Any], store: psycopg.Connection[Any],
     def chunk(k: int, lo: tuple[str, ...] | None, hi: tuple[str, ...] | None) -> _Chunk:
         select = sql.SQL("SELECT {} FROM {} {} ORDER BY {}").format(
             shape.text_columns(), shape.ident, _range_literal(shape, lo, hi), shape.order_by())
-        first = _snapshot_segments.Segment(stream_id, base + k * n_rows + 1,
+        first = snapshot_segments.Segment(stream_id, base + k * n_rows + 1,
                                            base + (k + 1) * n_rows,
                                            table.rows + k * n_rows + 1, lsn, at, version)
         return _Chunk(table.qualified, select.as_string(src), first, key_indexes)

@@ -21,8 +21,7 @@ from lakefold.capture.exceptions import SourceConfigurationError
 from lakefold.capture.snapshots._incremental_snapshot import lock_table, send_row
 from lakefold.capture.snapshots._initial_snapshot import source_connection
 from lakefold.capture.snapshots._table_shape import find_table
-from lakefold.capture.store._changelog_writer import split_key
-from lakefold.capture.store._stream_schema import StreamSchema
+from lakefold.store.internals import StreamSchema, split_key
 
 if TYPE_CHECKING:
     from lakefold.capture._config import CaptureConfig

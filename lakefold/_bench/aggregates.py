@@ -117,8 +117,7 @@ class _Theirs:
 
     def __init__(self, port: int, dbname: str, writers: int) -> None:
         from eventsourcing.application import Application
-        from eventsourcing.domain import Aggregate as EsAggregate
-        from eventsourcing.domain import event
+        from eventsourcing.domain import Aggregate as EsAggregate, event
 
         class EsAccount(EsAggregate):
             @event("Opened")

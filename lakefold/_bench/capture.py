@@ -41,6 +41,7 @@ from psycopg import sql
 from lakefold._bench import bench_app, debezium
 from lakefold._bench.report import Report
 from lakefold.core.exceptions import LocalServiceError
+from lakefold.core.wal import format_lsn
 from lakefold.local import LocalPostgres, embedded_postgres_bin_dir
 
 if TYPE_CHECKING:  # lakefold.capture (pyarrow and all) is imported when a benchmark runs,
@@ -102,7 +103,7 @@ def _recvlogical(dsn: str, slot: str, publication: str, end: int, *,
         [str(bin_dir / "pg_recvlogical"), "-d", dsn, "--slot", slot, "--start",
          *(_STREAMING_OPTIONS if streaming else _SPILLING_OPTIONS),
          "-o", f"publication_names={publication}", "-f", os.devnull,
-         "-E", f"{end >> 32:X}/{end & 0xFFFFFFFF:X}", "--no-loop"],
+         "-E", format_lsn(end), "--no-loop"],
         check=True, capture_output=True)
     return time.perf_counter() - started
 

@@ -76,6 +76,10 @@ class ConfigurationError(TerminalError):
     """A setting is wrong or a service cannot be reached as configured."""
 
 
+class InvalidValueError(TerminalError, ValueError):
+    """A value given in the wrong form (an LSN that is not ``X/Y``, say)."""
+
+
 class LocalServiceError(TerminalError):
     """A throwaway local service (PostgreSQL, Redis) could not be started or stopped."""
 

@@ -29,17 +29,6 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from psycopg import sql
 
-from lakefold.capture.store._changelog_store import (
-    ChangelogStore,
-    copy_records,
-    data_columns,
-    row_schema,
-    stream_meta,
-    typed,
-)
-from lakefold.capture.store._derived_streams import DerivedStream, column_for, text_array
-from lakefold.capture.store._stream_schema import StreamSchema
-from lakefold.capture.store._stream_state import StreamState, stage_records
 from lakefold.projections.operators._view_events import (
     FEED_DDL,
     FeedBatch,
@@ -54,6 +43,19 @@ from lakefold.projections.state._deadletters import (
     install_dead_letters,
 )
 from lakefold.projections.state._late_events import install_late_events, record_late
+from lakefold.projections.state._stream_state import StreamState, stage_records
+from lakefold.store.internals import (
+    ChangelogStore,
+    DerivedStream,
+    StreamSchema,
+    column_for,
+    copy_records,
+    data_columns,
+    row_schema,
+    stream_meta,
+    text_array,
+    typed,
+)
 
 Row = dict[str, Any]
 

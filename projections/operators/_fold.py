@@ -47,7 +47,7 @@ from lakefold.projections.spec._model import (
     Record,
 )
 from lakefold.projections.spec._truncate import FOLD_KEY_COLUMN, reads_changelog
-from lakefold.spark._source_truncates import FAN_KEY_COLUMN, TRUNCATE, TRUNCATED_AT_COLUMN
+from lakefold.spark.internals import FAN_KEY_COLUMN, TRUNCATE, TRUNCATED_AT_COLUMN
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame

@@ -46,20 +46,23 @@ import psycopg
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from lakefold.capture.store._arrow_columns import arrow_type
-from lakefold.capture.store._capture_state import event_commit_lsns, slot_flushed
-from lakefold.capture.store._changelog_writer import encode_key
-from lakefold.capture.store._derived_streams import DERIVED_SLOT
-from lakefold.capture.store._stream_schema import StreamSchema
-from lakefold.capture.store._table_history import TableHistory
-from lakefold.capture.store.exceptions import StoreError
-from lakefold.eventstore._commit_markers import (
+from lakefold.eventstore.internals import (
     database_identity,
     install_commit_markers,
     transaction_ranges,
 )
 from lakefold.projections.exceptions import ProjectionDefinitionError, UnknownSourceError
 from lakefold.projections.spec._view_inputs import Lookup
+from lakefold.projections.state._table_history import TableHistory
+from lakefold.store.exceptions import StoreError
+from lakefold.store.internals import (
+    DERIVED_SLOT,
+    StreamSchema,
+    arrow_type,
+    encode_key,
+    event_commit_lsns,
+    slot_flushed,
+)
 
 #: A lookup at this LSN reads the latest row the history holds.
 LATEST_LSN: Final = 2**62
@@ -274,7 +277,7 @@ class CommitOrder:
 def enrichment_fields(store_dsn: str, view: str, alias: str, lookups: Sequence[Lookup],
                       events: pa.Schema) -> list[list[pa.Field]]:
     """The columns each lookup adds (see ``lookup_fields``), read off the tables' streams."""
-    from lakefold.capture.store import ChangelogStore
+    from lakefold.store import ChangelogStore
 
     out: list[list[pa.Field]] = []
     schema = events

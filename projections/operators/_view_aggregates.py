@@ -45,10 +45,9 @@ import pyarrow as pa
 import pyarrow.csv as pacsv
 from psycopg import sql
 
-from lakefold.capture.store._arrow_columns import typed_array
-from lakefold.capture.store._stream_schema import ColumnSchema
-from lakefold.capture.store._stream_state import STATE_SCHEMA, StateChanges, StreamState
 from lakefold.projections.plan._aggregate_plan import AggregatePlan, Measure, _decimal
+from lakefold.projections.state._stream_state import STATE_SCHEMA, StateChanges, StreamState
+from lakefold.store.internals import ColumnSchema, typed_array
 
 #: The column of the group key (text, never NULL) that ``_touched`` adds to the rows.
 GROUP_KEY = "_gkey"

@@ -39,13 +39,8 @@ import psycopg
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from lakefold.capture.store._changelog_store import data_columns
-from lakefold.capture.store._derived_streams import DerivedStream, column_for, text_array
-from lakefold.capture.store._stream_schema import StreamSchema
-from lakefold.capture.store._stream_state import StreamState
-from lakefold.capture.store.exceptions import CaptureValueError
-from lakefold.eventstore._commit_markers import wal_insert_lsn
 from lakefold.eventstore.arrow import EVENTS_ARROW_SCHEMA, head_position, read_events_range
+from lakefold.eventstore.internals import wal_insert_lsn
 from lakefold.projections.exceptions import ProjectionDefinitionError
 from lakefold.projections.operators._lookups import CommitOrder, Enricher, enrichment_fields
 from lakefold.projections.operators._session_windows import assign_sessions
@@ -79,10 +74,19 @@ from lakefold.projections.state._late_events import (
     pending_replays,
     record_late,
 )
+from lakefold.projections.state._stream_state import StreamState
 from lakefold.schemas import EventRegistry
 from lakefold.schemas.events import STREAM_DELETED_TYPE
-from lakefold.spark._event_payloads import PayloadDecoder
 from lakefold.spark.exceptions import SparkTerminalError
+from lakefold.spark.internals import PayloadDecoder
+from lakefold.store.exceptions import CaptureValueError
+from lakefold.store.internals import (
+    DerivedStream,
+    StreamSchema,
+    column_for,
+    data_columns,
+    text_array,
+)
 
 if TYPE_CHECKING:
     from lakefold.projections.operators._window_aggregates import WindowAggregates

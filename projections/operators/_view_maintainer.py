@@ -43,16 +43,7 @@ import psycopg
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from lakefold.capture.store._arrow_columns import typed_array
-from lakefold.capture.store._changelog_store import (
-    ChangelogStore,
-    data_columns,
-    row_schema,
-    stream_meta,
-)
-from lakefold.capture.store._commit_points import commit_at
-from lakefold.capture.store._derived_streams import DerivedStream, column_for, text_array
-from lakefold.capture.store._stream_state import StateChanges, StreamState
+from lakefold.core.wal import format_lsn
 from lakefold.projections.exceptions import MissingKeyError, ProjectionStateError
 from lakefold.projections.operators._changelog_windows import ChangelogWindowFeed
 from lakefold.projections.operators._view_aggregates import GROUP_KEY, AggregateState
@@ -83,6 +74,7 @@ from lakefold.projections.state._late_events import (
     install_late_events,
     record_late,
 )
+from lakefold.projections.state._stream_state import StateChanges, StreamState
 from lakefold.projections.state._window_book import (
     close_windows,
     forget_windows,
@@ -90,7 +82,18 @@ from lakefold.projections.state._window_book import (
     open_windows,
 )
 from lakefold.schemas import EventRegistry
-from lakefold.spark._query import no_duplicate_error_logs
+from lakefold.spark.internals import no_duplicate_error_logs
+from lakefold.store.internals import (
+    ChangelogStore,
+    DerivedStream,
+    column_for,
+    commit_at,
+    data_columns,
+    row_schema,
+    stream_meta,
+    text_array,
+    typed_array,
+)
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -880,7 +883,7 @@ def describe_inputs(conn: psycopg.Connection[Any], inputs: Mapping[str, str]) ->
             if row is not None:
                 lsn = int(row[0] or 0)
                 since = f" since position {row[1] if row[1] is not None else '?'}, " \
-                    f"source LSN {lsn >> 32:X}/{lsn & 0xFFFFFFFF:X}"
+                    f"source LSN {format_lsn(lsn)}"
         parts.append(f"{name} ({stream}, schema version {version}{since}: {columns})")
     return "; ".join(parts)
 
@@ -911,7 +914,7 @@ def open_view(spark: SparkSession, store_dsn: str, *, view: str, generation: int
 
 
 def _arrow_type(schema: Any, name: str) -> pa.DataType:
-    from lakefold.capture.store._arrow_columns import arrow_type
+    from lakefold.store.internals import arrow_type
 
     return arrow_type(next(c for c in schema.columns if c.name == name))
 

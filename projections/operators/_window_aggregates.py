@@ -31,9 +31,6 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from psycopg import sql
 
-from lakefold.capture.store._derived_streams import column_for, text_array
-from lakefold.capture.store._stream_schema import ColumnSchema
-from lakefold.capture.store._stream_state import STATE_SCHEMA
 from lakefold.projections.operators._view_aggregates import (
     DELTA_TABLE,
     GROUP_KEY,
@@ -42,6 +39,8 @@ from lakefold.projections.operators._view_aggregates import (
 )
 from lakefold.projections.plan._aggregate_plan import AggregatePlan
 from lakefold.projections.spec._windows import TIME_TYPE, WINDOW_START, event_times
+from lakefold.projections.state._stream_state import STATE_SCHEMA
+from lakefold.store.internals import ColumnSchema, column_for, text_array
 
 
 class WindowAggregates(AggregateState):

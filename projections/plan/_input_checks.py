@@ -13,9 +13,8 @@ import logging
 from collections.abc import Sequence
 
 from lakefold.projections.exceptions import CatalogUnavailableError, UnknownSourceError
-from lakefold.spark import _source_reads
-from lakefold.spark._source_inputs import ChangelogSource, Source
 from lakefold.spark.exceptions import SourceUnavailableError
+from lakefold.spark.internals import ChangelogSource, Source, source_reads
 
 log = logging.getLogger(__name__)
 
@@ -23,7 +22,7 @@ log = logging.getLogger(__name__)
 def event_categories(dsn: str) -> list[str]:
     """Categories that have at least one stream in the event store."""
     try:
-        return _source_reads.event_categories(dsn)
+        return source_reads.event_categories(dsn)
     except SourceUnavailableError as e:
         raise CatalogUnavailableError(str(e)) from e
 
@@ -31,7 +30,7 @@ def event_categories(dsn: str) -> list[str]:
 def event_types(dsn: str, category: str | None) -> list[str]:
     """Event types present in the store (in one category, or anywhere)."""
     try:
-        return _source_reads.event_types(dsn, category)
+        return source_reads.event_types(dsn, category)
     except SourceUnavailableError as e:
         raise CatalogUnavailableError(str(e)) from e
 
@@ -55,7 +54,7 @@ def check_sources_exist(dsn: str, sources: Sequence[Source], *, projection: str,
     for source in sources:
         if isinstance(source, ChangelogSource):
             if streams is None:
-                streams = _source_reads.changelog_streams(dsn)
+                streams = source_reads.changelog_streams(dsn)
             if source.table not in streams:
                 raise UnknownSourceError(
                     f"projection {projection}: no changelog stream for table {source.table}; "

@@ -20,8 +20,7 @@ from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 from lakefold.projections.spec._api import Projection
-from lakefold.spark._source_columns import EVENT_META_SOURCE_COLUMNS
-from lakefold.spark._source_inputs import EventSource
+from lakefold.spark.internals import EVENT_META_SOURCE_COLUMNS, EventSource
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 from lakefold.projections.exceptions import StatefulChangelogError
 from lakefold.projections.spec._api import Projection
-from lakefold.spark._source_inputs import ChangelogSource
+from lakefold.spark.internals import ChangelogSource
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame

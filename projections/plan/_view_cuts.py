@@ -32,7 +32,7 @@ from typing import Any, Final
 
 import psycopg
 
-from lakefold.capture.store._commit_points import first_after, frontier
+from lakefold.store.internals import first_after, frontier
 
 _DDL: Final = [
     """CREATE TABLE IF NOT EXISTS lakefold.view_cuts (

@@ -42,9 +42,7 @@ from lakefold.projections.spec._truncate import FOLD_KEY_COLUMN, reads_changelog
 from lakefold.projections.state._catalog import Catalog, Generation
 from lakefold.projections.state._deadletters import DeadLetter, DeadLetters, NewDeadLetter
 from lakefold.projections.state._readers import GenerationReads, read_offsets
-from lakefold.spark import _source_reads
-from lakefold.spark._source_inputs import ChangelogSource
-from lakefold.spark._source_truncates import FoldKeys, Truncate
+from lakefold.spark.internals import ChangelogSource, FoldKeys, Truncate, source_reads
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
@@ -156,7 +154,7 @@ class GenerationSink:
         found: list[Truncate] = []
         for source in self.projection.sources:
             if isinstance(source, ChangelogSource) and source.alias in end:
-                found += _source_reads.changelog_truncates(
+                found += source_reads.changelog_truncates(
                     self.catalog.dsn, source.table, start.get(source.alias, 0),
                     end[source.alias])
         return sorted(found, key=lambda t: t.position)

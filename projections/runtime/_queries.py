@@ -33,11 +33,17 @@ from lakefold.projections.spec._truncate import (
     check_truncatable,
     source_mode,
 )
-from lakefold.spark import _source_reads
-from lakefold.spark._source_cuts import CutGroup
-from lakefold.spark._source_inputs import ChangelogSource, EventSource
-from lakefold.spark._source_live import LIVE_READ_MAX, live_frame
-from lakefold.spark._source_records import TruncateOptions, source_frame, spark_schema
+from lakefold.spark.internals import (
+    LIVE_READ_MAX,
+    ChangelogSource,
+    CutGroup,
+    EventSource,
+    TruncateOptions,
+    live_frame,
+    source_frame,
+    source_reads,
+    spark_schema,
+)
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -87,7 +93,7 @@ def build(spark: SparkSession, projection: Projection, dsn: str, *, max_records:
     check_truncatable(projection)
     columns = event_columns_read(
         spark, projection, {s.alias: spark_schema(dsn, s) for s in projection.sources},
-        _call_transform, _source_reads.event_columns()) if rebuild else {}
+        _call_transform, source_reads.event_columns()) if rebuild else {}
     tables = tuple(s.table for s in projection.sources if isinstance(s, ChangelogSource))
     cuts = CutGroup.new(f"{projection.name}@{generation}", tables) \
         if projection.fold is not None and len(tables) > 1 else None

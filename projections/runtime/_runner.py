@@ -64,8 +64,7 @@ from lakefold.projections.state._readers import (
     keep_history_for,
     release_gone,
 )
-from lakefold.spark import _source_reads
-from lakefold.spark._source_truncates import FoldKeys
+from lakefold.spark.internals import FoldKeys, source_reads
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -365,7 +364,7 @@ class Runner:
     # ------------------------------------------------------------------ the loop
 
     def heads(self, projection: Projection) -> dict[str, int]:
-        return {s.alias: _source_reads.head(self.config.store_dsn, s) for s in projection.sources}
+        return {s.alias: source_reads.head(self.config.store_dsn, s) for s in projection.sources}
 
     def run(self, *, until_caught_up: bool = False, stop: threading.Event | None = None,
             timeout: float | None = None) -> list[ProjectionReport]:

@@ -16,7 +16,6 @@ from typing import Any
 
 import psycopg
 
-from lakefold.capture.store._stream_state import StreamState
 from lakefold.core.dsn import mask_dsn
 from lakefold.core.exceptions import LakefoldError
 from lakefold.projections.exceptions import ProjectionTerminalError
@@ -31,8 +30,8 @@ from lakefold.projections.state._catalog import (
 from lakefold.projections.state._deadletters import DeadLetters
 from lakefold.projections.state._late_events import count_late
 from lakefold.projections.state._readers import compaction_holders
-from lakefold.spark import _source_reads
-from lakefold.spark._source_inputs import ChangelogSource, EventSource, Source
+from lakefold.projections.state._stream_state import StreamState
+from lakefold.spark.internals import ChangelogSource, EventSource, Source, source_reads
 
 _LAG_WINDOW = 10_000
 
@@ -110,7 +109,7 @@ def _lag_seconds(dsn: str, source: Source, next_position: int, head: int) -> flo
     """Age of the oldest record not yet processed (0 when caught up)."""
     if next_position > head:
         return 0.0
-    for batch in _source_reads.read(dsn, source, next_position,
+    for batch in source_reads.read(dsn, source, next_position,
                                     min(head + 1, next_position + _LAG_WINDOW)):
         if batch.num_rows:
             oldest = batch.column("_ts")[0].as_py()
@@ -134,7 +133,7 @@ def _view_sources(catalog: Catalog, dsn: str, name: str, definition: dict[str, A
                 stream = feed_stream(name, generation.generation, alias)
                 try:
                     applied = feed_position(conn, stream)
-                    head = _source_reads.head(dsn, source)
+                    head = source_reads.head(dsn, source)
                 except (LakefoldError, psycopg.errors.UndefinedTable):
                     continue  # not started yet
                 lag = max(0, head - applied + 1)
@@ -149,7 +148,7 @@ def _view_sources(catalog: Catalog, dsn: str, name: str, definition: dict[str, A
                 stream = output_stream(upstream, catalog.current(upstream).generation)
             try:
                 applied = StreamState(owner, stream).position(conn)
-                head = _source_reads.head(dsn, ChangelogSource(table=stream, alias=alias))
+                head = source_reads.head(dsn, ChangelogSource(table=stream, alias=alias))
             except (LakefoldError, psycopg.errors.UndefinedTable):
                 continue  # not started yet
             lag = max(0, head - applied + 1)
@@ -198,7 +197,7 @@ def _source_status(dsn: str, sources: list[Source], generation: Generation
     result = []
     for source in sources:
         try:
-            head = _source_reads.head(dsn, source)
+            head = source_reads.head(dsn, source)
         except LakefoldError:
             continue
         next_position = int(generation.position.get(source.alias, 0))

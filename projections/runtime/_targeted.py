@@ -36,7 +36,7 @@ from lakefold.projections.spec._codec import key_text
 from lakefold.projections.spec._model import DELETED_COLUMN, POSITION_COLUMN
 from lakefold.projections.spec._targets import GenerationTarget, TargetContext
 from lakefold.projections.state._catalog import LOCK_NAMESPACE, Catalog, generation_lock_key
-from lakefold.spark._source_records import range_frame
+from lakefold.spark.internals import range_frame
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession

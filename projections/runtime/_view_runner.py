@@ -33,7 +33,6 @@ from typing import TYPE_CHECKING, Any
 
 import psycopg
 
-from lakefold.capture.store import ChangelogStore
 from lakefold.core.exceptions import LakefoldError, TerminalError, TransientError
 from lakefold.projections.operators._changelog_windows import ChangelogWindowFeed
 from lakefold.projections.operators._view_events import store_head
@@ -44,6 +43,7 @@ from lakefold.projections.spec._targets import TargetContext
 from lakefold.projections.state._catalog import Catalog, Generation, hold_generation
 from lakefold.projections.state._deadletters import DeadLetters, NewDeadLetter
 from lakefold.projections.targets._view_targets import ViewTargetWriter
+from lakefold.store import ChangelogStore
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession

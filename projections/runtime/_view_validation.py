@@ -14,10 +14,6 @@ from typing import TYPE_CHECKING
 import psycopg
 import pyarrow as pa
 
-from lakefold.capture.store._arrow_columns import arrow_type
-from lakefold.capture.store._changelog_store import stream_meta
-from lakefold.capture.store._derived_streams import column_for
-from lakefold.capture.store.exceptions import CaptureValueError, UnknownStreamError
 from lakefold.projections.exceptions import (
     IncompatibleTargetError,
     MissingKeyError,
@@ -40,7 +36,9 @@ from lakefold.projections.plan._plan_keys import WindowColumns
 from lakefold.projections.plan._view_plan import ViewPlan, analyze, view_frame
 from lakefold.projections.spec._view_api import View, check_views
 from lakefold.projections.spec._windows import WINDOW_END, WINDOW_FINAL, WINDOW_START, Window
-from lakefold.spark._query import no_duplicate_error_logs
+from lakefold.spark.internals import no_duplicate_error_logs
+from lakefold.store.exceptions import CaptureValueError, UnknownStreamError
+from lakefold.store.internals import arrow_type, column_for, stream_meta
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession

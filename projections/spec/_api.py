@@ -53,16 +53,16 @@ from lakefold.projections.spec._targets import Target
 from lakefold.projections.spec._truncate import check_truncatable
 from lakefold.projections.spec._view_api import (
     Enrichments,
+    Input as ViewInputs,
     Query,
     View,
     define_view,
     view_decorator,
 )
-from lakefold.projections.spec._view_api import Input as ViewInputs
 from lakefold.projections.spec._view_inputs import IntervalJoin
 from lakefold.projections.spec._windows import Window
 from lakefold.schemas import EventRegistry
-from lakefold.spark._source_inputs import ChangelogSource, EventSource, Source
+from lakefold.spark.internals import ChangelogSource, EventSource, Source
 
 Handler = Callable[[dict[str, Any], Any], dict[str, Any] | None]
 #: The key of a fold: a field of every record's data, ``"$stream"`` (the event stream id, or

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from lakefold.projections.exceptions import (
     ProjectionDefinitionError,
 )
-from lakefold.spark._source_inputs import ChangelogSource, EventSource
+from lakefold.spark.internals import ChangelogSource, EventSource
 
 if TYPE_CHECKING:
     pass

@@ -44,7 +44,7 @@ import pyarrow as pa
 
 from lakefold.projections.exceptions import TargetError
 from lakefold.projections.spec._model import DELETED_COLUMN
-from lakefold.spark._source_truncates import Mode, Truncate
+from lakefold.spark.internals import Mode, Truncate
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame

@@ -49,8 +49,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from lakefold.projections.exceptions import ProjectionDefinitionError
-from lakefold.spark._source_inputs import ChangelogSource
-from lakefold.spark._source_truncates import TRUNCATE, Mode
+from lakefold.spark.internals import TRUNCATE, ChangelogSource, Mode
 
 if TYPE_CHECKING:
     from lakefold.projections.spec._api import Projection

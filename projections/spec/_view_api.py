@@ -48,7 +48,7 @@ from lakefold.projections.spec._targets import Target
 from lakefold.projections.spec._view_inputs import EventInput, IntervalJoin, Lookup
 from lakefold.projections.spec._windows import WINDOW_START, Window
 from lakefold.schemas import EventRegistry
-from lakefold.spark._source_inputs import ChangelogSource, EventSource
+from lakefold.spark.internals import ChangelogSource, EventSource
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame

@@ -16,7 +16,7 @@ import numpy as np
 from lakefold.projections.exceptions import ProjectionDefinitionError
 from lakefold.projections.spec._model import check_name
 from lakefold.projections.spec._windows import duration, micros
-from lakefold.spark._source_inputs import ChangelogSource
+from lakefold.spark.internals import ChangelogSource
 
 
 @dataclass(frozen=True)

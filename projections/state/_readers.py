@@ -36,11 +36,11 @@ from typing import TYPE_CHECKING
 
 from lakefold.projections.exceptions import BehindCompactionError
 from lakefold.projections.spec._api import Projection
-from lakefold.spark._source_inputs import ChangelogSource
+from lakefold.spark.internals import ChangelogSource
 
 if TYPE_CHECKING:
-    from lakefold.capture.store import ChangelogStore, ReaderBehindCompactionError
     from lakefold.projections.state._catalog import Catalog
+    from lakefold.store import ChangelogStore, ReaderBehindCompactionError
 
 log = logging.getLogger(__name__)
 
@@ -104,7 +104,7 @@ def committed_positions(checkpoint_dir: str) -> dict[str, int]:
 
 
 def _store(dsn: str) -> ChangelogStore:
-    from lakefold.capture.store import ChangelogStore
+    from lakefold.store import ChangelogStore
 
     return ChangelogStore(dsn)
 
@@ -158,7 +158,7 @@ class GenerationReads:
         self._handle: ChangelogStore | None = None
 
     def _commit(self, next_positions: Mapping[str, int]) -> None:
-        from lakefold.capture.store import ReaderBehindCompactionError
+        from lakefold.store import ReaderBehindCompactionError
 
         if not self.streams:
             return
@@ -218,7 +218,7 @@ def keep_history_for(dsn: str, projection: Projection) -> None:
 def check_rebuild(dsn: str, projection: Projection, generation: int) -> None:
     """Refuse (BehindCompactionError) to start ``generation`` from position 0 when it would
     miss records compaction removed: only targets that keep every version can."""
-    from lakefold.capture.store import ReaderBehindCompactionError
+    from lakefold.store import ReaderBehindCompactionError
 
     if not needs_history(projection):
         return

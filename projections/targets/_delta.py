@@ -50,8 +50,7 @@ from lakefold.projections.spec._targets import (
     TargetContext,
 )
 from lakefold.spark import DeltaTarget, WriteMode, write_batch
-from lakefold.spark._delta_commit import keys_match
-from lakefold.spark._source_truncates import Truncate
+from lakefold.spark.internals import Truncate, keys_match
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame

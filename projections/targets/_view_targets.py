@@ -16,10 +16,10 @@ from dataclasses import dataclass
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from lakefold.capture.store import ChangelogStore, read_changelog_range
-from lakefold.capture.store._changelog_store import data_columns
 from lakefold.projections.spec._model import DELETED_COLUMN
 from lakefold.projections.spec._targets import GenerationTarget, TargetBatch
+from lakefold.store import ChangelogStore, read_changelog_range
+from lakefold.store.internals import data_columns
 
 #: The most records one target batch applies.
 BATCH_RECORDS = 100_000

@@ -113,7 +113,7 @@ def stored_records(dsn: str) -> int:
 
 
 def _unfinished_runs(config: CaptureConfig) -> bool:
-    from lakefold.capture.store import _capture_state
+    from lakefold.store import _capture_state
 
     with psycopg.connect(config.resolved_store_dsn) as conn:
         return bool(_capture_state.runs(conn, config.slot, status="running"))

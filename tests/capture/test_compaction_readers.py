@@ -18,8 +18,7 @@ from typing import Any
 
 import psycopg
 import pytest
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
+from hypothesis import HealthCheck, given, settings, strategies as st
 from typer.testing import CliRunner
 
 from lakefold.capture import (
@@ -248,14 +247,14 @@ def test_a_stream_that_keeps_its_history_is_not_compacted(pg: TestDatabase,
         assert not store.keep_history(STREAM, reason="projection h2", if_unset=True)
         assert not store.compaction_state(STREAM).keep_history
         store.commit_reader("paused", STREAM, 10)
-        with caplog.at_level(logging.INFO, logger="lakefold.capture.store._compaction"):
+        with caplog.at_level(logging.INFO, logger="lakefold.store._compaction"):
             store.compact(STREAM, tombstone_retention=timedelta(0))
         held = [r.getMessage() for r in caplog.records if "held at position" in r.getMessage()]
         assert held and "new-history" in held[0] and "position 0" in held[0]
         assert store.compaction_state(STREAM).removed == 0
         store.release_reader("new-history")
         caplog.clear()
-        with caplog.at_level(logging.INFO, logger="lakefold.capture.store._compaction"):
+        with caplog.at_level(logging.INFO, logger="lakefold.store._compaction"):
             store.compact(STREAM, tombstone_retention=timedelta(0))
         state = store.compaction_state(STREAM)
         assert state.compacted_to == 10 and 0 < state.removed_to <= 10

@@ -11,13 +11,12 @@ from typing import Any
 import psycopg
 import pyarrow as pa
 import pytest
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
+from hypothesis import HealthCheck, given, settings, strategies as st
 
 from lakefold.capture import ChangelogStore, read_changelog_range
-from lakefold.capture.store._derived_streams import DerivedStream, column_for
-from lakefold.capture.store._stream_state import StreamState
-from lakefold.capture.store.exceptions import CaptureValueError, OwnershipError, StoreError
+from lakefold.projections.state._stream_state import StreamState
+from lakefold.store._derived_streams import DerivedStream, column_for
+from lakefold.store.exceptions import CaptureValueError, OwnershipError, StoreError
 from tests.fixtures.postgres import TestDatabase
 
 pytestmark = pytest.mark.timeout(120)

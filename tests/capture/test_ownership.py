@@ -27,7 +27,7 @@ from lakefold.capture.exceptions import (
     UnknownStreamError,
 )
 from lakefold.capture.operations._capture import drop_capture
-from lakefold.capture.store._changelog_writer import Batch, ChangelogWriter, Checkpoint
+from lakefold.store._changelog_writer import Batch, ChangelogWriter, Checkpoint
 from tests.capture import creation_victim
 from tests.capture.conftest import capture_now, execute, replayed_rows, source_rows
 from tests.fixtures.postgres import TestDatabase

@@ -11,19 +11,18 @@ from datetime import date, timedelta
 from decimal import Decimal
 
 import pytest
-from hypothesis import given
-from hypothesis import strategies as st
+from hypothesis import given, strategies as st
 
 from lakefold.capture import DecodingError, Interval, format_lsn, parse_lsn
 from lakefold.capture.decoding import _pgoutput as pgo
-from lakefold.capture.store._changelog_writer import (
+from lakefold.store._changelog_writer import (
     Checkpoint,
     encode_key,
     split_key,
     text_array_field,
 )
-from lakefold.capture.store._stream_schema import ColumnSchema, builtin_type
-from lakefold.capture.store._text_values import convert_value, parse_array, parse_interval
+from lakefold.store._stream_schema import ColumnSchema, builtin_type
+from lakefold.store._text_values import convert_value, parse_array, parse_interval
 
 
 def cstr(text: str) -> bytes:
@@ -144,7 +143,7 @@ def test_text_array_field_and_keys_round_trip(values: list[bytes | None]) -> Non
     field = text_array_field(parts)
     (length,) = struct.unpack_from(">i", field)
     assert length == len(field) - 4
-    from lakefold.capture.store._changelog_writer import decode_text_array_field
+    from lakefold.store._changelog_writer import decode_text_array_field
 
     assert decode_text_array_field(field[4:]) == values
     texts = [None if v is None else v.hex() for v in values]

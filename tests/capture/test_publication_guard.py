@@ -15,8 +15,7 @@ from collections.abc import Callable, Iterator
 
 import psycopg
 import pytest
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
+from hypothesis import HealthCheck, given, settings, strategies as st
 from psycopg import sql
 
 from lakefold.capture import (
@@ -28,7 +27,7 @@ from lakefold.capture import (
     slot_health,
 )
 from lakefold.capture.operations._capture import drop_capture
-from lakefold.capture.store import _capture_state as snapshot_state
+from lakefold.store import _capture_state as snapshot_state
 from tests.capture.conftest import (
     capture_now,
     capture_settled,

@@ -68,7 +68,7 @@ def _room(module: str) -> str:
 
 
 def test_the_store_imports_only_core_schemas_and_itself() -> None:
-    allowed = ("lakefold.core", "lakefold.schemas", "lakefold.capture.store")
+    allowed = ("lakefold.core", "lakefold.schemas", "lakefold.store")
     wrong = {f"{module} imports {target}"
              for module, targets in _graph().items() if _room(module) == "store"
              for target in targets if not target.startswith(allowed)}
@@ -117,11 +117,11 @@ def _loaded_after(code: str) -> list[str]:
 
 def test_the_store_loads_without_replication_decoding_snapshots_or_operations() -> None:
     loaded = _loaded_after(
-        "from lakefold.capture.store import ChangelogStore, read_changelog_range\n"
-        "from lakefold.capture.store import StoreError, ReaderBehindCompactionError\n"
+        "from lakefold.store import ChangelogStore, read_changelog_range\n"
+        "from lakefold.store import StoreError, ReaderBehindCompactionError\n"
         "assert ChangelogStore and read_changelog_range and StoreError\n"
         "assert ReaderBehindCompactionError")
-    assert "lakefold.capture.store._changelog_store" in loaded
+    assert "lakefold.store._changelog_store" in loaded
     outside = [m for m in loaded if m != CAPTURE and not m.startswith(f"{CAPTURE}.store")]
     assert outside == []
 

@@ -23,7 +23,7 @@ from lakefold.capture import (
 )
 from lakefold.capture.exceptions import StoreError
 from lakefold.capture.snapshots import _initial_snapshot
-from lakefold.capture.store import _snapshot_segments
+from lakefold.store import _snapshot_segments
 from tests.capture.conftest import capture_now, execute, replayed_rows, source_rows
 from tests.fixtures.postgres import TestDatabase
 

@@ -27,8 +27,7 @@ from typing import Any
 import psycopg
 import pyarrow as pa
 import pytest
-from hypothesis import HealthCheck, example, given, settings
-from hypothesis import strategies as st
+from hypothesis import HealthCheck, example, given, settings, strategies as st
 from psycopg import sql
 
 from lakefold.capture import (
@@ -39,8 +38,8 @@ from lakefold.capture import (
     SnapshotPolicy,
     resnapshot,
 )
-from lakefold.capture.store import _snapshot_segments, _stream_schema
-from lakefold.capture.store._changelog_writer import split_key
+from lakefold.store import _snapshot_segments, _stream_schema
+from lakefold.store._changelog_writer import split_key
 from tests.capture.conftest import capture_now, execute
 from tests.capture.test_values import SESSION, parse_test_decoding
 from tests.capture.value_oracle import differences, source_values

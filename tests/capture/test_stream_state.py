@@ -9,13 +9,12 @@ from typing import Any
 
 import psycopg
 import pytest
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
+from hypothesis import HealthCheck, given, settings, strategies as st
 from psycopg import sql
 
 from lakefold.capture import Capture, CaptureConfig, SnapshotPolicy
-from lakefold.capture.store._stream_state import StreamState, state_table_name
-from lakefold.capture.store.exceptions import StoreError
+from lakefold.projections.state._stream_state import StreamState, state_table_name
+from lakefold.store.exceptions import StoreError
 from tests.capture.conftest import capture_now, execute, source_rows
 from tests.fixtures.postgres import TestDatabase
 

@@ -209,9 +209,9 @@ def test_booleans_read_in_both_text_forms_and_refuse_any_other() -> None:
     """Records stored by snapshots of earlier lakefold versions hold ``true``/``false`` (the
     cast's text) where the stream holds ``t``/``f``: both read right; other text is refused,
     never read as False."""
-    from lakefold.capture.store._arrow_columns import typed_array
-    from lakefold.capture.store._stream_schema import ColumnSchema
-    from lakefold.capture.store._text_values import convert_value
+    from lakefold.store._arrow_columns import typed_array
+    from lakefold.store._stream_schema import ColumnSchema
+    from lakefold.store._text_values import convert_value
 
     column = ColumnSchema(name="b", type_oid=16, type_name="bool", type_modifier=-1, key=False,
                           kind="bool")

@@ -6,8 +6,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel
 
-from examples.bank.domain import Account, Deposited, InsufficientFunds
-from examples.bank.domain import registry as bank_registry
+from examples.bank.domain import Account, Deposited, InsufficientFunds, registry as bank_registry
 from lakefold.eventstore import when
 from lakefold.schemas import EventRegistry
 

@@ -15,8 +15,7 @@ from collections.abc import Iterable
 import psycopg
 import pyarrow as pa
 import pytest
-from hypothesis import given
-from hypothesis import strategies as st
+from hypothesis import given, strategies as st
 
 from lakefold.eventstore import EventStore, EventStoreNotInstalledError, StoreOptions, StreamEvents
 from lakefold.eventstore._ddl import SEAL_LOCK_KEY

@@ -6,8 +6,7 @@ import string
 from urllib.parse import quote
 
 import pytest
-from hypothesis import given
-from hypothesis import strategies as st
+from hypothesis import given, strategies as st
 
 from lakefold.core.dsn import DsnError, check_dsn, dsn_address, mask_dsn
 

@@ -23,6 +23,9 @@ ROOT = Path(__file__).resolve().parents[2]
 
 BASES: dict[str, type[LakefoldError]] = {
     "lakefold.capture": CaptureError,
+    # the store's errors are capture errors (the store was capture's lowest room until round
+    # three; ``except CaptureError`` still catches both)
+    "lakefold.store": CaptureError,
     "lakefold.eventstore": EventStoreError,
     "lakefold.projections": ProjectionError,
     "lakefold.spark": SparkLayerError,
@@ -60,7 +63,7 @@ ABSTRACT: set[type[LakefoldError]] = {LakefoldError, TransientError, TerminalErr
 def test_every_error_of_a_package_derives_from_its_base(package: str) -> None:
     base = BASES[package]
     mine = [c for c in ERRORS if c.__module__ == package or c.__module__.startswith(package + ".")]
-    assert base in mine
+    assert base in ERRORS
     assert len(mine) > 2
     strays = [c.__qualname__ for c in mine if not issubclass(c, base)]
     assert not strays, f"{package} errors outside {base.__name__}: {strays}"

@@ -35,7 +35,7 @@ LAYER_MAP: dict[str, tuple[int, str]] = {
     "lakefold.eventstore": (STORE, "eventstore"),
     # The changelog store is importable without the replication code (test_rooms), so it sits
     # below capture and spark: spark's changelog source reads through it.
-    "lakefold.capture.store": (STORE, "changelog store"),
+    "lakefold.store": (STORE, "changelog store"),
     "lakefold.capture": (CAPTURE_SPARK, "capture"),
     "lakefold.spark": (CAPTURE_SPARK, "spark"),
     "lakefold.projections": (PROJECTIONS, "projections"),
@@ -136,12 +136,26 @@ def _lazy_exports(call: ast.Call, tree: ast.Module) -> Iterator[tuple[str, int]]
                 and isinstance(loop.iter, ast.Call) and isinstance(loop.iter.func, ast.Attribute)
                 and loop.iter.func.attr == "items"):
             prefix, exports = value.values[0].value, loop.iter.func.value
-    if isinstance(exports, ast.Name):
-        exports = _module_dict(tree, exports.id)
-    if isinstance(exports, ast.Dict):
-        for entry in exports.values:
-            if isinstance(entry, ast.Constant) and isinstance(entry.value, str):
-                yield prefix + entry.value, entry.lineno
+    grouped = False  # ``by_module({module: (name, ...)})``: the modules are the keys
+    if isinstance(exports, ast.Call) and getattr(exports.func, "id", None) == "by_module" \
+            and len(exports.args) == 1:
+        grouped, exports = True, exports.args[0]
+    for keyword in call.keywords:  # ``modules={name: module}``: modules exported whole
+        given: ast.expr | None = keyword.value
+        if isinstance(given, ast.Name):
+            given = _module_dict(tree, given.id)
+        if keyword.arg == "modules" and isinstance(given, ast.Dict):
+            for entry in given.values:
+                if isinstance(entry, ast.Constant) and isinstance(entry.value, str):
+                    yield entry.value, entry.lineno
+    found: ast.expr | None = exports
+    if isinstance(found, ast.Name):
+        found = _module_dict(tree, found.id)
+    if isinstance(found, ast.Dict):
+        entries: list[ast.expr | None] = list(found.keys) if grouped else list(found.values)
+        for item in entries:
+            if isinstance(item, ast.Constant) and isinstance(item.value, str):
+                yield prefix + item.value, item.lineno
 
 
 def imports_of(module: str, path: Path, modules: Mapping[str, Path]) -> list[Import]:
@@ -276,6 +290,48 @@ def test_imports_point_down_the_layers() -> None:
     modules = product_modules(REPO)
     problems = layer_violations(all_imports(modules), LAYER_MAP, REPO)
     assert not problems, "imports against the layers:\n" + "\n".join(problems)
+
+
+# The packages whose private modules (a name part starting with "_") no other package imports:
+# what one package needs of another is in that package's face, its ``internals`` (for lakefold's
+# own packages) or ``operations`` (for the application). The application is one package.
+PACKAGES = ("lakefold.core", "lakefold.schemas", "lakefold.store", "lakefold.eventstore",
+            "lakefold.capture", "lakefold.spark", "lakefold.projections", "lakefold")
+
+
+def package_of(module: str) -> str:
+    return max((p for p in PACKAGES if module == p or module.startswith(p + ".")), key=len)
+
+
+def private_imports(imports: list[Import], root: Path) -> list[str]:
+    """Each import of another package's private module, as ``file:line: importer -> target``."""
+    found = []
+    for imp in imports:
+        own, other = package_of(imp.importer), package_of(imp.target)
+        below = imp.target[len(other):].split(".")
+        if own != other and any(part.startswith("_") for part in below):
+            found.append(f"{imp.path.relative_to(root)}:{imp.line}: {imp.importer} -> "
+                         f"{imp.target}")
+    return found
+
+
+def test_no_package_imports_another_packages_private_module() -> None:
+    modules = product_modules(REPO)
+    found = private_imports(all_imports(modules), REPO)
+    assert not found, "private imports across packages (use the package's internals):\n" + \
+        "\n".join(found)
+
+
+def test_checker_finds_private_imports_across_packages(tmp_path: Path) -> None:
+    modules = _tree(tmp_path, {
+        "spark/_a.py": "from lakefold.spark._b import x\n",  # its own package: fine
+        "spark/_b.py": "",
+        "spark/internals.py": "",
+        "projections/_p.py": "from lakefold.spark._b import x\n"
+                             "from lakefold.spark.internals import x\n",
+    })
+    found = private_imports(all_imports(modules), tmp_path)
+    assert [f.split(": ")[0] for f in found] == ["projections/_p.py:1"], found
 
 
 def test_no_import_cycles_between_modules() -> None:

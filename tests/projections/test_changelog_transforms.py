@@ -17,8 +17,7 @@ from typing import Any
 
 import psycopg
 import pytest
-from pyspark.sql import Window
-from pyspark.sql import functions as F
+from pyspark.sql import Window, functions as F
 
 from lakefold.projections import (
     Fold,

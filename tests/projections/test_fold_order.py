@@ -13,11 +13,9 @@ import psycopg
 import pyarrow as pa
 import pytest
 from deltalake import DeltaTable
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from hypothesis import given, settings, strategies as st
 
 from lakefold.capture import CaptureConfig
-from lakefold.capture.store import ChangelogStore
 from lakefold.projections import (
     Fold,
     ProjectionOptions,
@@ -34,6 +32,7 @@ from lakefold.spark._source_formats import PositionStreamReader
 from lakefold.spark._source_inputs import ChangelogSource
 from lakefold.spark._source_positions import ReadOptions, offset, position_of
 from lakefold.spark._source_records import InputQuery
+from lakefold.store import ChangelogStore
 from tests.capture.conftest import capture_now
 
 pytestmark = pytest.mark.timeout(300)

@@ -9,8 +9,7 @@ from lakefold.projections import Registry, delta_table, projection
 from lakefold.projections.operations import registering_into
 from lakefold.projections.runtime._queries import build
 from lakefold.projections.spec._model import events
-from lakefold.spark._source_live import FORMAT as LIVE_FORMAT
-from lakefold.spark._source_live import LIVE_READ_MAX, live_frame
+from lakefold.spark._source_live import FORMAT as LIVE_FORMAT, LIVE_READ_MAX, live_frame
 from lakefold.spark._source_records import source_frame
 from tests.projections import helpers
 

@@ -15,8 +15,7 @@ from typing import Any
 import pyarrow as pa
 import pytest
 from deltalake import DeltaTable
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
+from hypothesis import HealthCheck, given, settings, strategies as st
 
 from lakefold.projections.spec._target_specs import delta_table
 from lakefold.projections.targets._delta import DeltaViewWriter

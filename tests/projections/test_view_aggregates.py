@@ -13,8 +13,7 @@ from typing import Any
 
 import psycopg
 import pytest
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
+from hypothesis import HealthCheck, given, settings, strategies as st
 
 from lakefold.capture import Capture, CaptureConfig
 from lakefold.projections.operators._view_aggregates import spark_average

@@ -18,8 +18,7 @@ from typing import Any
 import psycopg
 import pytest
 from deltalake import DeltaTable
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
+from hypothesis import HealthCheck, given, settings, strategies as st
 
 from lakefold.capture import Capture, CaptureConfig
 from lakefold.projections import Runner, RunnerConfig

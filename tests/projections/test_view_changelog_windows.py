@@ -14,8 +14,7 @@ from typing import Any
 
 import psycopg
 import pytest
-from hypothesis import HealthCheck, Phase, given, settings
-from hypothesis import strategies as st
+from hypothesis import HealthCheck, Phase, given, settings, strategies as st
 
 from lakefold.capture import Capture, CaptureConfig
 from lakefold.projections import DeadLetters, Runner, RunnerConfig, hopping, session, tumbling

@@ -26,8 +26,7 @@ from lakefold.eventstore import EventStore
 from lakefold.projections.operations import Catalog
 from lakefold.schemas import NewEvent
 from tests.capture.conftest import capture_now
-from tests.projections.test_view_interval_joins import VIEWS as JOINS
-from tests.projections.test_view_interval_joins import append_web, check_join
+from tests.projections.test_view_interval_joins import VIEWS as JOINS, append_web, check_join
 from tests.projections.test_view_sessions import append_visit, check_sessions
 from tests.projections.view_shop import oracle
 from tests.projections.window_oracle import BASE, check

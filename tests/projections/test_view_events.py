@@ -11,8 +11,7 @@ from typing import Any
 import psycopg
 import pytest
 from deltalake import DeltaTable
-from hypothesis import HealthCheck, example, given, settings
-from hypothesis import strategies as st
+from hypothesis import HealthCheck, example, given, settings, strategies as st
 from pydantic import BaseModel
 
 from lakefold.capture import CaptureConfig

@@ -14,11 +14,9 @@ from typing import Any
 
 import psycopg
 import pytest
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
+from hypothesis import HealthCheck, given, settings, strategies as st
 from pydantic import BaseModel
 
-from lakefold.capture.store._stream_state import StreamState
 from lakefold.eventstore import EventStore
 from lakefold.projections import (
     DeadLetters,
@@ -40,6 +38,7 @@ from lakefold.projections.spec._api import Registry, registering_into, view
 from lakefold.projections.spec._model import changelog, events
 from lakefold.projections.spec._target_specs import delta_table
 from lakefold.projections.state._late_events import replay_late
+from lakefold.projections.state._stream_state import StreamState
 from lakefold.schemas import EventRegistry, NewEvent
 from tests.fixtures.postgres import TestDatabase
 from tests.projections.window_oracle import table

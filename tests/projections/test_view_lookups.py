@@ -16,8 +16,7 @@ from typing import Any
 
 import psycopg
 import pytest
-from hypothesis import HealthCheck, Phase, example, given, settings
-from hypothesis import strategies as st
+from hypothesis import HealthCheck, Phase, example, given, settings, strategies as st
 from pydantic import BaseModel
 
 from lakefold.capture import Capture, CaptureConfig

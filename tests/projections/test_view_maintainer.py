@@ -9,8 +9,7 @@ from typing import Any
 
 import psycopg
 import pytest
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
+from hypothesis import HealthCheck, given, settings, strategies as st
 from psycopg import sql
 
 from lakefold.capture import CaptureConfig

@@ -14,8 +14,7 @@ from typing import Any
 
 import psycopg
 import pytest
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
+from hypothesis import HealthCheck, given, settings, strategies as st
 
 from lakefold.capture import CaptureConfig
 from lakefold.eventstore import EventStore

@@ -10,8 +10,7 @@ from __future__ import annotations
 
 import sys
 
-from pyspark.sql import DataFrame
-from pyspark.sql import functions as F
+from pyspark.sql import DataFrame, functions as F
 
 from lakefold.spark import (
     DeltaTarget,

@@ -13,8 +13,7 @@ from __future__ import annotations
 
 import sys
 
-from pyspark.sql import DataFrame
-from pyspark.sql import functions as F
+from pyspark.sql import DataFrame, functions as F
 
 from lakefold.spark import DeltaTarget, WriteMode, register_sources, spark_session, write_batch
 

@@ -9,8 +9,7 @@ from typing import Any
 
 import pyarrow as pa
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from hypothesis import given, settings, strategies as st
 
 from lakefold.eventstore._segments import shred
 from lakefold.spark import SparkLayerError

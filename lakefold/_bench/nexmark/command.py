@@ -123,8 +123,7 @@ def run(shape: Shape) -> Report:
     from lakefold._bench.nexmark.flink_peer import run_queries as run_flink
     from lakefold._bench.nexmark.loading import append_events, write_parquet
     from lakefold._bench.nexmark.oracle import Oracle
-    from lakefold._bench.nexmark.spark_peer import run_query as run_spark
-    from lakefold._bench.nexmark.spark_peer import session
+    from lakefold._bench.nexmark.spark_peer import run_query as run_spark, session
     from lakefold.local import LocalPostgres
 
     config = shape.config

@@ -33,9 +33,8 @@ import psycopg
 import pyarrow as pa
 from psycopg import sql
 
-from lakefold.capture.store import _reader_registry
-from lakefold.capture.store._changelog_store import StreamMeta, copy_records, stream_meta, typed
-from lakefold.capture.store._stream_state import STATE_SCHEMA, install_states, stage_records
+from lakefold.projections.state._stream_state import STATE_SCHEMA, install_states, stage_records
+from lakefold.store.internals import StreamMeta, copy_records, reader_registry, stream_meta, typed
 
 #: The durable reader name of every history.
 HISTORY_READER: Final = "lakefold:history"
@@ -86,7 +85,7 @@ class TableHistory:
                 "ON CONFLICT DO NOTHING", (self.stream, name)).rowcount
             meta = self._meta = stream_meta(conn, self.stream)
             if created:
-                _reader_registry.commit(conn, HISTORY_READER, meta.info.stream_id,
+                reader_registry.commit(conn, HISTORY_READER, meta.info.stream_id,
                                         self.stream, 0, history=False)
 
     def position(self, conn: psycopg.Connection[Any]) -> int:
@@ -117,14 +116,14 @@ class TableHistory:
             conn.execute(sql.SQL("DROP TABLE {}").format(staged))
             conn.execute("UPDATE lakefold.table_histories SET position = %s, start_lsn = %s "
                          "WHERE stream = %s", (end, start_lsn, self.stream))
-            _reader_registry.commit(conn, HISTORY_READER, meta.info.stream_id, self.stream,
+            reader_registry.commit(conn, HISTORY_READER, meta.info.stream_id, self.stream,
                                     end - 1, history=False)
         return end
 
     def _start_lsn(self, conn: psycopg.Connection[Any], staged: sql.Identifier,
                    meta: StreamMeta) -> int:
         """The first copy's ``start_lsn`` (see the module docstring)."""
-        state = _reader_registry.state(conn, meta.info.stream_id, self.stream)
+        state = reader_registry.state(conn, meta.info.stream_id, self.stream)
         row = conn.execute(sql.SQL(
             "SELECT max(commit_lsn) FROM {s} WHERE position <= greatest(%s::bigint, coalesce("
             "(SELECT min(position) FROM {s} WHERE op <> 'r') - 1, %s::bigint))").format(

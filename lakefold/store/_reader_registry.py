@@ -47,7 +47,7 @@ from typing import Any
 
 import psycopg
 
-from lakefold.capture.store.exceptions import CaptureValueError, ReaderBehindCompactionError
+from lakefold.store.exceptions import CaptureValueError, ReaderBehindCompactionError
 
 
 @dataclass(frozen=True, slots=True)

@@ -33,9 +33,9 @@ from typing import Any, Final
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from lakefold.capture.store._stream_schema import ColumnSchema
-from lakefold.capture.store._text_values import BOOL_TEXT, Interval, converter_for
-from lakefold.capture.store.exceptions import CaptureValueError
+from lakefold.store._stream_schema import ColumnSchema
+from lakefold.store._text_values import BOOL_TEXT, Interval, converter_for
+from lakefold.store.exceptions import CaptureValueError
 
 _SIMPLE: Final[dict[str, pa.DataType]] = {
     "int2": pa.int16(),
@@ -116,7 +116,7 @@ def _python_path(column: ColumnSchema, texts: pa.Array, target: pa.DataType) -> 
         keep_text = target.value_type == pa.string()
         convert: Callable[[str], Any] = _identity if keep_text else converter_for(element_kind)
         scalar: Callable[[Any], Any] = _identity if keep_text else _to_arrow_scalar(element_kind)
-        from lakefold.capture.store._text_values import parse_array
+        from lakefold.store._text_values import parse_array
 
         out: list[Any] = []
         for text in values:

@@ -40,20 +40,20 @@ import pyarrow.compute as pc
 import pyarrow.csv as pacsv
 from psycopg import sql
 
-from lakefold.capture.store import _ddl, _reader_registry, _snapshot_segments
-from lakefold.capture.store._arrow_columns import arrow_type, typed_array
-from lakefold.capture.store._changelog_writer import NOTIFY_CHANNEL, split_key
-from lakefold.capture.store._reader_registry import CompactionState, ReaderPosition
-from lakefold.capture.store._stream_schema import StreamSchema
-from lakefold.capture.store._text_values import convert_row
-from lakefold.capture.store.exceptions import (
+from lakefold.core.dsn import error_text, mask_dsn
+from lakefold.schemas.change import ChangeEvent, ChangeSource, Operation
+from lakefold.store import _ddl, _reader_registry, _snapshot_segments
+from lakefold.store._arrow_columns import arrow_type, typed_array
+from lakefold.store._changelog_writer import NOTIFY_CHANNEL, split_key
+from lakefold.store._reader_registry import CompactionState, ReaderPosition
+from lakefold.store._stream_schema import StreamSchema
+from lakefold.store._text_values import convert_row
+from lakefold.store.exceptions import (
     CaptureValueError,
     StoreError,
     StoreUnavailableError,
     UnknownStreamError,
 )
-from lakefold.core.dsn import error_text, mask_dsn
-from lakefold.schemas.change import ChangeEvent, ChangeSource, Operation
 
 META_SCHEMA: Final = pa.schema([
     pa.field("_position", pa.int64(), nullable=False),
@@ -493,7 +493,7 @@ class ChangelogStore:
         position of a durable reader (``commit_reader``), never in a stream that keeps its
         full history. Online: short transactions, no locks that block the capture or readers.
         Returns records removed per stream."""
-        from lakefold.capture.store._compaction import compact_stream, default_retention
+        from lakefold.store._compaction import compact_stream, default_retention
 
         conn = self.connection()
         names = [stream] if stream is not None else [s.name for s in self.streams()]

@@ -1,10 +1,10 @@
 """Errors of the changelog store, and the base of every capture error.
 
-The store is the lowest room of ``lakefold.capture``, so the capture's base error lives here with
-the errors the store raises; ``lakefold.capture.exceptions`` adds the errors of replication,
-decoding and configuration. Every error says what happened and what to do. Transient errors (a
-dropped connection, a server restart) are retried by ``Capture.run`` with backoff; terminal ones
-stop it.
+The store sits below the capture (it was capture's lowest room until round three), so the
+capture's base error lives here with the errors the store raises;
+``lakefold.capture.exceptions`` adds the errors of replication, decoding and configuration.
+Every error says what happened and what to do. Transient errors (a dropped connection, a server
+restart) are retried by ``Capture.run`` with backoff; terminal ones stop it.
 """
 
 from __future__ import annotations

@@ -48,8 +48,8 @@ from typing import Any, Final
 
 import psycopg
 
-from lakefold.capture.store import _reader_registry, _snapshot_segments
-from lakefold.capture.store.exceptions import CaptureValueError
+from lakefold.store import _reader_registry, _snapshot_segments
+from lakefold.store.exceptions import CaptureValueError
 
 log = logging.getLogger(__name__)
 

@@ -26,10 +26,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from psycopg import sql
 
-from lakefold.capture.store._changelog_writer import NOTIFY_CHANNEL
-from lakefold.capture.store._record_copy import RECORD_COLUMNS, Records, record_copy
-from lakefold.capture.store._stream_schema import ColumnSchema, StreamSchema
-from lakefold.capture.store.exceptions import CaptureValueError, OwnershipError, StoreError
+from lakefold.store._changelog_writer import NOTIFY_CHANNEL
+from lakefold.store._record_copy import RECORD_COLUMNS, Records, record_copy
+from lakefold.store._stream_schema import ColumnSchema, StreamSchema
+from lakefold.store.exceptions import CaptureValueError, OwnershipError, StoreError
 
 #: The ``slot_name`` of every derived stream (no capture slot has it).
 DERIVED_SLOT: Final = "lakefold:derived"

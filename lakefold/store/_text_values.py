@@ -40,8 +40,8 @@ from decimal import Decimal
 from typing import Any, Final
 from uuid import UUID
 
-from lakefold.capture.store._stream_schema import ColumnSchema
-from lakefold.capture.store.exceptions import CaptureValueError
+from lakefold.store._stream_schema import ColumnSchema
+from lakefold.store.exceptions import CaptureValueError
 
 
 @dataclass(frozen=True, slots=True)

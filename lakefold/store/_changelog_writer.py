@@ -31,9 +31,9 @@ from typing import Any, Final
 import psycopg
 from psycopg import sql
 
-from lakefold.capture.store import _ddl
-from lakefold.capture.store._stream_schema import StreamSchema
-from lakefold.capture.store.exceptions import OwnershipError, OwnershipLostError, StoreError
+from lakefold.store import _ddl
+from lakefold.store._stream_schema import StreamSchema
+from lakefold.store.exceptions import OwnershipError, OwnershipLostError, StoreError
 
 NOTIFY_CHANNEL: Final = "lakefold_changelog"
 

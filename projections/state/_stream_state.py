@@ -44,14 +44,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from psycopg import sql
 
-from lakefold.capture.store import _snapshot_segments
-from lakefold.capture.store._changelog_store import (
-    StreamMeta,
-    copy_records,
-    stream_meta,
-    typed,
-)
-from lakefold.capture.store.exceptions import StoreError
+from lakefold.store.exceptions import StoreError
+from lakefold.store.internals import StreamMeta, copy_records, snapshot_segments, stream_meta, typed
 
 STATE_SCHEMA: Final = "lakefold_state"
 _INSTALL_LOCK: Final = 0x6C66_5354  # "lfST"
@@ -109,11 +103,11 @@ def stage_records(conn: psycopg.Connection[Any], meta: StreamMeta, start: int,
         "INSERT INTO {} SELECT * FROM lakefold.changelog WHERE stream_id = %s "
         "AND position >= %s AND position < %s").format(staged),
         (meta.info.stream_id, start, end))
-    for segment, texts in _snapshot_segments.read_range(conn, meta.info.stream_id, start,
+    for segment, texts in snapshot_segments.read_range(conn, meta.info.stream_id, start,
                                                          end, None):
-        data = _snapshot_segments.binary_copy(
+        data = snapshot_segments.binary_copy(
             segment, texts,
-            _snapshot_segments.key_indexes(conn, meta.info.stream_id, segment.schema_version))
+            snapshot_segments.key_indexes(conn, meta.info.stream_id, segment.schema_version))
         with conn.cursor() as cur, cur.copy(sql.SQL(
                 "COPY {} (position, ordinal, commit_lsn, xid, commit_ts, stream_id, "
                 "schema_version, op, key, before, after) FROM STDIN (FORMAT BINARY)")

@@ -1,8 +1,10 @@
 """The changelog store: durable, compacted changelog streams in the store database.
 
-The lowest room of ``lakefold.capture``: it imports only ``lakefold.core``, ``lakefold.schemas``
-and itself, so Spark's Python workers and every other reader load it without the replication,
-decoding, snapshot and operations code.
+A package of its own, below capture, spark and the projections that share it (the capture
+writes tables' changes, views write their output streams, everyone reads): it imports only
+``lakefold.core``, ``lakefold.schemas`` and itself, so Spark's Python workers and every other
+reader load it without the replication, decoding, snapshot and operations code. Moved out of
+``lakefold.capture`` in round three; ``lakefold.capture.store`` is a deprecated alias.
 
 Read side: ``ChangelogStore(store_dsn)`` (``streams``, ``head``, ``read``, ``read_events``,
 ``follow``, ``stream_schema``, ``compact``) and ``read_changelog_range`` for Spark workers.
@@ -18,7 +20,7 @@ compaction and the durable readers that hold it back (``_compaction``, ``_reader
 snapshot segments (``_snapshot_segments``), stream schemas and typed values
 (``_stream_schema``, ``_text_values``, ``_arrow_columns``).
 
-The names below are imported lazily (PEP 562), so ``lakefold.capture.store.exceptions`` and this
+The names below are imported lazily (PEP 562), so ``lakefold.store.exceptions`` and this
 package stay cheap to import.
 """
 
@@ -29,19 +31,19 @@ from typing import TYPE_CHECKING
 from lakefold.core.lazy import lazy_getattr
 
 if TYPE_CHECKING:
-    from lakefold.capture.store._changelog_store import (
+    from lakefold.store._changelog_store import (
         META_SCHEMA,
         ChangelogStore,
         StreamInfo,
         read_changelog_range,
     )
-    from lakefold.capture.store._commit_points import commit_at, first_after, frontier
-    from lakefold.capture.store._compaction import CompactionPolicy
-    from lakefold.capture.store._derived_streams import DERIVED_SLOT
-    from lakefold.capture.store._reader_registry import CompactionState, ReaderPosition
-    from lakefold.capture.store._stream_schema import ColumnSchema, StreamSchema
-    from lakefold.capture.store._text_values import Interval
-    from lakefold.capture.store.exceptions import (
+    from lakefold.store._commit_points import commit_at, first_after, frontier
+    from lakefold.store._compaction import CompactionPolicy
+    from lakefold.store._derived_streams import DERIVED_SLOT
+    from lakefold.store._reader_registry import CompactionState, ReaderPosition
+    from lakefold.store._stream_schema import ColumnSchema, StreamSchema
+    from lakefold.store._text_values import Interval
+    from lakefold.store.exceptions import (
         ReaderBehindCompactionError,
         StoreError,
         StoreUnavailableError,
@@ -50,24 +52,24 @@ if TYPE_CHECKING:
 
 # public name -> module that defines it
 _EXPORTS: dict[str, str] = {
-    "META_SCHEMA": "lakefold.capture.store._changelog_store",
-    "ChangelogStore": "lakefold.capture.store._changelog_store",
-    "StreamInfo": "lakefold.capture.store._changelog_store",
-    "read_changelog_range": "lakefold.capture.store._changelog_store",
-    "CompactionPolicy": "lakefold.capture.store._compaction",
-    "DERIVED_SLOT": "lakefold.capture.store._derived_streams",
-    "commit_at": "lakefold.capture.store._commit_points",
-    "first_after": "lakefold.capture.store._commit_points",
-    "frontier": "lakefold.capture.store._commit_points",
-    "CompactionState": "lakefold.capture.store._reader_registry",
-    "ReaderPosition": "lakefold.capture.store._reader_registry",
-    "ColumnSchema": "lakefold.capture.store._stream_schema",
-    "StreamSchema": "lakefold.capture.store._stream_schema",
-    "Interval": "lakefold.capture.store._text_values",
-    "ReaderBehindCompactionError": "lakefold.capture.store.exceptions",
-    "StoreError": "lakefold.capture.store.exceptions",
-    "StoreUnavailableError": "lakefold.capture.store.exceptions",
-    "UnknownStreamError": "lakefold.capture.store.exceptions",
+    "META_SCHEMA": "lakefold.store._changelog_store",
+    "ChangelogStore": "lakefold.store._changelog_store",
+    "StreamInfo": "lakefold.store._changelog_store",
+    "read_changelog_range": "lakefold.store._changelog_store",
+    "CompactionPolicy": "lakefold.store._compaction",
+    "DERIVED_SLOT": "lakefold.store._derived_streams",
+    "commit_at": "lakefold.store._commit_points",
+    "first_after": "lakefold.store._commit_points",
+    "frontier": "lakefold.store._commit_points",
+    "CompactionState": "lakefold.store._reader_registry",
+    "ReaderPosition": "lakefold.store._reader_registry",
+    "ColumnSchema": "lakefold.store._stream_schema",
+    "StreamSchema": "lakefold.store._stream_schema",
+    "Interval": "lakefold.store._text_values",
+    "ReaderBehindCompactionError": "lakefold.store.exceptions",
+    "StoreError": "lakefold.store.exceptions",
+    "StoreUnavailableError": "lakefold.store.exceptions",
+    "UnknownStreamError": "lakefold.store.exceptions",
 }
 
 __all__ = [

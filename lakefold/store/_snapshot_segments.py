@@ -37,12 +37,12 @@ import psycopg
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from lakefold.capture.store._changelog_writer import (
+from lakefold.store._changelog_writer import (
     CHANGELOG_COPY,
     encode_key,
 )
-from lakefold.capture.store._record_copy import Records, record_copy
-from lakefold.capture.store.exceptions import CaptureLookupError, CaptureValueError, StoreError
+from lakefold.store._record_copy import Records, record_copy
+from lakefold.store.exceptions import CaptureLookupError, CaptureValueError, StoreError
 
 _COMPRESSION: Final = pa.ipc.IpcWriteOptions(compression="zstd")
 _EXPLODE_LOCK: Final = 0x6C667367  # "lfsg": advisory lock space, keyed by stream id

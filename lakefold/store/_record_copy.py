@@ -21,7 +21,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from lakefold.capture.store._changelog_writer import (
+from lakefold.store._changelog_writer import (
     COPY_HEADER,
     COPY_TRAILER,
     NULL_FIELD,

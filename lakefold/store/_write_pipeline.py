@@ -19,10 +19,10 @@ from typing import Any
 
 import psycopg
 
-from lakefold.capture.store._changelog_writer import Batch, ChangelogWriter
-from lakefold.capture.store.exceptions import ConnectionLostError, StoreError
 from lakefold.core.dsn import mask_dsn
 from lakefold.core.exceptions import LakefoldError
+from lakefold.store._changelog_writer import Batch, ChangelogWriter
+from lakefold.store.exceptions import ConnectionLostError, StoreError
 
 log = logging.getLogger(__name__)
 

@@ -1,0 +1,16 @@
+"""Deprecated alias of ``lakefold.store`` (the changelog store moved out of capture, which is
+one of its users, in round three); removed in the next release. Import ``lakefold.store``, or
+the names ``lakefold.capture`` exports."""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any
+
+
+def __getattr__(name: str) -> Any:
+    import lakefold.store
+
+    warnings.warn("lakefold.capture.store is deprecated: import lakefold.store",
+                  DeprecationWarning, stacklevel=2)
+    return getattr(lakefold.store, name)
