@@ -1,10 +1,12 @@
 """The rooms of ``lakefold.capture`` and the one-way imports between them.
 
-Lowest first: ``store`` (importable alone: Spark's workers and every reader load only it), the
-package's shared modules (``exceptions``, ``_options``, ``_config``), ``decoding``, ``snapshots``,
-``operations``, and the package's ``__init__``. A module imports only modules of its own room or
-of rooms below it, and no module imports itself back through others: every import counts,
-including those inside functions and under ``TYPE_CHECKING``.
+The changelog store is a package of its own below capture (``lakefold.store``, importable alone:
+Spark's workers and every reader load only it; ``lakefold.capture.store`` is its deprecated
+alias). Lowest first: the alias, the package's shared modules (``exceptions``, ``_options``,
+``_config``), ``decoding``, ``snapshots``, ``operations``, and the package's ``__init__``. A
+module imports only modules of its own room or of rooms below it, and no module imports itself
+back through others: every import counts, including those inside functions and under
+``TYPE_CHECKING``.
 """
 
 from __future__ import annotations
@@ -68,10 +70,13 @@ def _room(module: str) -> str:
 
 
 def test_the_store_imports_only_core_schemas_and_itself() -> None:
+    spec = importlib.util.find_spec("lakefold.store")
+    assert spec is not None and spec.submodule_search_locations is not None
+    root = Path(next(iter(spec.submodule_search_locations)))
     allowed = ("lakefold.core", "lakefold.schemas", "lakefold.store")
-    wrong = {f"{module} imports {target}"
-             for module, targets in _graph().items() if _room(module) == "store"
-             for target in targets if not target.startswith(allowed)}
+    wrong = {f"{path.name} imports {target}" for path in sorted(root.rglob("*.py"))
+             for target in _imports(path, "lakefold.store._x", set())
+             if not target.startswith(allowed)}
     assert not wrong, sorted(wrong)
 
 
@@ -108,32 +113,43 @@ def test_no_import_cycles_inside_capture() -> None:
     assert not cycles, [" -> ".join(c) for c in cycles]
 
 
-def _loaded_after(code: str) -> list[str]:
+def _loaded_after(code: str, package: str = CAPTURE) -> list[str]:
     probe = f"import json, sys\n{code}\nprint(json.dumps(sorted(sys.modules)))"
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
                          check=True, cwd="/")
-    return [m for m in json.loads(out.stdout) if m.startswith(f"{CAPTURE}.") or m == CAPTURE]
+    return [m for m in json.loads(out.stdout) if m.startswith(f"{package}.") or m == package]
 
 
 def test_the_store_loads_without_replication_decoding_snapshots_or_operations() -> None:
-    loaded = _loaded_after(
-        "from lakefold.store import ChangelogStore, read_changelog_range\n"
-        "from lakefold.store import StoreError, ReaderBehindCompactionError\n"
-        "assert ChangelogStore and read_changelog_range and StoreError\n"
-        "assert ReaderBehindCompactionError")
-    assert "lakefold.store._changelog_store" in loaded
-    outside = [m for m in loaded if m != CAPTURE and not m.startswith(f"{CAPTURE}.store")]
-    assert outside == []
+    code = ("from lakefold.store import ChangelogStore, read_changelog_range\n"
+            "from lakefold.store import StoreError, ReaderBehindCompactionError\n"
+            "assert ChangelogStore and read_changelog_range and StoreError\n"
+            "assert ReaderBehindCompactionError")
+    assert "lakefold.store._changelog_store" in _loaded_after(code, "lakefold.store")
+    assert _loaded_after(code) == []  # no module of lakefold.capture
+
+
+def test_the_old_store_path_still_works_and_says_it_is_deprecated() -> None:
+    import warnings
+
+    import lakefold.store
+
+    old = importlib.import_module(f"{CAPTURE}.store")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert old.ChangelogStore is lakefold.store.ChangelogStore
+    assert any("lakefold.store" in str(w.message) for w in caught)
 
 
 def test_importing_capture_is_cheap_and_its_names_resolve_lazily() -> None:
-    assert _loaded_after("import lakefold.capture") == [CAPTURE, f"{CAPTURE}.store"]
+    assert _loaded_after("import lakefold.capture") == [CAPTURE]
     import lakefold.capture as capture
 
     assert set(capture.__all__) == set(capture._EXPORTS)
     for name in capture.__all__:
         assert getattr(capture, name) is not None
-    for room in ("store", "decoding", "snapshots", "operations"):
-        package = importlib.import_module(f"{CAPTURE}.{room}")
+    for room in ("lakefold.store", f"{CAPTURE}.decoding", f"{CAPTURE}.snapshots",
+                 f"{CAPTURE}.operations"):
+        package = importlib.import_module(room)
         for name in package.__all__:
             assert getattr(package, name) is not None

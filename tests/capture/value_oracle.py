@@ -1,6 +1,6 @@
 """What the source itself says a row's values are: psycopg loads them from the source table,
 with loaders that keep exactly what lakefold's typed reads promise
-(``capture.store._text_values``), but computed independently of lakefold's own parsers.
+(``lakefold.store._text_values``), but computed independently of lakefold's own parsers.
 
 - values Python cannot represent (infinite, BC or year > 9999 dates and timestamps, 24:00)
   load as the server's text, as lakefold keeps them;

@@ -13,8 +13,9 @@ import pytest
 from deltalake import DeltaTable
 
 from lakefold.eventstore import EventStore
-from lakefold.projections import RedisCacheReader, Runner, RunnerConfig, _delta, load_projections
+from lakefold.projections import RedisCacheReader, Runner, RunnerConfig, load_projections
 from lakefold.projections.operations import Catalog, SinkRoots
+from lakefold.projections.targets import _delta
 from lakefold.schemas.events import NewEvent
 from lakefold.spark._source_reads import events_head
 from tests.projections import helpers
