@@ -66,10 +66,11 @@ class ChangelogWindowFeed:
 
     def __init__(self, store: ChangelogStore, *, view: str, generation: int, alias: str,
                  table: str, window: Window, owner: str, limit: int = 1_000_000) -> None:
+        self.store = store
         self.view = view
         self.generation = generation
         self.alias = alias
-        self.window = window
+        self.window: Window = window
         #: The captured table's stream the feed reads (its durable reader is ``owner``).
         self.source_stream = table
         self.owner = owner
@@ -84,7 +85,7 @@ class ChangelogWindowFeed:
         self.schema = windowed_schema(view, alias, source, window)
         self._stream_schema: StreamSchema | None = None
 
-    def create(self, conn: psycopg.Connection[Any], store: ChangelogStore) -> None:
+    def create(self, conn: psycopg.Connection[Any]) -> None:
         """Create the feed's stream and progress, and its reader of the table (idempotent)."""
         with conn.transaction():
             for statement in FEED_DDL:
@@ -94,7 +95,7 @@ class ChangelogWindowFeed:
         install_late_events(conn)
         install_dead_letters(conn)
         self._stream_schema = self.stream.create(conn, self.schema, [*self.keys, WINDOW_START])
-        store.commit_reader(self.owner, self.source_stream, self.position(conn) - 1)
+        self.store.commit_reader(self.owner, self.source_stream, self.position(conn) - 1)
 
     def drop(self, conn: psycopg.Connection[Any]) -> None:
         """Forget the feed's progress (``self.stream.drop`` deletes its stream)."""
@@ -105,12 +106,17 @@ class ChangelogWindowFeed:
         """The next position of the table's stream the feed reads (1: nothing yet)."""
         return feed_position(conn, self.name)
 
-    def advance(self, conn: psycopg.Connection[Any], state: StreamState, store: ChangelogStore
+    def readers(self) -> tuple[str, ...]:
+        """The durable reader the feed holds on the table's stream (released on retire)."""
+        return (self.owner,)
+
+    def advance(self, conn: psycopg.Connection[Any], state: StreamState | None, head: int
                 ) -> FeedBatch:
         """Feed the table's changes after the feed's position (at most ``limit``), in the
         caller's transaction (see the module docstring); ``state``: the view's state of the
-        feed (the rows it holds)."""
+        feed (the rows it holds); ``head`` (the event store's) does not bound a table's feed."""
         assert self._stream_schema is not None  # noqa: S101 - create() runs first
+        assert state is not None  # noqa: S101 - a table's feed is never folded
         start, top = conn.execute(
             "SELECT next_position, max_event_time FROM lakefold.event_feeds WHERE stream = %s "
             "FOR UPDATE", (self.name,)).fetchone()  # type: ignore[misc]
@@ -175,7 +181,7 @@ class ChangelogWindowFeed:
         appended = self._write(conn, final, changes)
         conn.execute("UPDATE lakefold.event_feeds SET next_position = %s, max_event_time = %s "
                      "WHERE stream = %s", (end, max_time, self.name))
-        store.commit_reader(self.owner, self.source_stream, end - 1)
+        self.store.commit_reader(self.owner, self.source_stream, end - 1)
         return FeedBatch(appended, frozenset(touched), max_time,
                          watermark_moved=max_time != (None if top is None else int(top)))
 

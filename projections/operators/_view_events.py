@@ -32,7 +32,7 @@ import json
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Any, Final, Protocol
 
 import numpy as np
 import psycopg
@@ -229,6 +229,31 @@ class FeedBatch:
     max_event_time_before: int | None = None
 
 
+class Feed(Protocol):
+    """What the maintainer drives each of a view's feeds through (``EventFeed``: an event
+    input; ``ChangelogWindowFeed``: a captured table's windowed input): created with the
+    view's generation, advanced in the batch's transaction, dropped with it."""
+
+    alias: str
+    #: The feed's derived stream (its rows are the view's input of that name).
+    name: str
+    stream: DerivedStream
+    schema: pa.Schema
+
+    def create(self, conn: psycopg.Connection[Any]) -> None: ...
+
+    def drop(self, conn: psycopg.Connection[Any]) -> None: ...
+
+    def position(self, conn: psycopg.Connection[Any]) -> int: ...
+
+    def advance(self, conn: psycopg.Connection[Any], state: StreamState | None, head: int
+                ) -> FeedBatch: ...
+
+    def readers(self) -> tuple[str, ...]:
+        """The durable readers the feed holds on other streams (released on retire)."""
+        ...
+
+
 class EventFeed:
     """One event input of one view generation, fed into its derived stream."""
 
@@ -303,6 +328,10 @@ class EventFeed:
     def position(self, conn: psycopg.Connection[Any]) -> int:
         """The next global position the feed reads (1: nothing fed yet)."""
         return feed_position(conn, self.name)
+
+    def readers(self) -> tuple[str, ...]:
+        """None: the feed reads the event store, which has no durable readers."""
+        return ()
 
     def advance(self, conn: psycopg.Connection[Any], state: StreamState | None, head: int
                 ) -> FeedBatch:

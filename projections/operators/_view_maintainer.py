@@ -47,7 +47,7 @@ from lakefold.core.wal import format_lsn
 from lakefold.projections.exceptions import MissingKeyError, ProjectionStateError
 from lakefold.projections.operators._changelog_windows import ChangelogWindowFeed
 from lakefold.projections.operators._view_aggregates import GROUP_KEY, AggregateState
-from lakefold.projections.operators._view_events import EventFeed, FeedBatch, store_head
+from lakefold.projections.operators._view_events import EventFeed, Feed, FeedBatch, store_head
 from lakefold.projections.operators._window_aggregates import WindowAggregates
 from lakefold.projections.plan._view_cuts import (
     Cut,
@@ -172,7 +172,7 @@ class ViewMaintainer:
         self.store = ChangelogStore(store_dsn)
         #: Event inputs, each fed into a derived stream of this generation (``_view_events``),
         #: and a windowed table's changes (``_changelog_windows``).
-        self.feeds: dict[str, EventFeed | ChangelogWindowFeed] = {
+        self.feeds: dict[str, Feed] = {
             alias: EventFeed(store_dsn, view=view, generation=generation, alias=alias,
                              source=source, registry=registry,
                              window=window if window and window.input == alias else None,
@@ -241,10 +241,7 @@ class ViewMaintainer:
         if self.feeds:
             self.store.install()  # a view over events only, where nothing was captured
         for feed in self.feeds.values():
-            if isinstance(feed, ChangelogWindowFeed):
-                feed.create(conn, self.store)
-            else:
-                feed.create(conn)
+            feed.create(conn)
         if self.window is not None:
             install_window_book(conn)
         if self.join is not None:
@@ -302,9 +299,7 @@ class ViewMaintainer:
             if self.join is not None:
                 fed = self._feed_join(conn, event_head)
             else:
-                fed = {alias: feed.advance(conn, self.states[alias], self.store)
-                       if isinstance(feed, ChangelogWindowFeed) else
-                       feed.advance(conn, self.states[alias], event_head)
+                fed = {alias: feed.advance(conn, self.states[alias], event_head)
                        for alias, feed in self.feeds.items()}
             watermark = self._watermark(fed)
             starts = {name: state.position(conn) for name, state in self.states.items()}

@@ -191,8 +191,8 @@ class ViewRun:
         with ChangelogStore(self.dsn) as store:
             store.release_reader(self.maintainer.owner)
             for feed in self.maintainer.feeds.values():
-                if isinstance(feed, ChangelogWindowFeed):
-                    store.release_reader(feed.owner)
+                for reader in feed.readers():
+                    store.release_reader(reader)
             store.release_reader(self.writer.reader)
 
 
