@@ -25,8 +25,8 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from lakefold._cli_common import app as _app
-from lakefold._cli_common import print_table
+from lakefold.cli._common import app as _app
+from lakefold.cli._common import print_table
 from lakefold.core.exceptions import ConfigurationError
 
 capture_app = typer.Typer(
@@ -221,7 +221,7 @@ def run(
             _out.print(f"capturing through slot [bold]{escape(slot)}[/] "
                        f"(publication {escape(publication)}); Ctrl-C stops cleanly")
 
-    from lakefold._cli_common import SnapshotProgress
+    from lakefold.cli._common import SnapshotProgress
 
     with SnapshotProgress(enabled=not as_json) as progress:  # the initial snapshot's bars
         stats = Capture(config, listener=progress).run(stop=stop, until_lsn=until,
