@@ -1,5 +1,6 @@
 """The console's HTTP API (FastAPI; its OpenAPI document at ``/openapi.json``), the page at
-``/`` and ``/metrics``. The page uses only this API.
+``/`` and ``/metrics``. The page uses only this API. ``create_app`` puts the routers of
+``_routes`` behind the gate (``_guard``) and the error handlers below.
 
 Errors are JSON ``{"error": ..., "code": ...}``: 404 for an unknown projection, stream,
 category, dead letter or capture; 409 for what cannot be done as asked; 503 while the store

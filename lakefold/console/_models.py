@@ -31,7 +31,7 @@ Row = Annotated[dict[str, Any], Field(description="A row: column name → JSON v
 class Answer(BaseModel):
     """A JSON answer of the API: only the fields it declares."""
 
-    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+    model_config = ConfigDict(extra="forbid")
 
 
 # ------------------------------------------------------------------ requests and actions
