@@ -217,12 +217,18 @@ class Overview(Answer):
     dag: Dag
 
 
+#: A sample: ``[ISO 8601 time, value]``. (An array of two, not ``prefixItems``: OpenAPI tools
+#: that read the document as JSON Schema draft 4, schemathesis among them, refuse those.)
+Point = Annotated[list[str | float], Field(min_length=2, max_length=2,
+                                           description="[ISO 8601 time, value]")]
+
+
 class History(Answer):
     """Sampled lag and throughput: subject → metric → ``[time, value]`` points in time order.
     Subjects are ``projection:NAME``, ``capture:SLOT`` and ``eventstore``."""
 
     minutes: float
-    series: dict[str, dict[str, list[tuple[IsoTime, float]]]]
+    series: dict[str, dict[str, list[Point]]]
 
 
 # ------------------------------------------------------------------ contents
