@@ -7,9 +7,11 @@ Prometheus metrics (``/metrics``) for captures, the event store, projections and
 Inside: the overview read from the stores (``_overview``), the background reader that keeps
 the latest one and the history samples (``_monitor``, ``_history``), the actions and their
 audit (``_actions``), looking inside streams, categories, dead letters and views (``_peek``),
-``/metrics`` (``_metrics``), the token and the listening address (``_access``), the routes
-(``_api``), the server (``_server``), and the page (``static/``: plain HTML, CSS and JS, no
-CDN; it works offline).
+``/metrics`` (``_metrics``), the token and the listening address (``_access``), the
+application behind its gate and error handlers (``_api``), its routes in one router per area
+(``_routes``) answering with the models of ``_models`` (so ``/openapi.json`` describes every
+answer), the server (``_server``), and the page (``static/``: plain HTML, CSS and JS, no CDN;
+it works offline).
 """
 
 from lakefold.console._access import check_bind, is_loopback

@@ -160,7 +160,7 @@ def check_no_state_over_changelogs(projection: Projection, output: DataFrame,
         "view would count old versions and deleted rows again and drift from the table "
         "without any error. Write it as a view (lakefold.view): the same query, in Spark SQL "
         "or as a DataFrame function, kept equal to the table under updates and deletes, as "
-        "order_lines and revenue_by_city in lakefold/_demo_projections.py are; or as a Fold "
+        "order_lines and revenue_by_city in lakefold/demo/projections.py are; or as a Fold "
         "(lakefold.projections.Fold), whose handlers see each insert, update and delete and "
         "keep per-key state; or project the rows as they are (select/filter, into "
         "delta_table('upsert', keys=[<the table's key>])) and aggregate or join them with "

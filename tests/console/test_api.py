@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import secrets
 from pathlib import Path
+from typing import Any
 
 import httpx
 import psycopg
@@ -15,6 +16,7 @@ from typer.testing import CliRunner
 
 from lakefold.cli import app as cli_app
 from lakefold.console import ConsoleBindError, ConsoleConfig, check_bind
+from lakefold.console._models import Overview, ProjectionState
 from lakefold.local import LocalPostgres
 from lakefold.projections.operations import SinkRoots
 from tests.console.conftest import ACTION, PROJECTIONS, ServedApp, System, wait_until
@@ -200,6 +202,49 @@ def test_openapi_document_and_history_kept_in_the_store(system: System) -> None:
         for bad in ("1700000000", "2026-13-40T00:00:00Z", "yesterday"):
             refused = client.get("/api/history", params={"since": bad})
             assert refused.status_code == 422 and "RFC 3339" in refused.json()["error"], bad
+
+
+def _described(schema: dict[str, Any], spec: dict[str, Any]) -> bool:
+    """Whether ``schema`` says what the answer holds: a model's fields, an array of described
+    items, a map of described values, a scalar; not a bare ``object`` (nor nothing)."""
+    if "$ref" in schema:
+        name = schema["$ref"].removeprefix("#/components/schemas/")
+        return _described(spec["components"]["schemas"][name], spec)
+    if "anyOf" in schema:
+        return all(_described(s, spec) for s in schema["anyOf"])
+    kind = schema.get("type")
+    if kind == "array":
+        return _described(schema.get("items") or {}, spec)
+    if kind == "object":
+        values = schema.get("additionalProperties")
+        return bool(schema.get("properties")) or (
+            isinstance(values, dict) and _described(values, spec))
+    return kind in ("string", "integer", "number", "boolean")
+
+
+def test_every_get_route_describes_its_answer(system: System) -> None:
+    with system.client() as client:
+        spec = client.get("/openapi.json").json()
+    gets = {path: ops["get"] for path, ops in spec["paths"].items() if "get" in ops}
+    assert len(gets) >= 14
+    vague = []
+    for path, op in gets.items():
+        content = op["responses"]["200"].get("content") or {}
+        if not content:
+            vague.append(f"{path}: no content")
+        vague += [f"{path} ({media}): {body.get('schema')}" for media, body in content.items()
+                  if not _described(body.get("schema") or {}, spec)]
+    assert not vague, "answers the document does not describe:\n" + "\n".join(vague)
+
+
+def test_the_overview_is_what_its_model_says(system: System) -> None:
+    """The overview's JSON is encoded once per reading, not through its model: every field
+    of it is the model's, of the model's type (a field added to the reading alone fails)."""
+    overview = system.overview()
+    assert Overview.model_validate(overview).model_dump(mode="json", by_alias=True) == overview
+    with system.client() as client:
+        one = client.get("/api/projections/city_counts").json()
+    assert ProjectionState.model_validate(one).model_dump(mode="json", by_alias=True) == one
 
 
 def test_a_token_is_required_of_every_request_when_set(system: System) -> None:

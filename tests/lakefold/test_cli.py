@@ -115,13 +115,13 @@ def test_readme_defaults_say_only_the_demo_starts_local_servers(tmp_path: Path) 
 
 def test_demo_help_describes_the_demo_it_runs() -> None:
     """``demo --help`` names each view the demo runs (every projection of
-    lakefold/_demo_projections.py), its rebuild and its check against the source."""
+    lakefold/demo/projections.py), its rebuild and its check against the source."""
     from lakefold.projections import load_projections
 
     out = _run("demo", "--help", env={"COLUMNS": "300"})
     assert out.returncode == 0, out.stderr
     text = " ".join(out.stdout.split())
-    names = [p.name for p in load_projections("lakefold._demo_projections")]
+    names = [p.name for p in load_projections("lakefold.demo.projections")]
     assert len(names) == 4
     for name in names:
         assert name in text, (name, text)

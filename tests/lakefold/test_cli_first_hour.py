@@ -17,9 +17,9 @@ import pytest
 from click.testing import CliRunner
 from psycopg import sql
 
-from lakefold._cli_capture import resolve_slot
 from lakefold.capture import ChangelogStore, slot_name_for
 from lakefold.cli import command
+from lakefold.cli._capture import resolve_slot
 from lakefold.core.dsn import dsn_fields
 from lakefold.local import free_port
 from lakefold.projections import DeadLetters

@@ -16,9 +16,9 @@ import pytest
 from deltalake import DeltaTable
 from psycopg import sql
 
-from lakefold import _shop
-from lakefold._demo import DEMO_DATABASE, DEMO_SLOT, PROJECTION
-from lakefold._demo_views import REBUILT
+from lakefold.demo import _shop
+from lakefold.demo._run import DEMO_DATABASE, DEMO_SLOT, PROJECTION
+from lakefold.demo._views import REBUILT
 from lakefold.local import LocalPostgres
 from lakefold.projections.operations import Catalog
 

@@ -58,7 +58,7 @@ def test_the_root_offers_the_projection_api() -> None:
 
 def _application_files() -> list[Path]:
     folder = ROOT / "lakefold"
-    return sorted([folder / "cli.py", *folder.glob("_cli_*.py"), *folder.glob("_demo*.py"),
+    return sorted([*(folder / "cli").glob("*.py"), *(folder / "demo").glob("*.py"),
                    *(folder / "_bench").glob("*.py"),
                    *(folder / "console").glob("*.py")])
 

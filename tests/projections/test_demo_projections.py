@@ -7,8 +7,8 @@ import psycopg
 import pytest
 from deltalake import DeltaTable
 
-from lakefold import _shop
 from lakefold.capture import Capture, CaptureConfig, parse_lsn
+from lakefold.demo import _shop
 from lakefold.projections import (
     RedisCacheReader,
     Runner,
@@ -38,7 +38,7 @@ def test_demo_projections_equal_sql_on_the_source(pg, spark, redis_url, tmp_path
         assert row is not None
     Capture(config).run(until_lsn=parse_lsn(str(row[0])))
 
-    with Runner(spark, load_projections("lakefold._demo_projections"),
+    with Runner(spark, load_projections("lakefold.demo.projections"),
                 RunnerConfig(store_dsn=pg.dsn, roots=SinkRoots.under(tmp_path),
                              redis_url=redis_url, poll_seconds=0.2, trigger_seconds=0.1)
                 ) as runner:

@@ -12,8 +12,8 @@ import pyarrow as pa
 import pytest
 from typer.testing import CliRunner
 
-from lakefold import _shop
 from lakefold.cli import app
+from lakefold.demo import _shop
 from lakefold.projections import SearchIndexReader
 from lakefold.projections.operations import Catalog, SinkRoots
 from lakefold.projections.targets._search import IndexLayout, SearchIndexWriter
@@ -67,7 +67,7 @@ def env(pg, tmp_path):
 
 
 def test_the_search_command_shows_what_matched(env, monkeypatch) -> None:
-    from lakefold import _cli_projections
+    from lakefold.cli import _projections as _cli_projections
 
     # the command's console was made when its module was imported, by whichever test came
     # first (COLUMNS of that moment): give it the width the rows are checked at

@@ -11,7 +11,7 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from lakefold._cli_common import app
+from lakefold.cli._common import app
 from lakefold.core.exceptions import ConfigurationError
 
 _err = Console(stderr=True)

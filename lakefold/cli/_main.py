@@ -1,4 +1,6 @@
-"""The ``lakefold`` command line. Errors print one line saying what to fix; exit code 1."""
+"""The entry point of the ``lakefold`` command: ``main`` runs the typer app (``_common.app``)
+with every command group registered and its help tidied; a lakefold error prints one line
+saying what to fix (exit code 1)."""
 
 from __future__ import annotations
 
@@ -12,34 +14,13 @@ from rich.console import Console
 from rich.markup import escape
 
 from lakefold._bench import bench_app
-from lakefold._cli_common import app
+from lakefold.cli._common import app
 from lakefold.core.exceptions import LakefoldError
 
 __all__ = ["app", "command", "main", "tidy_help"]
 
 app.add_typer(bench_app, name="bench")
 _stderr = Console(stderr=True)
-
-
-@app.command()
-def demo(
-    rows: int = typer.Option(2_000, help="How many orders the demo workload writes."),
-) -> None:
-    """Capture a shop database into four views (Delta, Redis, search, SCD2), rebuild one, and
-    check them all against SQL.
-
-    Starts throwaway local PostgreSQL and Redis (unless LAKEFOLD_DSN / LAKEFOLD_REDIS_URL are
-    set), writes a shop workload (customers, products, orders; inserts, updates, deletes)
-    into a fresh lakefold_demo database and captures it into changelog streams. Then runs
-    the four views of lakefold/_demo_projections.py: revenue_per_customer (a fold, Delta
-    upsert), customer_cache (Redis), product_search (Tantivy; a search shows what matched)
-    and price_history (SCD2, Delta); shows them, rebuilds customer_cache into a new
-    generation and switches to it, and checks every view against the same data computed by
-    SQL on the source. It can be run again at once."""
-    from lakefold._demo import run_demo
-    from lakefold.settings import load_settings
-
-    run_demo(load_settings(), orders=rows)
 
 
 class _StderrLines(logging.Handler):
@@ -132,14 +113,17 @@ def main() -> None:
         sys.exit(130)
 
 
-# Command groups live in their own modules and add themselves to `app` (from _cli_common) when
-# imported: here, after `demo`, so that the order of the help stays the same.
-from lakefold import (  # noqa: E402
-    _cli_capture,  # noqa: F401  (capture run, streams, read, tail, compact, drop)
-    _cli_console,  # noqa: F401  (console)
-    _cli_events,  # noqa: F401  (events install, status, tail)
-    _cli_late,  # noqa: F401  (late list, replay)
-    _cli_projections,  # noqa: F401  (run, rebuild, pause, resume, status, dlq, search)
-    _cli_snapshots,  # noqa: F401  (capture resnapshot, status, pause, resume, recover)
-    _cli_spark,  # noqa: F401  (query, optimize, vacuum)
+# Command groups live in their own modules and add themselves to `app` (from _common) when
+# imported: here, `demo` first, so that the order of the help stays the same.
+# isort: off
+from lakefold.cli import _demo  # noqa: E402, F401  (demo)
+from lakefold.cli import (  # noqa: E402
+    _capture,  # noqa: F401  (capture run, streams, read, tail, compact, drop)
+    _console,  # noqa: F401  (console)
+    _events,  # noqa: F401  (events install, status, tail)
+    _late,  # noqa: F401  (late list, replay)
+    _projections,  # noqa: F401  (run, rebuild, pause, resume, status, dlq, search)
+    _snapshots,  # noqa: F401  (capture resnapshot, status, pause, resume, recover)
+    _spark,  # noqa: F401  (query, optimize, vacuum)
 )
+# isort: on

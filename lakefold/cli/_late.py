@@ -16,8 +16,8 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from lakefold._cli_common import app, print_table
-from lakefold._cli_projections import JsonOption, _catalog, _settings, _store_dsn
+from lakefold.cli._common import app, print_table
+from lakefold.cli._projections import JsonOption, _catalog, _settings, _store_dsn
 
 late_app = typer.Typer(no_args_is_help=True,
                        help="Late events: what a windowed view did not count, and replaying "

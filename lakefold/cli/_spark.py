@@ -21,7 +21,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from lakefold._cli_common import app as _app
+from lakefold.cli._common import app as _app
 from lakefold.core.exceptions import EncodingError
 
 if TYPE_CHECKING:  # pyarrow is imported by the commands that use it, not at CLI start

@@ -25,7 +25,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from lakefold._cli_common import app as _app, print_table
+from lakefold.cli._common import app as _app, print_table
 from lakefold.core.exceptions import ConfigurationError
 
 capture_app = typer.Typer(
@@ -220,7 +220,7 @@ def run(
             _out.print(f"capturing through slot [bold]{escape(slot)}[/] "
                        f"(publication {escape(publication)}); Ctrl-C stops cleanly")
 
-    from lakefold._cli_common import SnapshotProgress
+    from lakefold.cli._common import SnapshotProgress
 
     with SnapshotProgress(enabled=not as_json) as progress:  # the initial snapshot's bars
         stats = Capture(config, listener=progress).run(stop=stop, until_lsn=until,

@@ -17,7 +17,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from lakefold._cli_capture import (
+from lakefold.cli._capture import (
     DsnOption,
     JsonOption,
     PublicationOption,
@@ -29,7 +29,7 @@ from lakefold._cli_capture import (
     capture_app,
     resolve_slot,
 )
-from lakefold._cli_common import SnapshotProgress, print_table
+from lakefold.cli._common import SnapshotProgress, print_table
 from lakefold.core.exceptions import ConfigurationError
 
 _out = Console()

@@ -3,11 +3,11 @@ rebuilt, queried back.
 
 Steps: start (or reach) PostgreSQL and Redis, create a fresh ``lakefold_demo`` database with the
 shop schema and an event store, attach a capture (slot + publication), run the workload (and
-the shop's ``OrderPlaced`` events, ``lakefold._demo_events``), capture it into changelog
+the shop's ``OrderPlaced`` events, ``lakefold.demo._events``), capture it into changelog
 streams, then run the demo shop's four projections (revenue per customer in Delta, a customer
 cache in Redis, a product search index, an SCD2 price history in Delta), show them, rebuild one
 with a generation switch, and compare every view with the same data computed by SQL on the
-source (``lakefold._demo_views``). Everything it starts is stopped before it returns, and it
+source (``lakefold.demo._views``). Everything it starts is stopped before it returns, and it
 can run again right away.
 """
 
@@ -25,11 +25,11 @@ from psycopg import sql
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from lakefold import _shop
-from lakefold._demo_events import OrderEvents
-from lakefold._demo_views import REVENUE, show_views
 from lakefold.core.dsn import error_text, mask_dsn
 from lakefold.core.exceptions import ConfigurationError, TerminalError
+from lakefold.demo import _shop
+from lakefold.demo._events import OrderEvents
+from lakefold.demo._views import REVENUE, show_views
 from lakefold.eventstore import EventStore
 from lakefold.local import LocalPostgres, LocalRedis
 from lakefold.settings import Settings

@@ -18,7 +18,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from lakefold._cli_common import app, print_table
+from lakefold.cli._common import app, print_table
 from lakefold.core.exceptions import ConfigurationError
 from lakefold.projections.exceptions import ProjectionTerminalError
 

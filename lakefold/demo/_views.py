@@ -1,4 +1,4 @@
-"""The demo's views: the demo shop's projections and views (``lakefold._demo_projections``)
+"""The demo's views: the demo shop's projections and views (``lakefold.demo.projections``)
 run by a ``Runner`` over the captured changelog, shown, changed live, rebuilt, and checked
 against SQL.
 
@@ -27,8 +27,8 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from lakefold import _shop
-from lakefold._demo_events import ORDERS_PER_MINUTE_SQL, OrderEvents
+from lakefold.demo import _shop
+from lakefold.demo._events import ORDERS_PER_MINUTE_SQL, OrderEvents
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -87,7 +87,7 @@ def show_views(spark: SparkSession, dsn: str, *, home: Path, lake: Path, redis_u
     config = RunnerConfig(store_dsn=dsn, roots=roots, redis_url=redis_url, poll_seconds=0.1,
                           trigger_seconds=0.1)
     result = ViewsResult()
-    registry = load_projections("lakefold._demo_projections")
+    registry = load_projections("lakefold.demo.projections")
     with Runner(spark, registry, config) as runner, \
             Catalog(dsn) as catalog, \
             RedisCacheReader(redis_url, namespace=REDIS_NAMESPACE, pointer_ttl=0) as cache:

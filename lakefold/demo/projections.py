@@ -1,11 +1,11 @@
 """The demo shop's projections, written with ``lakefold.projections``.
 
-Run them with ``lakefold run --projections lakefold/_demo_projections.py`` (or the module name
-``lakefold._demo_projections``) over a capture of the ``shop`` schema (``lakefold._shop``):
+Run them with ``lakefold run --projections lakefold/demo/projections.py`` (or the module name
+``lakefold.demo.projections``) over a capture of the ``shop`` schema (``lakefold.demo._shop``):
 
 - ``revenue_per_customer``: a per-key fold (Spark-managed state) keyed by customer: the
   customer's name, its number of orders and their total amount, upserted into Delta. It equals
-  ``lakefold._shop.revenue_per_customer`` (the same figures computed by SQL on the source).
+  ``lakefold.demo._shop.revenue_per_customer`` (the same figures computed by SQL on the source).
   A deleted order is removed from its customer's state, which needs the delete to carry the
   order's ``customer_id``: ``ALTER TABLE shop.orders REPLICA IDENTITY FULL`` (without it a
   delete only carries the key, and goes to the dead letters instead of being dropped silently).
@@ -22,7 +22,7 @@ Run them with ``lakefold run --projections lakefold/_demo_projections.py`` (or t
 - ``revenue_by_city`` (a view over ``order_lines``): orders, revenue, average, smallest,
   largest and distinct customers per city; a customer who moves takes their orders along.
 - ``orders_per_minute`` (a view over the application's ``OrderPlaced`` events, see
-  ``lakefold._demo_events``): orders and amount per 1-minute tumbling window of event time,
+  ``lakefold.demo._events``): orders and amount per 1-minute tumbling window of event time,
   2 minutes of allowed lateness; a late event corrects its window.
 - ``orders_with_city`` (a view over the same events): each order event with its customer's
   city as of the event's commit (``lookup``): a customer who moves later keeps their earlier
@@ -34,7 +34,7 @@ from __future__ import annotations
 from decimal import Decimal
 from typing import Any
 
-from lakefold._demo_events import ORDER_PLACED, event_types
+from lakefold.demo._events import ORDER_PLACED, event_types
 from lakefold.projections import (
     Fold,
     ProjectionOptions,
@@ -130,7 +130,7 @@ revenue_by_city = view(
                     count(DISTINCT customer_id) AS customers
              FROM lines GROUP BY city""")
 
-# Event time: the application's order events (``lakefold._demo_events``).
+# Event time: the application's order events (``lakefold.demo._events``).
 PLACED = {"placed": events("order", types=[ORDER_PLACED])}
 
 orders_per_minute = view(

@@ -30,7 +30,7 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from lakefold._cli_common import app as _app
+from lakefold.cli._common import app as _app
 from lakefold.core.exceptions import ConfigurationError, EncodingError
 
 events_app = typer.Typer(

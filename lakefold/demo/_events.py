@@ -1,5 +1,5 @@
 """The demo's event time: the shop application appends ``OrderPlaced`` domain events to the
-event store next to its tables, and two views read them (``lakefold._demo_projections``):
+event store next to its tables, and two views read them (``lakefold.demo.projections``):
 
 - ``orders_per_minute``: orders and amount per 1-minute tumbling window of the events'
   ``occurred_at`` (2 minutes of allowed lateness);
