@@ -103,3 +103,28 @@ def test_pre_commit_runs_what_make_lint_runs() -> None:
     hooks = repo["hooks"]
     assert all(h["language"] == "system" and h.get("pass_filenames") is False for h in hooks)
     assert [h["entry"] for h in hooks] == _lint_commands()
+
+
+FACES = ["lakefold.capture", "lakefold.capture.store", "lakefold.eventstore",
+         "lakefold.projections", "lakefold.spark", "lakefold.schemas"]
+
+
+@pytest.mark.parametrize("face", FACES)
+def test_a_face_docstring_says_where_a_name_it_does_not_export_lives(face: str) -> None:
+    """A face's docstring that lists a name of one of its public modules (say
+    ``read_events_range``, which moved to ``lakefold.eventstore.arrow``) names that module:
+    a reader who tries ``from lakefold.eventstore import read_events_range`` is not misled."""
+    import importlib
+    import pkgutil
+
+    package = importlib.import_module(face)
+    doc = package.__doc__ or ""
+    mentioned = set(re.findall(r"``([A-Za-z_][A-Za-z0-9_]*)", doc))
+    exported = set(getattr(package, "__all__", ()))
+    for info in pkgutil.iter_modules(package.__path__):
+        if info.name.startswith("_") or info.ispkg:
+            continue
+        module = importlib.import_module(f"{face}.{info.name}")
+        elsewhere = (set(getattr(module, "__all__", ())) - exported) & mentioned
+        if elsewhere:
+            assert f"``{module.__name__}``" in doc, (module.__name__, sorted(elsewhere))
