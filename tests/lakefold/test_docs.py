@@ -60,8 +60,10 @@ def test_the_site_builds_strictly_offline_with_the_api_reference(tmp_path: Path)
     for page, name in API_NAMES.items():
         html = (site / "api" / page / "index.html").read_text()
         assert f'id="{name}"' in html, (page, name)
-    # the architecture page is ARCHITECTURE.md itself, included at build time
-    assert "lakefold architecture" in (site / "architecture" / "index.html").read_text()
+    # these pages are the root's files themselves, included at build time
+    for page, title in (("architecture", "lakefold architecture"),
+                        ("contributing", "Contributing to lakefold"), ("changelog", "Changelog")):
+        assert title in (site / page / "index.html").read_text(), page
 
 
 def test_every_page_is_in_the_navigation_and_every_nav_entry_exists() -> None:
@@ -83,7 +85,8 @@ def test_readme_keeps_the_quickstart_a_short_tour_and_links() -> None:
     for link in linked:
         assert (REPO / link).is_file(), link
     guides = {f"docs/{p}" for p in _nav_pages(_config()["nav"])  # type: ignore[arg-type]
-              if not p.startswith("api/") and p not in ("index.md", "architecture.md")}
+              if not p.startswith("api/")
+              and p not in ("index.md", "architecture.md", "contributing.md", "changelog.md")}
     assert guides <= linked, guides - linked
 
 
