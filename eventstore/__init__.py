@@ -16,7 +16,9 @@ Public interface (see each docstring for guarantees):
 - Checkpoints: ``Subscription.save_checkpoint()``, ``UnitOfWork.save_checkpoint()`` or
   ``save_checkpoint(conn, name, position)`` on your own psycopg connection, so the checkpoint
   commits with your writes (exactly-once effect over at-least-once delivery).
-- ``read_events_range(dsn, start, end, category=..., types=..., columns=...)`` yields Arrow
+- Bulk reads by position range live in the public module ``lakefold.eventstore.arrow`` (not
+  in this package's names since the public faces were curated; import them from there):
+  ``read_events_range(dsn, start, end, category=..., types=..., columns=...)`` yields Arrow
   record batches (``EVENTS_ARROW_SCHEMA``, or ``events_schema(columns)``) for Spark workers and
   rebuilds; ``head_position(dsn)`` gives the range's end. Complete ranges of the log are sealed
   into compressed columnar segments in the background (``EventStore.seal()`` on request;

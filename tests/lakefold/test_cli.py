@@ -93,15 +93,17 @@ def test_capture_setup_error_is_not_preceded_by_a_running_message(pg: TestDataba
 
 
 def _readme_default(variable: str) -> str:
-    """The default column of ``variable``'s row in the README's settings table."""
-    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
-    (row,) = [line for line in readme.splitlines() if line.startswith(f"| `{variable}` |")]
+    """The default column of ``variable``'s row in the settings table (docs/configuration.md,
+    which README links to)."""
+    page = (Path(__file__).resolve().parents[2] / "docs" / "configuration.md").read_text()
+    (row,) = [line for line in page.splitlines() if line.startswith(f"| `{variable}` |")]
     return row.strip("| ").split(" | ")[-1]
 
 
 def test_readme_defaults_say_only_the_demo_starts_local_servers(tmp_path: Path) -> None:
     """Without LAKEFOLD_DSN the commands other than the demo stop and name the variable to set;
-    the README's settings table says so, and that the throwaway servers are the demo's."""
+    the settings table (docs/configuration.md) says so, and that the throwaway servers are the
+    demo's."""
     for variable in ("LAKEFOLD_DSN", "LAKEFOLD_REDIS_URL"):
         default = _readme_default(variable)
         assert "required" in default and "`lakefold demo`" in default, default

@@ -263,5 +263,5 @@ def test_the_console_banner_says_where_never_the_password(pg: TestDatabase,
 
 def test_the_readme_installs_the_event_store_before_appending() -> None:
     readme = (REPO / "README.md").read_text()
-    using = readme.split("## Using it", 1)[1].split("```", 2)[1]
+    using = readme.split("## A short tour", 1)[1].split("```", 2)[1]
     assert using.index("lakefold events install") < using.index("lakefold events append")

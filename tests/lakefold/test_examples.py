@@ -1,4 +1,5 @@
-"""The examples run as the README says, from the repository's root, and check themselves."""
+"""The examples run as the docs say (docs/event-store.md, "Aggregates"), from the repository's
+root, and check themselves."""
 
 from __future__ import annotations
 

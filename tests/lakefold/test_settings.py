@@ -9,7 +9,12 @@ import pytest
 from lakefold.core.exceptions import ConfigurationError
 from lakefold.settings import load_settings
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+REPO = Path(__file__).resolve().parents[2]
+#: What a user reads: the README and the pages of docs/ (the settings table is in
+#: docs/configuration.md).
+DOCS = [REPO / "README.md", *sorted((REPO / "docs").rglob("*.md"))]
+#: A valid value for the documented settings that are not a DSN, a path or free text.
+VALID = {"LAKEFOLD_SPARK_CONF": '{"spark.ui.enabled": "false"}', "LAKEFOLD_LOG_LEVEL": "INFO"}
 
 
 @pytest.fixture(autouse=True)
@@ -89,13 +94,14 @@ def test_documented_environment_only_variables_are_accepted_silently(
 def test_every_documented_variable_is_known(tmp_path: Path,
                                             monkeypatch: pytest.MonkeyPatch,
                                             caplog: pytest.LogCaptureFixture) -> None:
-    """Each ``LAKEFOLD_*`` name the README mentions is a setting or a documented
+    """Each ``LAKEFOLD_*`` name the README or docs/ mention is a setting or a documented
     environment-only variable: none of them draws a warning."""
-    documented = set(re.findall(r"LAKEFOLD_[A-Z_]*[A-Z]", README.read_text()))
+    documented = {name for page in DOCS
+                  for name in re.findall(r"LAKEFOLD_[A-Z_]*[A-Z]", page.read_text())}
     assert {"LAKEFOLD_CLASS_ARCHIVE", "LAKEFOLD_DSN", "LAKEFOLD_TEST_DSN"} <= documented
     monkeypatch.chdir(tmp_path)
     for name in documented:  # a valid value for each of them
-        monkeypatch.setenv(name, "host=db" if name.endswith("DSN") else "off")
+        monkeypatch.setenv(name, "host=db" if name.endswith("DSN") else VALID.get(name, "off"))
     with caplog.at_level(logging.WARNING, logger="lakefold.settings"):
         load_settings()
     assert not caplog.records, [r.getMessage() for r in caplog.records]

@@ -1,11 +1,12 @@
 """Event time under a generated workload: out-of-order, late, untimed and far-future events,
 soft and hard stream deletions at random points, runs in between; tumbling windows (folded and
 recomputed by Spark), session windows and an interval join, each fed in batches of a size the
-example chooses. After every run every view equals an oracle written from README's rules, not
+example chooses. After every run every view equals an oracle written from the documented rules, not
 from the code, and so does its late list; a rebuild fed in batches of another size gives the
 same rows and the same late list.
 
-The rules (README, "Windows over event time" and "Deleted streams and event time"):
+The rules (docs/event-time.md, "The watermark and late events", "Session windows", "Interval
+joins" and "Deleted streams"):
 
 - the watermark before an event is the largest time of the input's events before it in the
   log (itself included) minus the allowed lateness; every event the view read counts, also
