@@ -9,6 +9,8 @@ from typing import Any
 
 
 def __getattr__(name: str) -> Any:
+    if name.startswith("__"):  # a tool probing the module (``__all__``, ``__path__``)
+        raise AttributeError(name)
     import lakefold.store
 
     warnings.warn("lakefold.capture.store is deprecated: import lakefold.store",

@@ -18,7 +18,7 @@ DOCS = REPO / "docs"
 #: One public name of each face the API reference documents (an anchor of its page).
 API_NAMES = {
     "capture": "lakefold.capture.Capture",
-    "capture-store": "lakefold.capture.store.ChangelogStore",
+    "store": "lakefold.store.ChangelogStore",
     "eventstore": "lakefold.eventstore.EventStore",
     "eventstore-arrow": "lakefold.eventstore.arrow.read_events_range",
     "projections": "lakefold.projections.view",
@@ -108,7 +108,7 @@ def test_pre_commit_runs_what_make_lint_runs() -> None:
     assert [h["entry"] for h in hooks] == _lint_commands()
 
 
-FACES = ["lakefold.capture", "lakefold.capture.store", "lakefold.eventstore",
+FACES = ["lakefold.capture", "lakefold.store", "lakefold.eventstore",
          "lakefold.projections", "lakefold.spark", "lakefold.schemas"]
 
 
