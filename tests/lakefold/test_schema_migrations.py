@@ -144,12 +144,16 @@ def test_a_store_from_before_the_registry_is_adopted(pg: TestDatabase) -> None:
                      "fingerprint text NOT NULL, installed_at timestamptz NOT NULL DEFAULT "
                      "now())")
         conn.execute("INSERT INTO lakefold.store_installs VALUES ('changelog', 'abc')")
-        conn.execute("INSERT INTO lakefold.capture_control (slot_name, paused) "
-                     "VALUES ('s', true)")
+        conn.execute("INSERT INTO lakefold.changelog_streams (name, slot_name, "
+                     "source_database, source_schema, source_table) VALUES ('public.t', 's', "
+                     "'d', 'public', 't')")
         _install_all(pg.dsn)
         assert versions(conn) == COMPONENTS
-        assert conn.execute("SELECT slot_name, paused FROM lakefold.capture_control"
-                            ).fetchall() == [("s", True)]
+        assert conn.execute("SELECT name, slot_name FROM lakefold.changelog_streams"
+                            ).fetchall() == [("public.t", "s")]
+        assert conn.execute("SELECT count(*) FROM information_schema.columns WHERE "
+                            "table_schema = 'lakefold' AND table_name = 'store_installs' AND "
+                            "column_name = 'fingerprint'").fetchone() == (0,)
 
 
 def test_installing_an_up_to_date_store_is_a_no_op_without_the_lock(pg: TestDatabase) -> None:
@@ -188,7 +192,8 @@ def test_a_changed_migration_gives_one_clear_error(pg: TestDatabase) -> None:
                                  r"new version"):
             migrations.migrate(conn, edited)
         # a real component: the changelog store refuses to open a store whose record differs
-        ChangelogStore(pg.dsn).install()
+        with ChangelogStore(pg.dsn) as store:
+            store.install()
         conn.execute("UPDATE lakefold.store_installs SET checksum = 'f00' "
                      "WHERE component = 'changelog' AND version = 2")
         with ChangelogStore(pg.dsn) as store, pytest.raises(
