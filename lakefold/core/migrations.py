@@ -62,9 +62,9 @@ slot, so there is no fixed DDL to register. They stay created where they are use
 * a view's kept-aggregate tables (``projections.operators._view_aggregates``), window-fold
   tables (``projections.operators._window_aggregates``) and lookup markers
   (``projections.operators._lookups``);
-* the publication guard's objects in the *source* database (``capture.operations.
-  _publication_guard``) and the event store's commit-marker trigger (``eventstore.
-  _commit_markers``), which depend on the publication and the source, not on the store.
+* the publication guard's objects (``capture.operations._publication_guard``), installed in
+  the *source* database per publication, and the event store's commit-marker trigger
+  (``eventstore._commit_markers``), installed on demand when a view needs commit order.
 """
 
 from __future__ import annotations
