@@ -61,7 +61,9 @@ from typing import Final
 import psycopg
 from psycopg import sql
 
+from lakefold.core import migrations
 from lakefold.core.dsn import mask_dsn
+from lakefold.core.migrations import Migration
 from lakefold.eventstore.exceptions import EventStoreUnavailableError
 
 SCHEMA: Final = "lakefold"
@@ -73,9 +75,6 @@ SQLSTATE_SEQUENCER_IN_TRANSACTION: Final = "LF010"
 #: The advisory lock between sealers (exclusive) and stream deletions (shared); see _segments.
 SEAL_LOCK_KEY: Final = 0x6C66_7365_616C  # "lfseal"
 
-# A fixed key so that concurrent install() calls (several processes starting at once) do not
-# race on CREATE ... IF NOT EXISTS, which is not atomic against itself.
-_INSTALL_LOCK_KEY: Final = 0x6C616B65_666F6C64  # "lakefold"
 
 _TABLES = """
 CREATE SCHEMA IF NOT EXISTS lakefold;
@@ -462,16 +461,22 @@ STATEMENTS: Final = (
     sql.SQL(_SEQUENCE_FUNCTION),
 )
 
+#: The event store's tables and functions (``lakefold.core.migrations``). A change to a
+#: function is a new version that replaces it (``CREATE OR REPLACE``), never an edit here.
+COMPONENT: Final = migrations.register(
+    "event_store", Migration(1, "streams, events, runs, positions, sequencer, functions",
+                             *STATEMENTS),
+    # a store indexed per event (before runs) is moved to runs by running version 1 again
+    expect="to_regclass('lakefold.events_category_idx') IS NULL")
+
 
 def install(dsn: str) -> None:
-    """Create schema ``lakefold`` with the event store's tables and functions; idempotent and
-    safe to run from several processes at once. Raises EventStoreUnavailableError when the server
-    cannot be reached."""
+    """Create schema ``lakefold`` with the event store's tables and functions (migrates
+    component ``event_store``); idempotent and safe to run from several processes at once.
+    Raises EventStoreUnavailableError when the server cannot be reached."""
     try:
-        with psycopg.connect(dsn, autocommit=False) as conn:
-            conn.execute("SELECT pg_advisory_xact_lock(%s)", (_INSTALL_LOCK_KEY,))
-            for statement in STATEMENTS:
-                conn.execute(statement)
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            migrations.migrate(conn, COMPONENT)
     except psycopg.OperationalError as e:
         reason = " ".join(str(e).split())
         raise EventStoreUnavailableError(

@@ -39,6 +39,8 @@ from typing import Any, Final, Generic, Protocol, TypeVar
 
 import psycopg
 
+from lakefold.core import migrations
+from lakefold.core.migrations import Migration
 from lakefold.eventstore._aggregates import Aggregate, AggregateError
 from lakefold.eventstore._memory import InMemoryRecorder
 from lakefold.eventstore._model import NO_STREAM, AppendResult
@@ -98,7 +100,8 @@ _DDL: Final = """CREATE TABLE IF NOT EXISTS lakefold.aggregate_snapshots (
     version bigint NOT NULL,
     state jsonb NOT NULL,
     taken_at timestamptz NOT NULL DEFAULT now())"""
-_INSTALL_LOCK: Final = 0x6C66_534E  # "lfSN"
+COMPONENT: Final = migrations.register(
+    "aggregate_snapshots", Migration(1, "aggregate snapshots", _DDL))
 _UPSERT: Final = (
     "INSERT INTO lakefold.aggregate_snapshots (stream_id, aggregate, schema_version, version, "
     "state) VALUES (%s, %s, %s, %s, %s::jsonb) ON CONFLICT (stream_id) DO UPDATE SET "
@@ -116,9 +119,7 @@ class PostgresSnapshots:
 
     def _install(self, conn: psycopg.Connection[Any]) -> None:
         if not self._installed:
-            with conn.transaction():
-                conn.execute("SELECT pg_advisory_xact_lock(%s)", (_INSTALL_LOCK,))
-                conn.execute(_DDL)
+            migrations.migrate(conn, COMPONENT)
             self._installed = True
 
     def load(self, stream_id: str) -> Snapshot | None:

@@ -36,6 +36,8 @@ from typing import Any
 
 import psycopg
 
+from lakefold.core import migrations
+from lakefold.core.migrations import Migration
 from lakefold.spark._source_positions import capped_end
 from lakefold.store import commit_at, first_after, frontier
 
@@ -53,6 +55,8 @@ CREATE TABLE IF NOT EXISTS lakefold.commit_cut_starts (
     start bigint NOT NULL,
     PRIMARY KEY (owner, stream)
 )"""
+COMPONENT = migrations.register(
+    "commit_cuts", Migration(1, "commit cuts of fold queries", _DDL))
 #: Rounds of a group kept behind the newest (a straggler of an older round still finds it).
 _KEEP_ROUNDS = 16
 
@@ -84,8 +88,8 @@ class CutGroup:
 
 
 def install(conn: psycopg.Connection[Any]) -> None:
-    conn.execute("CREATE SCHEMA IF NOT EXISTS lakefold")
-    conn.execute(_DDL)
+    """Create the cut tables if missing (migrates component ``commit_cuts``)."""
+    migrations.migrate(conn, COMPONENT)
 
 
 def _limit_lsn(conn: psycopg.Connection[Any], stream: str, start: int, limit: int

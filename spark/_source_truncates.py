@@ -31,7 +31,9 @@ import psycopg
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from lakefold.core import migrations
 from lakefold.core.dsn import mask_dsn
+from lakefold.core.migrations import Migration
 from lakefold.spark.exceptions import SourceUnavailableError
 
 TRUNCATE = "truncate"
@@ -116,6 +118,8 @@ CREATE TABLE IF NOT EXISTS lakefold.projection_fold_keys (
     PRIMARY KEY (name, generation, key)
 )
 """
+_KEYS = migrations.register("fold_keys", Migration(1, "keys a fold generation emitted",
+                                                   _KEYS_DDL))
 
 
 class FoldKeys:
@@ -143,10 +147,7 @@ class FoldKeys:
     def install(self) -> None:
         """Create the keys table if missing (idempotent, also when run concurrently)."""
         with self._connect() as conn:
-            try:
-                conn.execute(_KEYS_DDL)
-            except (psycopg.errors.UniqueViolation, psycopg.errors.DuplicateTable):
-                pass  # created by another runner at the same moment: that is fine
+            migrations.migrate(conn, _KEYS)
 
     def add(self, name: str, generation: int, keys: Iterable[str]) -> None:
         """Record ``keys`` (idempotent)."""

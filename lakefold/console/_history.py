@@ -14,7 +14,8 @@ from typing import Any
 
 import psycopg
 
-_INSTALL_LOCK = 0x1AFE_00C0  # advisory lock: one installer of the console's tables at a time
+from lakefold.core import migrations
+from lakefold.core.migrations import Migration
 
 DDL = [
     """CREATE TABLE IF NOT EXISTS lakefold.console_samples (
@@ -34,16 +35,15 @@ DDL = [
         detail jsonb NOT NULL DEFAULT '{}',
         outcome text NOT NULL)""",
 ]
+COMPONENT = migrations.register(
+    "console", Migration(1, "console samples and audit", *DDL))
 
 
 def install_console_tables(store_dsn: str) -> None:
-    """Create the console's tables (samples, audit) in schema ``lakefold`` if missing."""
-    with psycopg.connect(store_dsn, autocommit=True, connect_timeout=10) as conn, \
-            conn.transaction():
-        conn.execute("CREATE SCHEMA IF NOT EXISTS lakefold")
-        conn.execute("SELECT pg_advisory_xact_lock(%s)", (_INSTALL_LOCK,))
-        for statement in DDL:
-            conn.execute(statement)
+    """Create the console's tables (samples, audit) in schema ``lakefold`` if missing
+    (migrates component ``console``)."""
+    with psycopg.connect(store_dsn, autocommit=True, connect_timeout=10) as conn:
+        migrations.migrate(conn, COMPONENT)
 
 
 def samples_of(overview: dict[str, Any]) -> list[tuple[str, str, float]]:

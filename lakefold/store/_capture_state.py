@@ -21,9 +21,9 @@ from datetime import datetime
 from typing import Any, Final
 
 import psycopg
-from psycopg import errors
 
-_INSTALL_LOCK: Final = 0x6C616B65_736E6170  # "lakesnap"
+from lakefold.core import migrations
+from lakefold.core.migrations import Migration
 
 _DDL: Final = """
 CREATE TABLE IF NOT EXISTS lakefold.capture_snapshots (
@@ -79,6 +79,9 @@ CREATE TABLE IF NOT EXISTS lakefold.capture_heartbeats (
 );
 """
 
+COMPONENT: Final = migrations.register(
+    "capture_state", Migration(1, "snapshot runs, capture control, scopes, heartbeats", _DDL))
+
 CONTROL_CHANNEL: Final = "lakefold_capture_control"
 
 
@@ -118,15 +121,9 @@ class SnapshotTable:
 
 
 def install(conn: psycopg.Connection[Any]) -> None:
-    """Create the snapshot and control tables if missing (idempotent; ``conn`` autocommit)."""
-    with conn.transaction():
-        conn.execute("SELECT pg_advisory_xact_lock(%s)", (_INSTALL_LOCK,))
-        try:
-            with conn.transaction():
-                conn.execute("CREATE SCHEMA IF NOT EXISTS lakefold")
-        except (errors.UniqueViolation, errors.DuplicateSchema):
-            pass  # created concurrently by another lakefold component
-        conn.execute(_DDL)
+    """Create the snapshot and control tables if missing: migrates component
+    ``capture_state`` (``lakefold.core.migrations``; idempotent, concurrency-safe)."""
+    migrations.migrate(conn, COMPONENT)
 
 
 def is_installed(conn: psycopg.Connection[Any]) -> bool:

@@ -30,24 +30,25 @@
                         exists, so a crash in between is recognised (``_slot_intent``).
 ``capture_owners``      the live capture of each slot and take-over requests (``_slot_ownership``).
 
-``store_installs``      the fingerprint of the DDL that installed the tables: ``install`` runs
-                        it again only when it changed (its ALTERs take table locks).
+``store_installs``      the migrations applied to the store, of every component
+                        (``lakefold.core.migrations``, which owns it).
 
-``install`` is idempotent and safe to run concurrently (it takes an advisory lock).
+``install`` migrates component ``changelog`` to its latest version: idempotent, safe to run
+concurrently, and free of DDL when nothing is missing.
 """
 
 from __future__ import annotations
 
-import hashlib
-import re
 from typing import Any, Final
 
 import psycopg
-from psycopg import errors, sql
+from psycopg import sql
+
+from lakefold.core import migrations
+from lakefold.core.migrations import Migration
 
 SCHEMA: Final = "lakefold"
 STORE_VERSION: Final = 1
-_INSTALL_LOCK: Final = 0x6C616B65_63617074  # "lakecapt"
 
 _DDL: Final = """
 CREATE TABLE IF NOT EXISTS lakefold.capture_slots (
@@ -88,9 +89,6 @@ CREATE TABLE IF NOT EXISTS lakefold.changelog_schemas (
     created_at timestamptz NOT NULL DEFAULT now(),
     PRIMARY KEY (stream_id, version)
 );
--- Added after the first release: versions during which the source table had no key.
-ALTER TABLE lakefold.changelog_schemas ADD COLUMN IF NOT EXISTS keyless boolean NOT NULL
-    DEFAULT false;
 CREATE TABLE IF NOT EXISTS lakefold.changelog (
     stream_id integer NOT NULL,
     position bigint NOT NULL,
@@ -120,26 +118,8 @@ CREATE TABLE IF NOT EXISTS lakefold.changelog_compaction (
     stream_id integer PRIMARY KEY REFERENCES lakefold.changelog_streams ON DELETE CASCADE,
     compacted_to bigint NOT NULL DEFAULT 0,
     removed bigint NOT NULL DEFAULT 0,
-    last_run timestamptz,
-    removed_to bigint NOT NULL DEFAULT 0,
-    expired_to bigint NOT NULL DEFAULT 0,
-    keep_history boolean,  -- null: nobody decided (a history view may ask for it)
-    keep_history_reason text
+    last_run timestamptz
 );
--- Added after the first release. Stores compacted before it: what compaction removed is not
--- known, so everything up to compacted_to counts as removed (readers below it must rebuild).
-DO $$ BEGIN
-    IF NOT EXISTS (SELECT 1 FROM information_schema.columns WHERE table_schema = 'lakefold'
-                   AND table_name = 'changelog_compaction' AND column_name = 'removed_to') THEN
-        ALTER TABLE lakefold.changelog_compaction
-            ADD COLUMN removed_to bigint NOT NULL DEFAULT 0,
-            ADD COLUMN expired_to bigint NOT NULL DEFAULT 0,
-            ADD COLUMN keep_history boolean,
-            ADD COLUMN keep_history_reason text;
-        UPDATE lakefold.changelog_compaction SET removed_to = compacted_to,
-            expired_to = compacted_to WHERE removed > 0;
-    END IF;
-END $$;
 -- Durable readers and the last position each has processed (committed after its effect):
 -- compaction never removes a record after the lowest one of a stream (see _readers).
 CREATE TABLE IF NOT EXISTS lakefold.changelog_readers (
@@ -247,6 +227,38 @@ CREATE TABLE IF NOT EXISTS lakefold.capture_owners (
 );
 """
 
+#: Versions during which the source table had no key (after the first release).
+_KEYLESS: Final = """
+-- Added after the first release: versions during which the source table had no key.
+ALTER TABLE lakefold.changelog_schemas ADD COLUMN IF NOT EXISTS keyless boolean NOT NULL
+    DEFAULT false;
+"""
+
+#: What compaction removed (after the first release).
+_COMPACTION_EXTENT: Final = """
+-- Added after the first release. Stores compacted before it: what compaction removed is not
+-- known, so everything up to compacted_to counts as removed (readers below it must rebuild).
+DO $$ BEGIN
+    IF NOT EXISTS (SELECT 1 FROM information_schema.columns WHERE table_schema = 'lakefold'
+                   AND table_name = 'changelog_compaction' AND column_name = 'removed_to') THEN
+        ALTER TABLE lakefold.changelog_compaction
+            ADD COLUMN removed_to bigint NOT NULL DEFAULT 0,
+            ADD COLUMN expired_to bigint NOT NULL DEFAULT 0,
+            ADD COLUMN keep_history boolean,  -- null: nobody decided (a history view may ask)
+            ADD COLUMN keep_history_reason text;
+        UPDATE lakefold.changelog_compaction SET removed_to = compacted_to,
+            expired_to = compacted_to WHERE removed > 0;
+    END IF;
+END $$;
+"""
+
+COMPONENT: Final = migrations.register(
+    "changelog",
+    Migration(1, "changelog store and capture slots", _DDL),
+    Migration(2, "changelog_schemas.keyless", _KEYLESS),
+    Migration(3, "changelog_compaction: removed_to, expired_to, keep_history", _COMPACTION_EXTENT),
+)
+
 _STAGING_DDL: Final = """
 CREATE UNLOGGED TABLE IF NOT EXISTS lakefold.{} (
     xid bigint NOT NULL,
@@ -273,51 +285,16 @@ def create_staging(conn: psycopg.Connection[Any], slot: str) -> None:
     conn.execute(sql.SQL(_STAGING_DDL).format(sql.Identifier(f"capture_staging_{slot}")))
 
 
-#: What installed the changelog tables (a store installed by another version runs the DDL).
-_FINGERPRINT: Final = hashlib.sha256(_DDL.encode()).hexdigest()
-#: The tables the DDL creates (one missing: it runs again).
-_TABLES: Final = tuple(re.findall(r"CREATE TABLE IF NOT EXISTS (\S+) \(", _DDL))
-
-
 def drop_staging(conn: psycopg.Connection[Any], slot: str) -> None:
     conn.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(staging_table(slot)))
 
 
 def install(conn: psycopg.Connection[Any]) -> None:
-    """Create schema ``lakefold`` and the changelog tables if missing (idempotent).
-
-    Runs in one transaction under an advisory lock, so concurrent installs do not race.
-    ``conn`` must not be inside a transaction.
-    """
-    with conn.transaction():
-        conn.execute("SELECT pg_advisory_xact_lock(%s)", (_INSTALL_LOCK,))
-        if _installed_as_is(conn):
-            return  # no DDL: its ALTERs lock tables that running views and captures use
-        try:
-            with conn.transaction():
-                conn.execute("CREATE SCHEMA IF NOT EXISTS lakefold")
-        except (errors.UniqueViolation, errors.DuplicateSchema):
-            pass  # created concurrently by another lakefold component: that is fine
-        conn.execute(_DDL)
-        conn.execute("CREATE TABLE IF NOT EXISTS lakefold.store_installs (component text "
-                     "PRIMARY KEY, fingerprint text NOT NULL, installed_at timestamptz NOT "
-                     "NULL DEFAULT now())")
-        conn.execute("INSERT INTO lakefold.store_installs (component, fingerprint) VALUES "
-                     "('changelog', %s) ON CONFLICT (component) DO UPDATE SET fingerprint = "
-                     "EXCLUDED.fingerprint, installed_at = now()", (_FINGERPRINT,))
-
-
-def _installed_as_is(conn: psycopg.Connection[Any]) -> bool:
-    """True when this very DDL was installed before (and its tables are there): running it
-    again would change nothing, but its ``ALTER TABLE`` and ``CREATE INDEX`` statements take
-    table locks that deadlock with a view's batch or a capture writing meanwhile."""
-    row = conn.execute("SELECT bool_and(to_regclass(t) IS NOT NULL) FROM unnest(%s::text[]) t",
-                       (["lakefold.store_installs", *_TABLES],)).fetchone()
-    if not (row and row[0]):
-        return False
-    found = conn.execute("SELECT fingerprint FROM lakefold.store_installs "
-                         "WHERE component = 'changelog'").fetchone()
-    return found is not None and found[0] == _FINGERPRINT
+    """Create schema ``lakefold`` and the changelog tables, or bring them to the latest version
+    (``lakefold.core.migrations``): idempotent, safe to run concurrently, and without any DDL
+    when the store is up to date (an ``ALTER`` takes table locks that running views and
+    captures hold)."""
+    migrations.migrate(conn, COMPONENT)
 
 
 def is_installed(conn: psycopg.Connection[Any]) -> bool:

@@ -30,10 +30,10 @@ import pyarrow.compute as pc
 from psycopg import sql
 
 from lakefold.projections.operators._view_events import (
-    FEED_DDL,
     FeedBatch,
     feed_position,
     feed_stream,
+    install_feeds,
     windowed_schema,
 )
 from lakefold.projections.spec._windows import WINDOW_END, WINDOW_START, Window, event_times, moment
@@ -88,8 +88,7 @@ class ChangelogWindowFeed:
     def create(self, conn: psycopg.Connection[Any]) -> None:
         """Create the feed's stream and progress, and its reader of the table (idempotent)."""
         with conn.transaction():
-            for statement in FEED_DDL:
-                conn.execute(statement)
+            install_feeds(conn)
             conn.execute("INSERT INTO lakefold.event_feeds (stream) VALUES (%s) "
                          "ON CONFLICT DO NOTHING", (self.name,))
         install_late_events(conn)

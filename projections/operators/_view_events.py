@@ -39,6 +39,8 @@ import psycopg
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from lakefold.core import migrations
+from lakefold.core.migrations import Migration
 from lakefold.eventstore.arrow import EVENTS_ARROW_SCHEMA, head_position, read_events_range
 from lakefold.eventstore.internals import wal_insert_lsn
 from lakefold.projections.exceptions import ProjectionDefinitionError
@@ -109,6 +111,13 @@ FEED_DDL: Final = [
     """ALTER TABLE lakefold.event_feeds ADD COLUMN IF NOT EXISTS mark_lsn bigint,
         ADD COLUMN IF NOT EXISTS mark_head bigint""",
 ]
+FEEDS: Final = migrations.register("event_feeds", Migration(1, "progress of view feeds",
+                                                            *FEED_DDL))
+
+
+def install_feeds(conn: psycopg.Connection[Any]) -> None:
+    """Create the feeds' progress table if missing (migrates component ``event_feeds``)."""
+    migrations.migrate(conn, FEEDS)
 
 
 def feed_stream(view: str, generation: int, alias: str) -> str:
@@ -304,8 +313,7 @@ class EventFeed:
     def create(self, conn: psycopg.Connection[Any]) -> None:
         """Create the feed's stream and progress (idempotent)."""
         with conn.transaction():
-            for statement in FEED_DDL:
-                conn.execute(statement)
+            install_feeds(conn)
             conn.execute("INSERT INTO lakefold.event_feeds (stream) VALUES (%s) "
                          "ON CONFLICT DO NOTHING", (self.name,))
             if self.window is not None:
@@ -321,8 +329,7 @@ class EventFeed:
     def drop(self, conn: psycopg.Connection[Any]) -> None:
         """Forget the feed's progress (``self.stream.drop`` deletes its stream)."""
         with conn.transaction():
-            for statement in FEED_DDL:
-                conn.execute(statement)
+            install_feeds(conn)
             conn.execute("DELETE FROM lakefold.event_feeds WHERE stream = %s", (self.name,))
 
     def position(self, conn: psycopg.Connection[Any]) -> int:

@@ -32,6 +32,8 @@ from typing import Any, Final
 
 import psycopg
 
+from lakefold.core import migrations
+from lakefold.core.migrations import Migration
 from lakefold.store.internals import first_after, frontier
 
 _DDL: Final = [
@@ -44,15 +46,13 @@ _DDL: Final = [
         valid_until bigint,
         PRIMARY KEY (stream, position))""",
 ]
-_INSTALL_LOCK: Final = 0x6C66_5643  # "lfVC"
+COMPONENT: Final = migrations.register(
+    "view_cuts", Migration(1, "where view batches cut their inputs", *_DDL))
 
 
 def install_view_cuts(conn: psycopg.Connection[Any]) -> None:
     """Create the cuts table (idempotent, concurrency-safe)."""
-    with conn.transaction():
-        conn.execute("SELECT pg_advisory_xact_lock(%s)", (_INSTALL_LOCK,))
-        for statement in _DDL:
-            conn.execute(statement)
+    migrations.migrate(conn, COMPONENT)
 
 
 @dataclass(frozen=True)

@@ -32,7 +32,9 @@ from psycopg import sql
 from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 
+from lakefold.core import migrations
 from lakefold.core.dsn import connection_problem, mask_dsn
+from lakefold.core.migrations import Migration
 from lakefold.projections.exceptions import (
     CatalogUnavailableError,
     ProjectionNotFoundError,
@@ -40,7 +42,6 @@ from lakefold.projections.exceptions import (
 )
 
 SCHEMA = "lakefold"
-_INSTALL_LOCK = 0x1AFE_0007  # advisory lock: one installer at a time
 _BATCHES_KEPT = 500  # per generation, for throughput figures
 #: Advisory lock (namespace, key) held by the process running a generation's query.
 LOCK_NAMESPACE = zlib.crc32(b"lakefold.projection") & 0x7FFF_FFFF
@@ -123,6 +124,8 @@ _DDL = [
         FOREIGN KEY (name, generation)
             REFERENCES lakefold.projection_generations ON DELETE CASCADE)""",
 ]
+COMPONENT = migrations.register(
+    "catalog", Migration(1, "projections, generations, batches", *_DDL))
 
 
 @dataclass(frozen=True)
@@ -250,9 +253,7 @@ class Catalog:
     def install(self) -> None:
         """Create the catalog tables if they are missing (idempotent, concurrency-safe)."""
         with self._tx() as conn:
-            conn.execute("SELECT pg_advisory_xact_lock(%s)", (_INSTALL_LOCK,))
-            for statement in _DDL:
-                conn.execute(statement)
+            migrations.migrate(conn, COMPONENT)
 
     # ------------------------------------------------------------------ projections
 

@@ -18,6 +18,8 @@ from typing import Any
 import psycopg
 from psycopg.types.json import Jsonb
 
+from lakefold.core import migrations
+from lakefold.core.migrations import Migration
 from lakefold.projections.exceptions import ProjectionStateError
 from lakefold.projections.state._catalog import Catalog
 
@@ -51,6 +53,8 @@ _DDL = [
         ON lakefold.projection_dead_letters (name, generation, retry_seq)
         WHERE status = 'retry'""",
 ]
+COMPONENT = migrations.register(
+    "dead_letters", Migration(1, "projection dead letters", *_DDL))
 
 
 @dataclass(frozen=True)
@@ -116,10 +120,7 @@ def add_dead_letters(conn: psycopg.Connection[Any], name: str, generation: int,
 
 def install_dead_letters(conn: psycopg.Connection[Any]) -> None:
     """Create the dead-letter table (idempotent, concurrency-safe)."""
-    with conn.transaction():
-        conn.execute("SELECT pg_advisory_xact_lock(%s)", (0x1AFE_0008,))
-        for statement in _DDL:
-            conn.execute(statement)
+    migrations.migrate(conn, COMPONENT)
 
 
 class DeadLetters:

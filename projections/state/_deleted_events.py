@@ -29,6 +29,9 @@ from typing import Any, Final
 import numpy as np
 import psycopg
 
+from lakefold.core import migrations
+from lakefold.core.migrations import Migration
+
 _DDL: Final = [
     """CREATE TABLE IF NOT EXISTS lakefold.deleted_event_times (
         view text NOT NULL,
@@ -39,7 +42,8 @@ _DDL: Final = [
         session_key text,
         PRIMARY KEY (view, input, time_column, position))""",
 ]
-_INSTALL_LOCK: Final = 0x6C66_4454  # "lfDT"
+COMPONENT: Final = migrations.register(
+    "deleted_event_times", Migration(1, "times of deleted events", *_DDL))
 
 
 @dataclass(frozen=True)
@@ -88,10 +92,7 @@ class DeletedTimes:
 
 def install_deleted_times(conn: psycopg.Connection[Any]) -> None:
     """Create the table (idempotent, concurrency-safe)."""
-    with conn.transaction():
-        conn.execute("SELECT pg_advisory_xact_lock(%s)", (_INSTALL_LOCK,))
-        for statement in _DDL:
-            conn.execute(statement)
+    migrations.migrate(conn, COMPONENT)
 
 
 def record(conn: psycopg.Connection[Any], source: TimeSource, positions: Sequence[int],

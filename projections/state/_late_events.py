@@ -28,6 +28,8 @@ from typing import Any, Final
 import numpy as np
 import psycopg
 
+from lakefold.core import migrations
+from lakefold.core.migrations import Migration
 from lakefold.projections.exceptions import ProjectionDefinitionError
 
 _DDL: Final = [
@@ -71,7 +73,8 @@ _DDL: Final = [
     """CREATE INDEX IF NOT EXISTS late_events_streams ON lakefold.late_events
         (view, generation, input, stream_id)""",
 ]
-_INSTALL_LOCK: Final = 0x6C66_4C45  # "lfLE"
+COMPONENT: Final = migrations.register("late_events",
+                                       Migration(1, "late events", *_DDL))
 #: Namespace of the per-view lock that orders replays with the feeds that fold them.
 _REPLAY_LOCK: Final = 0x6C66_4C52  # "lfLR"
 
@@ -99,10 +102,7 @@ class LateEvent:
 
 def install_late_events(conn: psycopg.Connection[Any]) -> None:
     """Create the late-events table (idempotent, concurrency-safe)."""
-    with conn.transaction():
-        conn.execute("SELECT pg_advisory_xact_lock(%s)", (_INSTALL_LOCK,))
-        for statement in _DDL:
-            conn.execute(statement)
+    migrations.migrate(conn, COMPONENT)
 
 
 def _times(micros: np.ndarray) -> list[datetime]:

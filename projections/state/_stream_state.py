@@ -44,11 +44,12 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from psycopg import sql
 
+from lakefold.core import migrations
+from lakefold.core.migrations import Migration
 from lakefold.store.exceptions import StoreError
 from lakefold.store.internals import StreamMeta, copy_records, snapshot_segments, stream_meta, typed
 
 STATE_SCHEMA: Final = "lakefold_state"
-_INSTALL_LOCK: Final = 0x6C66_5354  # "lfST"
 
 _DDL: Final = [
     "CREATE SCHEMA IF NOT EXISTS lakefold_state",
@@ -60,6 +61,8 @@ _DDL: Final = [
         created_at timestamptz NOT NULL DEFAULT now(),
         PRIMARY KEY (owner, stream))""",
 ]
+COMPONENT: Final = migrations.register(
+    "stream_states", Migration(1, "registry of the views' stream states", *_DDL))
 _STAGED: Final = "lf_state_staged"
 _COLUMNS: Final = sql.SQL(
     "key, position, ordinal, commit_lsn, xid, commit_ts, schema_version, op, after")
@@ -85,10 +88,7 @@ class StateChanges:
 
 def install_states(conn: psycopg.Connection[Any]) -> None:
     """Create the state registry and schema (idempotent, concurrency-safe)."""
-    with conn.transaction():
-        conn.execute("SELECT pg_advisory_xact_lock(%s)", (_INSTALL_LOCK,))
-        for statement in _DDL:
-            conn.execute(statement)
+    migrations.migrate(conn, COMPONENT)
 
 
 def stage_records(conn: psycopg.Connection[Any], meta: StreamMeta, start: int,

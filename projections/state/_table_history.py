@@ -33,6 +33,8 @@ import psycopg
 import pyarrow as pa
 from psycopg import sql
 
+from lakefold.core import migrations
+from lakefold.core.migrations import Migration
 from lakefold.projections.state._stream_state import STATE_SCHEMA, install_states, stage_records
 from lakefold.store.internals import StreamMeta, copy_records, reader_registry, stream_meta, typed
 
@@ -47,6 +49,8 @@ CREATE TABLE IF NOT EXISTS lakefold.table_histories (
     start_lsn bigint,
     created_at timestamptz NOT NULL DEFAULT now()
 )"""
+COMPONENT: Final = migrations.register(
+    "table_histories", Migration(1, "registry of the tables' histories", _DDL))
 _COLUMNS: Final = sql.SQL(
     "key, commit_lsn, position, ordinal, xid, commit_ts, schema_version, op, after")
 
@@ -69,7 +73,8 @@ class TableHistory:
         install_states(conn)
         name = history_table_name(self.stream)
         with conn.transaction():
-            conn.execute(_DDL)
+            migrations.migrate(conn, COMPONENT)
+            # the history itself: one table per stream, named after it (not a migration)
             conn.execute(sql.SQL(
                 "CREATE TABLE IF NOT EXISTS {} (key bytea, commit_lsn bigint NOT NULL, "
                 "position bigint PRIMARY KEY, ordinal bigint NOT NULL, xid bigint NOT NULL, "

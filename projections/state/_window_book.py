@@ -13,19 +13,22 @@ from typing import Any, Final
 import psycopg
 from psycopg import sql
 
+from lakefold.core import migrations
+from lakefold.core.migrations import Migration
+
 _DDL: Final = ["""CREATE TABLE IF NOT EXISTS lakefold.view_open_windows (
     owner text NOT NULL,
     window_start bigint NOT NULL,
     PRIMARY KEY (owner, window_start))""",
     # A session's end (``_session_windows``); added after the first release.
     "ALTER TABLE lakefold.view_open_windows ADD COLUMN IF NOT EXISTS window_end bigint"]
+COMPONENT: Final = migrations.register(
+    "view_open_windows", Migration(1, "open windows of view generations", *_DDL))
 
 
 def install_window_book(conn: psycopg.Connection[Any]) -> None:
-    """Create the table (idempotent)."""
-    with conn.transaction():
-        for statement in _DDL:
-            conn.execute(statement)
+    """Create the table (idempotent; migrates component ``view_open_windows``)."""
+    migrations.migrate(conn, COMPONENT)
 
 
 def open_windows(conn: psycopg.Connection[Any], owner: str, starts: Iterable[int],
@@ -55,6 +58,5 @@ def close_windows(conn: psycopg.Connection[Any], owner: str, through: int, *,
 def forget_windows(conn: psycopg.Connection[Any], owner: str) -> None:
     """Delete a generation's open windows (when it is dropped)."""
     with conn.transaction():
-        for statement in _DDL:
-            conn.execute(statement)
+        migrations.migrate(conn, COMPONENT)
         conn.execute("DELETE FROM lakefold.view_open_windows WHERE owner = %s", (owner,))
