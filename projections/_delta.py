@@ -33,6 +33,7 @@ import pyarrow.compute as pc
 from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
 from deltalake.exceptions import CommitFailedError, TableNotFoundError
 
+from lakefold.core.object_store import filesystem_for, storage_options_for
 from lakefold.projections._model import (
     DELETED_COLUMN,
     POSITION_COLUMN,
@@ -82,6 +83,7 @@ class DeltaViewWriter:
         self.path = path
         self.app_id = app_id
         self.name = name
+        self.storage_options = storage_options_for(path)
 
     def write(self, df: DataFrame, batch_id: int, *, rows_hint: int | None = None,
               truncates: Sequence[Truncate] = ()) -> DeltaWriteResult:
@@ -136,7 +138,8 @@ class DeltaViewWriter:
                 write_deltalake(self.path, keep.select(data_columns), mode="append",
                                 name=self.name,
                                 partition_by=list(self.spec.partition_by) or None,
-                                commit_properties=properties)
+                                commit_properties=properties,
+                                storage_options=self.storage_options)
                 return DeltaWriteResult(False, keep.num_rows, 0)
             target_schema = pa.schema(table.schema().to_arrow())
             source = _cast_like(rows, target_schema)
@@ -174,7 +177,7 @@ class DeltaViewWriter:
         properties = CommitProperties(app_transactions=[Transaction(self.app_id, batch_id)])
         write_deltalake(self.path, rows, mode="append", name=self.name,
                         partition_by=list(self.spec.partition_by) or None,
-                        commit_properties=properties)
+                        commit_properties=properties, storage_options=self.storage_options)
         version = self._open()
         return DeltaWriteResult(False, rows.num_rows, version.version() if version else 0)
 
@@ -182,7 +185,7 @@ class DeltaViewWriter:
 
     def _open(self) -> DeltaTable | None:
         try:
-            return DeltaTable(self.path)
+            return DeltaTable(self.path, storage_options=self.storage_options)
         except TableNotFoundError:
             return None
 
@@ -210,7 +213,8 @@ class DeltaViewWriter:
             if table is None:
                 write_deltalake(self.path, new_rows, mode="append", name=self.name,
                                 partition_by=list(self.spec.partition_by) or None,
-                                commit_properties=properties)
+                                commit_properties=properties,
+                                storage_options=self.storage_options)
                 return DeltaWriteResult(False, len(inserts), 0)
             source = pa.concat_tables([
                 _with_action(pa.Table.from_pylist(closes, schema=schema), "close"),
@@ -453,4 +457,8 @@ class DeltaGenerationTarget(GenerationTarget):
     def drop_storage(cls, location: str, context: TargetContext) -> None:
         import shutil
 
+        if "://" in location:  # an object store: delete every object under the prefix
+            fs, root = filesystem_for(location)
+            fs.delete_dir_contents(root, missing_dir_ok=True)
+            return
         shutil.rmtree(location, ignore_errors=True)
