@@ -82,7 +82,8 @@ class LakeCatalog:
             child.base_name: f"{uri}/{child.base_name}"
             for child in sorted(children, key=lambda c: c.base_name)
             if child.type == pafs.FileType.Directory
-            and not child.base_name.startswith(("_", ".")) and is_delta_table(f"{uri}/{child.base_name}")
+            and not child.base_name.startswith(("_", "."))
+            and is_delta_table(f"{uri}/{child.base_name}")
         }
 
 

@@ -173,14 +173,14 @@ def _file_batches(data: pa.Table, relative: str, schema: pa.Schema,
     columns = []
     for field in schema:
         if field.name in values:
-            text = values[field.name]
-            column = pa.array([text] * data.num_rows, pa.string())
+            column = pa.array([values[field.name]] * data.num_rows, pa.string())
             columns.append(column.cast(field.type))
         elif field.name in data.column_names:
             columns.append(data.column(field.name).cast(field.type))
         else:
             columns.append(pa.nulls(data.num_rows, field.type))
-    return pa.Table.from_arrays(columns, schema=schema).to_batches()
+    batches: list[pa.RecordBatch] = pa.Table.from_arrays(columns, schema=schema).to_batches()
+    return batches
 
 
 def table_version(path: str) -> int:

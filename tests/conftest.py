@@ -1,4 +1,5 @@
-"""Test harness: real PostgreSQL, Redis, S3 (SeaweedFS) and Spark from session fixtures (see tests/fixtures)."""
+"""Test harness: real PostgreSQL, Redis, S3 (SeaweedFS) and Spark from session fixtures (see
+tests/fixtures)."""
 
 pytest_plugins = [
     "tests.fixtures.postgres",

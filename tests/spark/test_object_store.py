@@ -228,7 +228,8 @@ def test_check_object_store_names_the_setting(s3_lake: S3Lake):
     good = s3_lake.store
     check_object_store(good)
     wrong = ObjectStore(bucket=good.bucket, endpoint=good.endpoint,
-                        access_key_id=good.access_key_id, secret_access_key="wrong")
+                        access_key_id=good.access_key_id,
+                        secret_access_key=f"{good.secret_access_key}-wrong")
     with pytest.raises(ObjectStoreError, match="LAKEFOLD_S3_SECRET_ACCESS_KEY"):
         check_object_store(wrong)
     missing = ObjectStore(bucket="absent", endpoint=good.endpoint,
@@ -236,5 +237,6 @@ def test_check_object_store_names_the_setting(s3_lake: S3Lake):
                           secret_access_key=good.secret_access_key)
     with pytest.raises(ObjectStoreError, match="LAKEFOLD_S3_BUCKET"):
         check_object_store(missing)
+    assert good.secret_access_key and good.access_key_id
     assert good.secret_access_key not in repr(good) + good.describe()
     assert good.access_key_id not in repr(good)
