@@ -247,7 +247,9 @@ class DeltaViewWriter:
         dataset = table.to_pyarrow_dataset()
         condition = ds.field(CURRENT) == True  # noqa: E712 - a dataset expression, not a bool
         for key in keys if not every_key else ():
-            values = pc.unique(rows.column(key))
+            # In the table's type: delta-rs scans strings as string_view, and isin has no
+            # kernel comparing a string column with string_view values.
+            values = pc.unique(rows.column(key)).cast(dataset.schema.field(key).type)
             condition = condition & ds.field(key).isin(values)
         found = dataset.to_table(filter=condition).to_pylist()
         return {tuple(row[k] for k in keys): row for row in found}
