@@ -245,13 +245,20 @@ class DeltaViewWriter:
         import pyarrow.dataset as ds
 
         dataset = table.to_pyarrow_dataset()
-        condition = ds.field(CURRENT) == True  # noqa: E712 - a dataset expression, not a bool
-        for key in keys if not every_key else ():
-            # In the table's type: delta-rs scans strings as string_view, and isin has no
-            # kernel comparing a string column with string_view values.
-            values = pc.unique(rows.column(key)).cast(dataset.schema.field(key).type)
-            condition = condition & ds.field(key).isin(values)
-        found = dataset.to_table(filter=condition).to_pylist()
+        current = dataset.to_table(
+            filter=ds.field(CURRENT) == True)  # noqa: E712 - a dataset expression, not a bool
+        if not every_key and current.num_rows:
+            # The batch's keys are matched here, not pushed into the scan: a string key is
+            # string_view on one side of the scan's statistics pruning and string on the
+            # other, and pyarrow has no kernel comparing the two.
+            mask = None
+            for key in keys:
+                column = current.column(key)
+                values = pc.unique(rows.column(key)).cast(column.type)
+                match = pc.is_in(column, value_set=values)
+                mask = match if mask is None else pc.and_(mask, match)
+            current = current.filter(mask)
+        found = current.to_pylist()
         return {tuple(row[k] for k in keys): row for row in found}
 
 
