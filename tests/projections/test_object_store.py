@@ -61,7 +61,12 @@ def test_sigkill_loop_with_tables_in_the_bucket(pg, redis_url, s3_lake: S3Lake, 
     rng = random.Random(23)
     env = s3_lake.environment()
     helpers.append_orders(pg.dsn, rng, 24)
-    catalog = Catalog(pg.dsn)
+    with Catalog(pg.dsn) as catalog:
+        check_the_bucket_tables(pg, redis_url, s3_lake, tmp_path, rng, env, catalog)
+
+
+def check_the_bucket_tables(pg, redis_url, s3_lake: S3Lake, tmp_path: Path, rng: random.Random,
+                            env: dict[str, str], catalog: Catalog) -> None:
     for kill in range(KILLS):
         before = helpers.committed_batches(catalog, NAMES)
         child = start_child(pg.dsn, redis_url, tmp_path, "run", env)
