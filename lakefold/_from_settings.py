@@ -66,10 +66,22 @@ def session_from_settings(settings: Settings, *, app_name: str = "lakefold",
                          app_name=app_name, log_path=settings_driver_log(settings))
 
 
+def checked_lake(settings: Settings) -> str | Path:
+    """Where the lake is (``Settings.lake_location``); with an object store set, its bucket is
+    reached once first, so bad credentials, a missing bucket or an endpoint that does not
+    answer are one ObjectStoreError line naming the setting before any work starts."""
+    from lakefold.core.object_store import check_object_store
+
+    store = settings.object_store()
+    if store is not None:
+        check_object_store(store)
+    return settings.lake_location
+
+
 def table_catalog(settings: Settings) -> TableCatalog:
     """The tables ``lakefold query``, ``optimize`` and ``vacuum`` name: each Delta-target
     projection at its current generation (from the store), over the Delta tables of the lake
     directory."""
     from lakefold.projections import table_catalog as projection_table_catalog
 
-    return projection_table_catalog(settings.resolved_store_dsn(), settings.lake_path)
+    return projection_table_catalog(settings.resolved_store_dsn(), checked_lake(settings))

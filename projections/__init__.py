@@ -152,7 +152,7 @@ __getattr__ = lazy_getattr(
 )
 
 
-def table_catalog(store_dsn: str | None, lake_path: Path) -> ProjectionTableCatalog:
+def table_catalog(store_dsn: str | None, lake_path: Path | str) -> ProjectionTableCatalog:
     """The generation-aware ``TableCatalog`` for ``lakefold query``: each Delta-target
     projection under its name, at its current generation's path (read from the store at
     ``store_dsn``), over the Delta tables directly under ``lake_path`` (see ``_tables``)."""

@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol, runtime_checkable
 
+from lakefold.core.object_store import filesystem_for
+from lakefold.spark._delta_commit import explain_store_failure
 from lakefold.spark._delta_target import normalize_table_uri
 from lakefold.spark.exceptions import NotADeltaTableError, UnknownTableError
 
@@ -29,9 +31,19 @@ class TableCatalog(Protocol):
         ...
 
 
-def is_delta_table(path: Path) -> bool:
-    """True when ``path`` is a directory with a Delta log."""
-    return (path / DELTA_LOG).is_dir()
+def is_delta_table(path: Path | str) -> bool:
+    """True when ``path`` (a directory, or an ``s3://`` URI) holds a Delta log."""
+    text = str(path)
+    if "://" in text and not text.startswith("file://"):
+        import pyarrow.fs as pafs
+
+        fs, root = filesystem_for(text.rstrip("/"))
+        try:
+            return bool(fs.get_file_info(f"{root}/{DELTA_LOG}").type == pafs.FileType.Directory)
+        except OSError:
+            explain_store_failure(text)
+            raise
+    return (Path(text.removeprefix("file://")) / DELTA_LOG).is_dir()
 
 
 @dataclass(frozen=True)
@@ -42,9 +54,11 @@ class LakeCatalog:
     A missing lake directory is an empty catalog.
     """
 
-    lake_path: Path
+    lake_path: Path | str
 
     def tables(self) -> dict[str, str]:
+        if "://" in str(self.lake_path):
+            return self._object_store_tables(str(self.lake_path).rstrip("/"))
         root = Path(self.lake_path).expanduser()
         if not root.is_dir():
             return {}
@@ -52,6 +66,24 @@ class LakeCatalog:
             child.name: normalize_table_uri(child)
             for child in sorted(root.iterdir())
             if child.is_dir() and not child.name.startswith(("_", ".")) and is_delta_table(child)
+        }
+
+    @staticmethod
+    def _object_store_tables(uri: str) -> dict[str, str]:
+        import pyarrow.fs as pafs
+
+        fs, root = filesystem_for(uri)
+        try:
+            children = fs.get_file_info(pafs.FileSelector(root, allow_not_found=True))
+        except OSError:
+            explain_store_failure(uri)
+            raise
+        return {
+            child.base_name: f"{uri}/{child.base_name}"
+            for child in sorted(children, key=lambda c: c.base_name)
+            if child.type == pafs.FileType.Directory
+            and not child.base_name.startswith(("_", "."))
+            and is_delta_table(f"{uri}/{child.base_name}")
         }
 
 

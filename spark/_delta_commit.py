@@ -26,6 +26,7 @@ from deltalake import DeltaTable, Schema as DeltaSchema
 from deltalake.exceptions import CommitFailedError, DeltaError, TableNotFoundError
 from deltalake.transaction import AddAction, CommitProperties, RemoveAction, Transaction
 
+from lakefold.core.object_store import check_object_store, object_store_for, storage_options_for
 from lakefold.spark._delta_files import WrittenFile
 from lakefold.spark._delta_schema import WritePlan
 from lakefold.spark._delta_target import DeltaTarget, WriteMode
@@ -55,9 +56,7 @@ def open_table(uri: str, *, version: int | None = None) -> DeltaTable | None:
     not a Delta table: writing there would mix Delta files into someone else's data.
     """
     try:
-        if version is None:
-            return DeltaTable(uri)
-        return DeltaTable(uri, version=version)
+        return DeltaTable(uri, version=version, storage_options=storage_options_for(uri))
     except TableNotFoundError:
         local = Path(uri)
         if "://" not in uri and local.exists() and (not local.is_dir() or any(local.iterdir())):
@@ -66,8 +65,18 @@ def open_table(uri: str, *, version: int | None = None) -> DeltaTable | None:
                 "an empty directory or an existing Delta table"
             ) from None
         return None
-    except DeltaError as e:
+    except (DeltaError, OSError) as e:
+        explain_store_failure(uri)
         raise SparkTerminalError(f"cannot open the Delta table at {uri}: {e}") from e
+
+
+def explain_store_failure(uri: str) -> None:
+    """After a failed Delta operation on ``uri``: when it lives in a registered object store
+    that refuses the credentials, lacks the bucket or does not answer, raise that as one
+    ObjectStoreError line naming the setting (delta-rs's own message is a long chain)."""
+    store = object_store_for(uri)
+    if store is not None:
+        check_object_store(store)
 
 
 def require_table(uri: str, *, version: int | None = None) -> DeltaTable:
@@ -96,13 +105,15 @@ def create_table(target: DeltaTarget, schema: pa.Schema) -> DeltaTable:
         return DeltaTable.create(
             target.path,
             schema,
+            storage_options=storage_options_for(target.path),
             mode="ignore",
             partition_by=list(target.partition_by) or None,
             name=target.name,
             description=target.description,
             configuration=dict(target.configuration) or None,
         )
-    except DeltaError as e:
+    except (DeltaError, OSError) as e:
+        explain_store_failure(target.path)
         raise SparkTerminalError(f"cannot create the Delta table at {target.path}: {e}") from e
 
 

@@ -24,6 +24,8 @@ import pyarrow.compute as pc
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
+from lakefold.core.object_store import filesystem_for
+
 HIVE_NULL = "__HIVE_DEFAULT_PARTITION__"
 # Delta writers truncate string statistics; a prefix is still a valid lower bound.
 _STATS_STRING_LIMIT = 32
@@ -61,6 +63,9 @@ class FileWriteSpec:
     schema: pa.Schema
     partition_by: tuple[str, ...]
     compression: str = "snappy"
+    #: The object store's options for an ``s3://`` table (workers never see the driver's
+    #: registry); None for a local table.
+    storage_options: dict[str, str] | None = None
 
 
 @dataclass(frozen=True)
@@ -252,7 +257,7 @@ def write_task_files(spec: FileWriteSpec, batches: Iterator[pa.RecordBatch]
     Guarantees: a file is complete (closed) before it is reported; a task with no rows writes
     no file; each file holds rows of exactly one partition value.
     """
-    fs, root = pafs.FileSystem.from_uri(spec.table_uri)
+    fs, root = filesystem_for(spec.table_uri, spec.storage_options)
     data_schema = pa.schema([f for f in spec.schema if f.name not in spec.partition_by])
     builders: dict[tuple[str | None, ...], _FileBuilder] = {}
     for batch in batches:

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import pyarrow.fs as pafs
 from deltalake.exceptions import DeltaError
 
+from lakefold.core.object_store import filesystem_for
 from lakefold.spark._delta_commit import require_table
 from lakefold.spark._delta_read import PartitionFilter
 from lakefold.spark._delta_sink import STAGING_DIR
@@ -71,12 +72,20 @@ def optimize_table(path: str, *, target_size: int | None = None,
 
 
 def _stale_staging(uri: str, retention_hours: float) -> list[str]:
-    fs, root = pafs.FileSystem.from_uri(uri)
+    fs, root = filesystem_for(uri)
     selector = pafs.FileSelector(f"{root}/{STAGING_DIR}", allow_not_found=True)
     cutoff_ns = (time.time() - retention_hours * 3600) * 1e9
     stale = []
     for info in fs.get_file_info(selector):
-        if info.type == pafs.FileType.Directory and (info.mtime_ns or 0) <= cutoff_ns:
+        if info.type != pafs.FileType.Directory:
+            continue
+        mtime = info.mtime_ns
+        if mtime is None:
+            # An object store has no directories, so no directory times: the newest file
+            # under it says when the staging was last written (none: an empty prefix).
+            inside = fs.get_file_info(pafs.FileSelector(info.path, recursive=True))
+            mtime = max((f.mtime_ns or 0 for f in inside), default=0)
+        if mtime <= cutoff_ns:
             stale.append(info.path)
     return stale
 
@@ -107,10 +116,10 @@ def vacuum_table(path: str, *, retention_hours: float = DEFAULT_RETENTION_HOURS,
         ) from e
     stale = _stale_staging(uri, retention_hours)
     if not dry_run:
-        fs, _ = pafs.FileSystem.from_uri(uri)
+        fs, _ = filesystem_for(uri)
         for directory in stale:
             fs.delete_dir(directory)
-    prefix_len = len(pafs.FileSystem.from_uri(uri)[1]) + 1
+    prefix_len = len(filesystem_for(uri)[1]) + 1
     return VacuumResult(
         path=uri,
         dry_run=dry_run,

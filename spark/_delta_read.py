@@ -21,6 +21,7 @@ import pyarrow as pa
 from deltalake import DeltaTable
 from deltalake.exceptions import DeltaError
 
+from lakefold.core.object_store import storage_options_for
 from lakefold.spark._delta_commit import require_table
 from lakefold.spark._delta_target import normalize_table_uri
 from lakefold.spark.exceptions import SparkTerminalError
@@ -121,12 +122,68 @@ def snapshot_dataframe(spark: SparkSession, snapshot: DeltaSnapshot) -> DataFram
     schema = spark_schema_of(snapshot.schema)
     if not snapshot.files:
         return spark.createDataFrame([], schema)
+    if "://" in snapshot.uri:
+        return _object_store_dataframe(spark, snapshot, schema)
     reader = spark.read.schema(schema).option("basePath", snapshot.uri)
     frame = reader.parquet(*snapshot.files)
     # Spark appends partition columns at the end; keep the table's column order.
     return frame.select(*[f"`{name.replace('`', '``')}`" for name in snapshot.schema.names])
 
 
+def _object_store_dataframe(spark: SparkSession, snapshot: DeltaSnapshot,
+                            schema: Any) -> DataFrame:
+    """The snapshot's files read by Spark's Python workers through pyarrow's S3 file system
+    (one task per file; partition values from the Hive-style directories): Spark's JVM reader
+    would need the hadoop-aws jars and their own S3 settings."""
+    options = storage_options_for(snapshot.uri)
+    table_schema = snapshot.schema
+    partition_by = snapshot.partition_by
+    root = snapshot.uri.rstrip("/") + "/"
+    files = spark.createDataFrame([(f,) for f in snapshot.files], "file STRING")
+    files = files.repartition(min(len(snapshot.files), spark.sparkContext.defaultParallelism))
+
+    def read(batches):  # type: ignore[no-untyped-def]  # runs in Spark's Python workers
+        import pyarrow.parquet as pq
+
+        from lakefold.core.object_store import filesystem_for
+
+        for batch in batches:
+            for uri in batch.column(0).to_pylist():
+                fs, path = filesystem_for(uri, options)
+                yield from _file_batches(pq.read_table(path, filesystem=fs),
+                                         uri.removeprefix(root), table_schema, partition_by)
+
+    return files.mapInArrow(read, schema)
+
+
+def _file_batches(data: pa.Table, relative: str, schema: pa.Schema,
+                  partition_by: tuple[str, ...]) -> list[pa.RecordBatch]:
+    """One data file's rows in the table's schema: partition columns from ``relative``'s
+    ``column=value`` directories, columns the file lacks as nulls."""
+    from urllib.parse import unquote
+
+    from lakefold.spark._delta_files import HIVE_NULL
+
+    values: dict[str, str | None] = {}
+    for part in relative.split("/")[:-1]:
+        column, sep, value = part.partition("=")
+        if sep and column in partition_by:
+            text = unquote(value)
+            values[column] = None if text == HIVE_NULL else text
+    columns = []
+    for field in schema:
+        if field.name in values:
+            column = pa.array([values[field.name]] * data.num_rows, pa.string())
+            columns.append(column.cast(field.type))
+        elif field.name in data.column_names:
+            columns.append(data.column(field.name).cast(field.type))
+        else:
+            columns.append(pa.nulls(data.num_rows, field.type))
+    batches: list[pa.RecordBatch] = pa.Table.from_arrays(columns, schema=schema).to_batches()
+    return batches
+
+
 def table_version(path: str) -> int:
     """The latest version of the Delta table at ``path``."""
-    return DeltaTable(normalize_table_uri(path)).version()
+    uri = normalize_table_uri(path)
+    return DeltaTable(uri, storage_options=storage_options_for(uri)).version()

@@ -30,8 +30,8 @@ from typing import TYPE_CHECKING
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as pads
-import pyarrow.fs as pafs
 
+from lakefold.core.object_store import filesystem_for, storage_options_for
 from lakefold.spark._delta_commit import (
     CommitPolicy,
     commit_files,
@@ -84,7 +84,7 @@ def _write_files(df: DataFrame, spec: FileWriteSpec) -> list[WrittenFile]:
 
 
 def _delete_files(target: DeltaTarget, relative_paths: list[str]) -> None:
-    fs, root = pafs.FileSystem.from_uri(target.path)
+    fs, root = filesystem_for(target.path)
     for path in relative_paths:
         try:
             fs.delete_file(f"{root}/{path}")
@@ -93,7 +93,7 @@ def _delete_files(target: DeltaTarget, relative_paths: list[str]) -> None:
 
 
 def _delete_staging(target: DeltaTarget, prefix: str) -> None:
-    fs, root = pafs.FileSystem.from_uri(target.path)
+    fs, root = filesystem_for(target.path)
     try:
         fs.delete_dir(f"{root}/{prefix}")
     except FileNotFoundError:
@@ -105,7 +105,7 @@ def _read_staged(target: DeltaTarget, prefix: str, files: list[WrittenFile],
     """The staged rows of a merge, checked: no null keys, no duplicate keys."""
     if not files:
         return plan.file_schema.empty_table()
-    fs, root = pafs.FileSystem.from_uri(target.path)
+    fs, root = filesystem_for(target.path)
     paths = [f"{root}/{f.path}" for f in files]
     source = pads.dataset(paths, format="parquet", filesystem=fs, schema=plan.file_schema)
     table = source.to_table()
@@ -159,6 +159,7 @@ def write_batch(df: DataFrame, target: DeltaTarget, batch_id: int, *,
         prefix=prefix,
         schema=plan.file_schema,
         partition_by=() if keyed else target.partition_by,
+        storage_options=storage_options_for(target.path),
     )
     files = _write_files(df, spec)
     try:

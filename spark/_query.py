@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 
 import pyarrow as pa
 
+from lakefold.core.object_store import storage_options_for
 from lakefold.spark._catalog import TableCatalog
 from lakefold.spark._delta_read import load_snapshot, snapshot_dataframe
 from lakefold.spark.exceptions import QueryError, SparkTerminalError, UnknownTableError
@@ -111,7 +112,8 @@ def query_local(sql_text: str, catalog: TableCatalog) -> pa.Table:
     for name, path in tables.items():
         snapshot = load_snapshot(path)
         if snapshot.files:
-            frame = pl.scan_delta(path, version=snapshot.version)
+            frame = pl.scan_delta(path, version=snapshot.version,
+                                  storage_options=storage_options_for(path))
         else:  # polars cannot scan a Delta table that has no files yet
             frame = pl.from_arrow(snapshot.schema.empty_table()).lazy()  # type: ignore[union-attr]
         context.register(name, frame)

@@ -74,7 +74,7 @@ def console(
             "no store DSN: set LAKEFOLD_STORE_DSN (or LAKEFOLD_DSN) to the PostgreSQL database "
             "that holds lakefold's schema")
     config = ConsoleConfig(
-        store_dsn=store_dsn, roots=SinkRoots.under(settings.home, settings.lake_dir),
+        store_dsn=store_dsn, roots=SinkRoots.under(settings.home, settings.lake_location),
         source_dsn=settings.source_dsn(),
         redis_url=settings.redis_url.get_secret_value() if settings.redis_url else None,
         projections=projections or settings.projections, refresh_s=refresh, token=token,

@@ -61,7 +61,7 @@ def _catalog(settings: Settings, *, install: bool = True) -> Catalog:
     only reads passes False and checks ``_catalog_installed`` first: a read never writes)."""
     from lakefold.projections.operations import Catalog, SinkRoots
 
-    catalog = Catalog(_store_dsn(settings), SinkRoots.under(settings.home, settings.lake_dir))
+    catalog = Catalog(_store_dsn(settings), SinkRoots.under(settings.home, settings.lake_location))
     if install:
         catalog.install()
     return catalog
@@ -110,7 +110,7 @@ def _registry(settings: Settings, location: str | None,
 
 def _runner(settings: Settings, location: str | None, *, only: tuple[str, ...] = (),
             trigger: float | None = None) -> Any:
-    from lakefold._from_settings import session_from_settings
+    from lakefold._from_settings import checked_lake, session_from_settings
     from lakefold.projections import Runner, RunnerConfig
     from lakefold.projections.operations import RUNNER_SPARK_CONF, SinkRoots
 
@@ -118,7 +118,7 @@ def _runner(settings: Settings, location: str | None, *, only: tuple[str, ...] =
     _catalog_installed(settings)  # the store answers (or one line says why) before Spark starts
     redis_url = settings.redis_url.get_secret_value() if settings.redis_url else None
     config = RunnerConfig(store_dsn=_store_dsn(settings),
-                          roots=SinkRoots.under(settings.home, settings.lake_dir),
+                          roots=SinkRoots.under(settings.home, checked_lake(settings)),
                           redis_url=redis_url, trigger_seconds=trigger, only=only)
     spark = session_from_settings(settings, conf=RUNNER_SPARK_CONF)
     return Runner(spark, registry, config)

@@ -131,22 +131,27 @@ COMPONENT = migrations.register(
 @dataclass(frozen=True)
 class SinkRoots:
     """Where new generations put their sinks: ``lake``/NAME/gN for Delta, ``search``/NAME/gN
-    for indexes, ``checkpoints``/NAME/gN for Spark, ``redis_namespace``:NAME:gN: for keys."""
+    for indexes, ``checkpoints``/NAME/gN for Spark, ``redis_namespace``:NAME:gN: for keys.
+    ``lake`` is a local directory or an object store URI (``s3://bucket/prefix``)."""
 
-    lake: Path
+    lake: Path | str
     search: Path
     checkpoints: Path
     redis_namespace: str = "lf"
 
     @classmethod
-    def under(cls, home: Path, lake: Path | None = None) -> SinkRoots:
-        return cls(lake=(lake or home / "lake").resolve(), search=(home / "search").resolve(),
+    def under(cls, home: Path, lake: Path | str | None = None) -> SinkRoots:
+        root: Path | str = lake.rstrip("/") if isinstance(lake, str) and "://" in lake \
+            else Path(lake or home / "lake").resolve()
+        return cls(lake=root, search=(home / "search").resolve(),
                    checkpoints=(home / "checkpoints").resolve())
 
     def locations(self, name: str, generation: int) -> dict[str, str]:
         """Target kind → where generation ``generation`` of NAME keeps its storage."""
         tag = f"g{generation}"
-        return {"delta": str(self.lake / name / tag),
+        delta = f"{self.lake}/{name}/{tag}" if isinstance(self.lake, str) \
+            else str(self.lake / name / tag)
+        return {"delta": delta,
                 "redis": f"{self.redis_namespace}:{name}:{tag}:",
                 "search": str(self.search / name / tag)}
 

@@ -33,6 +33,7 @@ import pyarrow.compute as pc
 from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
 from deltalake.exceptions import CommitFailedError, TableNotFoundError
 
+from lakefold.core.object_store import filesystem_for, storage_options_for
 from lakefold.projections.exceptions import (
     IncompatibleTargetError,
     TargetError,
@@ -86,6 +87,7 @@ class DeltaViewWriter:
         self.path = path
         self.app_id = app_id
         self.name = name
+        self.storage_options = storage_options_for(path)
 
     def write(self, df: DataFrame, batch_id: int, *, rows_hint: int | None = None,
               truncates: Sequence[Truncate] = ()) -> DeltaWriteResult:
@@ -140,7 +142,8 @@ class DeltaViewWriter:
                 write_deltalake(self.path, keep.select(data_columns), mode="append",
                                 name=self.name,
                                 partition_by=list(self.spec.partition_by) or None,
-                                commit_properties=properties)
+                                commit_properties=properties,
+                                storage_options=self.storage_options)
                 return DeltaWriteResult(False, keep.num_rows, 0)
             target_schema = pa.schema(table.schema().to_arrow())
             source = _cast_like(rows, target_schema)
@@ -178,7 +181,7 @@ class DeltaViewWriter:
         properties = CommitProperties(app_transactions=[Transaction(self.app_id, batch_id)])
         write_deltalake(self.path, rows, mode="append", name=self.name,
                         partition_by=list(self.spec.partition_by) or None,
-                        commit_properties=properties)
+                        commit_properties=properties, storage_options=self.storage_options)
         version = self._open()
         return DeltaWriteResult(False, rows.num_rows, version.version() if version else 0)
 
@@ -186,7 +189,7 @@ class DeltaViewWriter:
 
     def _open(self) -> DeltaTable | None:
         try:
-            return DeltaTable(self.path)
+            return DeltaTable(self.path, storage_options=self.storage_options)
         except TableNotFoundError:
             return None
 
@@ -214,7 +217,8 @@ class DeltaViewWriter:
             if table is None:
                 write_deltalake(self.path, new_rows, mode="append", name=self.name,
                                 partition_by=list(self.spec.partition_by) or None,
-                                commit_properties=properties)
+                                commit_properties=properties,
+                                storage_options=self.storage_options)
                 return DeltaWriteResult(False, len(inserts), 0)
             source = pa.concat_tables([
                 _with_action(pa.Table.from_pylist(closes, schema=schema), "close"),
@@ -245,11 +249,20 @@ class DeltaViewWriter:
         import pyarrow.dataset as ds
 
         dataset = table.to_pyarrow_dataset()
-        condition = ds.field(CURRENT) == True  # noqa: E712 - a dataset expression, not a bool
-        for key in keys if not every_key else ():
-            values = pc.unique(rows.column(key))
-            condition = condition & ds.field(key).isin(values)
-        found = dataset.to_table(filter=condition).to_pylist()
+        current = dataset.to_table(
+            filter=ds.field(CURRENT) == True)  # noqa: E712 - a dataset expression, not a bool
+        if not every_key and current.num_rows:
+            # The batch's keys are matched here, not pushed into the scan: a string key is
+            # string_view on one side of the scan's statistics pruning and string on the
+            # other, and pyarrow has no kernel comparing the two.
+            mask = None
+            for key in keys:
+                column = current.column(key)
+                values = pc.unique(rows.column(key)).cast(column.type)
+                match = pc.is_in(column, value_set=values)
+                mask = match if mask is None else pc.and_(mask, match)
+            current = current.filter(mask)
+        found = current.to_pylist()
         return {tuple(row[k] for k in keys): row for row in found}
 
 
@@ -457,4 +470,8 @@ class DeltaGenerationTarget(GenerationTarget):
     def drop_storage(cls, location: str, context: TargetContext) -> None:
         import shutil
 
+        if "://" in location:  # an object store: delete every object under the prefix
+            fs, root = filesystem_for(location)
+            fs.delete_dir_contents(root, missing_dir_ok=True)
+            return
         shutil.rmtree(location, ignore_errors=True)

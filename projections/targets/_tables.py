@@ -22,7 +22,7 @@ class ProjectionTableCatalog:
     """Projection name → current Delta path, read from the catalog on each ``tables()``."""
 
     store_dsn: str | None
-    lake_path: Path
+    lake_path: Path | str
 
     def projection_tables(self) -> dict[str, str]:
         """Delta-target projections that have a table at their current generation."""
@@ -45,8 +45,9 @@ class ProjectionTableCatalog:
                 f"({error_text(e)}); "
                 "check LAKEFOLD_STORE_DSN"
             ) from e
-        return {str(name): str(path) for name, path in rows
-                if (Path(path) / "_delta_log").is_dir()}
+        from lakefold.spark._catalog import is_delta_table
+
+        return {str(name): str(path) for name, path in rows if is_delta_table(str(path))}
 
     def tables(self) -> dict[str, str]:
         """Lake tables, overridden by projections of the same name."""

@@ -127,3 +127,33 @@ def test_wrong_type_is_an_error_naming_the_variable(
     monkeypatch.setenv("LAKEFOLD_LOG_LEVEL", "LOUD")
     with pytest.raises(ConfigurationError, match="LAKEFOLD_LOG_LEVEL"):
         load_settings()
+
+
+def test_object_store_settings_move_the_lake_and_keep_the_secret(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    from lakefold.core.object_store import forget_object_store, storage_options_for
+
+    monkeypatch.chdir(tmp_path)
+    assert load_settings().object_store() is None
+    monkeypatch.setenv("LAKEFOLD_S3_BUCKET", "settings-lake")
+    monkeypatch.setenv("LAKEFOLD_S3_ENDPOINT", "http://127.0.0.1:9")
+    monkeypatch.setenv("LAKEFOLD_S3_ACCESS_KEY_ID", "AKSETTINGS")
+    monkeypatch.setenv("LAKEFOLD_S3_SECRET_ACCESS_KEY", "a-secret-never-shown")
+    try:
+        settings = load_settings()
+        assert settings.lake_location == "s3://settings-lake/lake"
+        store = settings.object_store()
+        assert store is not None and store.bucket == "settings-lake"
+        assert "a-secret-never-shown" not in repr(settings) + repr(store) + store.describe()
+        assert "AKSETTINGS" not in repr(settings) + repr(store)
+        # Registered for this process: a table URI of the bucket gets the store's options.
+        options = storage_options_for("s3://settings-lake/lake/t")
+        assert options is not None and options["endpoint"] == "http://127.0.0.1:9"
+        assert options["conditional_put"] == "etag" and options["allow_http"] == "true"
+        assert "AWS_S3_ALLOW_UNSAFE_RENAME" not in options
+        assert storage_options_for("s3://another-bucket/t") is None
+    finally:
+        forget_object_store("settings-lake")
+    monkeypatch.setenv("LAKEFOLD_S3_ENDPOINT", "127.0.0.1:9")
+    with pytest.raises(ConfigurationError, match="LAKEFOLD_S3_ENDPOINT"):
+        load_settings()

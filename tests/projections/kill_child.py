@@ -6,12 +6,14 @@ MODULE is a file name in this folder; NAMEs restrict the run to those projection
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
 from lakefold.projections import Runner, RunnerConfig, load_projections
 from lakefold.projections.operations import SinkRoots
 from lakefold.projections.runtime._runner import RUNNER_SPARK_CONF
+from lakefold.settings import load_settings
 from lakefold.spark import spark_session
 
 
@@ -22,7 +24,11 @@ def main() -> None:
         # a short-lived JVM: the C1 compiler alone starts about a third faster
         "spark.driver.extraJavaOptions": "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC -Xss4m"})
     registry = load_projections(str(Path(__file__).with_name(module)))
-    config = RunnerConfig(store_dsn=dsn, roots=SinkRoots.under(Path(home)), redis_url=redis_url,
+    # With LAKEFOLD_S3_* in the environment the lake is in that bucket (the settings register
+    # its object store for this process); else under HOME.
+    lake = load_settings().lake_location if os.environ.get("LAKEFOLD_S3_BUCKET") else None
+    config = RunnerConfig(store_dsn=dsn, roots=SinkRoots.under(Path(home), lake),
+                          redis_url=redis_url,
                           poll_seconds=0.1, only=tuple(only))
     with Runner(spark, registry, config) as runner:
         print("started", flush=True)
