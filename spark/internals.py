@@ -11,6 +11,7 @@ from lakefold.core.lazy import by_module, lazy_getattr
 
 if TYPE_CHECKING:
     from lakefold.spark import _source_reads
+    from lakefold.spark._catalog import is_delta_table as is_delta_table
 
     source_reads = _source_reads
 
@@ -54,6 +55,7 @@ if TYPE_CHECKING:
     )
 
 _EXPORTS: dict[str, tuple[str, ...]] = {
+    "lakefold.spark._catalog": ("is_delta_table",),
     "lakefold.spark._delta_commit": ("keys_match",),
     "lakefold.spark._event_payloads": ("PayloadDecoder",),
     "lakefold.spark._query": ("no_duplicate_error_logs",),

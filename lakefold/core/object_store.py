@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal
 from urllib.parse import urlsplit
 
-from lakefold.core.exceptions import ConfigurationError, LakefoldError
+from lakefold.core.exceptions import ConfigurationError
 
 if TYPE_CHECKING:
     import pyarrow.fs as pafs
@@ -37,7 +37,7 @@ _lock = threading.Lock()
 _stores: dict[str, ObjectStore] = {}
 
 
-class ObjectStoreError(LakefoldError):
+class ObjectStoreError(ConfigurationError):
     """The object store refused or could not be reached: bad credentials, a missing bucket,
     an endpoint that does not answer. The message names the setting to fix."""
 

@@ -45,7 +45,7 @@ class ProjectionTableCatalog:
                 f"({error_text(e)}); "
                 "check LAKEFOLD_STORE_DSN"
             ) from e
-        from lakefold.spark._catalog import is_delta_table
+        from lakefold.spark.internals import is_delta_table
 
         return {str(name): str(path) for name, path in rows if is_delta_table(str(path))}
 

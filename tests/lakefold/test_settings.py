@@ -14,7 +14,9 @@ REPO = Path(__file__).resolve().parents[2]
 #: docs/configuration.md).
 DOCS = [REPO / "README.md", *sorted((REPO / "docs").rglob("*.md"))]
 #: A valid value for the documented settings that are not a DSN, a path or free text.
-VALID = {"LAKEFOLD_SPARK_CONF": '{"spark.ui.enabled": "false"}', "LAKEFOLD_LOG_LEVEL": "INFO"}
+VALID = {"LAKEFOLD_SPARK_CONF": '{"spark.ui.enabled": "false"}', "LAKEFOLD_LOG_LEVEL": "INFO",
+         "LAKEFOLD_S3_COMMIT": "conditional-put", "LAKEFOLD_S3_PATH_STYLE": "true",
+         "LAKEFOLD_S3_ENDPOINT": "http://127.0.0.1:8333", "LAKEFOLD_S3_BUCKET": "lake"}
 
 
 @pytest.fixture(autouse=True)
@@ -97,7 +99,7 @@ def test_every_documented_variable_is_known(tmp_path: Path,
     """Each ``LAKEFOLD_*`` name the README or docs/ mention is a setting or a documented
     environment-only variable: none of them draws a warning."""
     documented = {name for page in DOCS
-                  for name in re.findall(r"LAKEFOLD_[A-Z_]*[A-Z]", page.read_text())}
+                  for name in re.findall(r"LAKEFOLD_[A-Z0-9_]*[A-Z0-9]", page.read_text())}
     assert {"LAKEFOLD_CLASS_ARCHIVE", "LAKEFOLD_DSN", "LAKEFOLD_TEST_DSN"} <= documented
     monkeypatch.chdir(tmp_path)
     for name in documented:  # a valid value for each of them
