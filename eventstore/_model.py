@@ -453,7 +453,10 @@ class Sequenced:
 @dataclass(frozen=True, slots=True)
 class WatermarkHolder:
     """The oldest running transaction that holds an xid, i.e. the one holding the watermark
-    (from pg_stat_activity; ``query`` may read '<insufficient privilege>')."""
+    (from pg_stat_activity; ``query`` may read '<insufficient privilege>'). ``query`` is for a
+    caller's own diagnosis only: a statement can hold card numbers or passwords, so
+    ``describe``, ``as_dict`` (``--json``), logs and errors show the pid, user, database,
+    application, state and age, never the statement."""
 
     pid: int | None
     database: str | None
@@ -469,12 +472,9 @@ class WatermarkHolder:
         if self.prepared_gid is not None:
             return (f"prepared transaction {self.prepared_gid!r} in database {self.database}, "
                     f"held for {self.held_for_s:.1f} s")
-        query = (self.query or "").replace("\n", " ")
-        if len(query) > 200:
-            query = query[:200] + "..."
         return (f"pid {self.pid} ({self.user}@{self.database}, {self.application or '-'}, "
                 f"{self.state}), transaction started {self.xact_start}, held for "
-                f"{self.held_for_s:.1f} s, query: {query}")
+                f"{self.held_for_s:.1f} s")
 
 
 @dataclass(frozen=True, slots=True)
@@ -515,7 +515,7 @@ class EventStoreStatus:
                 "state": self.holder.state,
                 "xact_start": self.holder.xact_start.isoformat()
                 if self.holder.xact_start else None,
-                "held_for_s": round(self.holder.held_for_s, 3), "query": self.holder.query,
+                "held_for_s": round(self.holder.held_for_s, 3),
                 "prepared_gid": self.holder.prepared_gid,
             }
         return {

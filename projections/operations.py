@@ -12,6 +12,8 @@ from typing import TYPE_CHECKING
 from lakefold.core.lazy import lazy_getattr
 
 if TYPE_CHECKING:
+    from lakefold.projections.definitions._api import current_registry, registering_into
+    from lakefold.projections.definitions._targets import TargetContext
     from lakefold.projections.operators._view_maintainer import (
         ViewMaintainer,
         open_view,
@@ -20,8 +22,6 @@ if TYPE_CHECKING:
     from lakefold.projections.runtime._rebuild_request import request_rebuild
     from lakefold.projections.runtime._runner import RUNNER_SPARK_CONF
     from lakefold.projections.runtime._status import projection_status, slot_status
-    from lakefold.projections.spec._api import current_registry, registering_into
-    from lakefold.projections.spec._targets import TargetContext
     from lakefold.projections.state._catalog import Catalog, Generation, SinkRoots
     from lakefold.projections.state._late_events import LateEvent, late_events, replay_late_events
     from lakefold.projections.state._readers import release_gone
@@ -30,14 +30,14 @@ if TYPE_CHECKING:
     from lakefold.projections.targets._view_targets import ViewTargetWriter
 
 _EXPORTS: dict[str, str] = {
-    "current_registry": "spec._api", "registering_into": "spec._api",
+    "current_registry": "definitions._api", "registering_into": "definitions._api",
     "Catalog": "state._catalog", "Generation": "state._catalog", "SinkRoots": "state._catalog",
     "LateEvent": "state._late_events", "late_events": "state._late_events",
     "replay_late_events": "state._late_events",
     "release_gone": "state._readers", "request_rebuild": "runtime._rebuild_request",
     "drop_prefix": "targets._redis", "RUNNER_SPARK_CONF": "runtime._runner",
     "projection_status": "runtime._status", "slot_status": "runtime._status",
-    "ProjectionTableCatalog": "targets._tables", "TargetContext": "spec._targets",
+    "ProjectionTableCatalog": "targets._tables", "TargetContext": "definitions._targets",
     "ViewMaintainer": "operators._view_maintainer", "open_view": "operators._view_maintainer",
     "output_stream": "operators._view_maintainer", "ViewTargetWriter": "targets._view_targets",
 }

@@ -2,6 +2,6 @@
 lookups and sessions), windows over a table's time column, folded window aggregates, kept
 aggregates, and the per-key folds Spark runs for ``Fold`` projections.
 
-May import ``spec``, ``state``, ``plan`` and the packages below projections; never ``targets``
-(a sibling) or ``runtime``.
+May import ``definitions``, ``state``, ``plan`` and the packages below projections; never
+``targets`` (a sibling) or ``runtime``.
 """

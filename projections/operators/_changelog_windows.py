@@ -29,6 +29,13 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from psycopg import sql
 
+from lakefold.projections.definitions._windows import (
+    WINDOW_END,
+    WINDOW_START,
+    Window,
+    event_times,
+    moment,
+)
 from lakefold.projections.operators._view_events import (
     FeedBatch,
     feed_position,
@@ -36,7 +43,6 @@ from lakefold.projections.operators._view_events import (
     install_feeds,
     windowed_schema,
 )
-from lakefold.projections.spec._windows import WINDOW_END, WINDOW_START, Window, event_times, moment
 from lakefold.projections.state._deadletters import (
     NewDeadLetter,
     add_dead_letters,

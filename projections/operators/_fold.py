@@ -37,16 +37,16 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from lakefold.projections.exceptions import ProjectionTypeError, RecordFailedError
-from lakefold.projections.spec import _codec
-from lakefold.projections.spec._api import STREAM_KEY, FoldLogic, Handler, Projection
-from lakefold.projections.spec._model import (
+from lakefold.projections.definitions import _codec
+from lakefold.projections.definitions._api import STREAM_KEY, FoldLogic, Handler, Projection
+from lakefold.projections.definitions._model import (
     DELETED_COLUMN,
     POSITION_COLUMN,
     ProjectionOptions,
     Record,
 )
-from lakefold.projections.spec._truncate import FOLD_KEY_COLUMN, reads_changelog
+from lakefold.projections.definitions._truncate import FOLD_KEY_COLUMN, reads_changelog
+from lakefold.projections.exceptions import ProjectionTypeError, RecordFailedError
 from lakefold.spark.internals import FAN_KEY_COLUMN, TRUNCATE, TRUNCATED_AT_COLUMN
 
 if TYPE_CHECKING:

@@ -51,8 +51,8 @@ from lakefold.eventstore.internals import (
     install_commit_markers,
     transaction_ranges,
 )
+from lakefold.projections.definitions._view_inputs import Lookup
 from lakefold.projections.exceptions import ProjectionDefinitionError, UnknownSourceError
-from lakefold.projections.spec._view_inputs import Lookup
 from lakefold.projections.state._table_history import TableHistory
 from lakefold.store.exceptions import StoreError
 from lakefold.store.internals import (

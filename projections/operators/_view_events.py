@@ -43,11 +43,8 @@ from lakefold.core import migrations
 from lakefold.core.migrations import Migration
 from lakefold.eventstore.arrow import EVENTS_ARROW_SCHEMA, head_position, read_events_range
 from lakefold.eventstore.internals import wal_insert_lsn
-from lakefold.projections.exceptions import ProjectionDefinitionError
-from lakefold.projections.operators._lookups import CommitOrder, Enricher, enrichment_fields
-from lakefold.projections.operators._session_windows import assign_sessions
-from lakefold.projections.spec._view_inputs import EventInput
-from lakefold.projections.spec._windows import (
+from lakefold.projections.definitions._view_inputs import EventInput
+from lakefold.projections.definitions._windows import (
     TIME_TYPE,
     WINDOW_END,
     WINDOW_START,
@@ -57,6 +54,9 @@ from lakefold.projections.spec._windows import (
     is_time_type,
     moment,
 )
+from lakefold.projections.exceptions import ProjectionDefinitionError
+from lakefold.projections.operators._lookups import CommitOrder, Enricher, enrichment_fields
+from lakefold.projections.operators._session_windows import assign_sessions
 from lakefold.projections.state._deadletters import (
     NewDeadLetter,
     add_dead_letters,

@@ -44,6 +44,16 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from lakefold.core.wal import format_lsn
+from lakefold.projections.definitions._view_api import Query
+from lakefold.projections.definitions._view_inputs import EventInput
+from lakefold.projections.definitions._windows import (
+    TIME_TYPE,
+    WINDOW_END,
+    WINDOW_FINAL,
+    WINDOW_START,
+    Window,
+    event_times,
+)
 from lakefold.projections.exceptions import MissingKeyError, ProjectionStateError
 from lakefold.projections.operators._changelog_windows import ChangelogWindowFeed
 from lakefold.projections.operators._view_aggregates import GROUP_KEY, AggregateState
@@ -57,16 +67,6 @@ from lakefold.projections.plan._view_cuts import (
     record_cut,
 )
 from lakefold.projections.plan._view_plan import Operator, ViewPlan, analyze, view_frame
-from lakefold.projections.spec._view_api import Query
-from lakefold.projections.spec._view_inputs import EventInput
-from lakefold.projections.spec._windows import (
-    TIME_TYPE,
-    WINDOW_END,
-    WINDOW_FINAL,
-    WINDOW_START,
-    Window,
-    event_times,
-)
 from lakefold.projections.state._deadletters import install_dead_letters
 from lakefold.projections.state._deleted_events import TimeSource
 from lakefold.projections.state._late_events import (

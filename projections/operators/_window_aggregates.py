@@ -31,6 +31,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from psycopg import sql
 
+from lakefold.projections.definitions._windows import TIME_TYPE, WINDOW_START, event_times
 from lakefold.projections.operators._view_aggregates import (
     DELTA_TABLE,
     GROUP_KEY,
@@ -38,7 +39,6 @@ from lakefold.projections.operators._view_aggregates import (
     copy_csv,
 )
 from lakefold.projections.plan._aggregate_plan import AggregatePlan
-from lakefold.projections.spec._windows import TIME_TYPE, WINDOW_START, event_times
 from lakefold.projections.state._stream_state import STATE_SCHEMA
 from lakefold.store.internals import ColumnSchema, column_for, text_array
 

@@ -3,6 +3,6 @@ maintained (``ViewPlan``: whole or by partition, a kept aggregate, a window fold
 join's bounds), the columns that key its rows, where a batch cuts a chain's inputs, and the
 checks of a projection's transform (which columns it reads; no state across records).
 
-May import ``spec``, ``state`` and the packages below projections; never ``operators``,
+May import ``definitions``, ``state`` and the packages below projections; never ``operators``,
 ``targets`` or ``runtime``. Operators execute what is decided here and do not decide again.
 """

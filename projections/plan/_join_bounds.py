@@ -41,9 +41,9 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Final
 
+from lakefold.projections.definitions._view_inputs import IntervalJoin
 from lakefold.projections.exceptions import NotMaintainableError
 from lakefold.projections.plan._plan_trees import Node, conjuncts, expr_id, expression_trees, walk
-from lakefold.projections.spec._view_inputs import IntervalJoin
 
 _LOWER_CMP: Final = {"GreaterThanOrEqual", "GreaterThan"}
 _UPPER_CMP: Final = {"LessThanOrEqual", "LessThan"}

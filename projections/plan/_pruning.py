@@ -19,7 +19,7 @@ import logging
 from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
-from lakefold.projections.spec._api import Projection
+from lakefold.projections.definitions._api import Projection
 from lakefold.spark.internals import EVENT_META_SOURCE_COLUMNS, EventSource
 
 if TYPE_CHECKING:

@@ -26,8 +26,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from lakefold.projections.definitions._api import Projection
 from lakefold.projections.exceptions import StatefulChangelogError
-from lakefold.projections.spec._api import Projection
 from lakefold.spark.internals import ChangelogSource
 
 if TYPE_CHECKING:

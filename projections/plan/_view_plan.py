@@ -43,6 +43,9 @@ from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from typing import TYPE_CHECKING, Final
 
+from lakefold.projections.definitions._view_api import Query
+from lakefold.projections.definitions._view_inputs import IntervalJoin
+from lakefold.projections.definitions._windows import WINDOW_END
 from lakefold.projections.exceptions import MissingKeyError, NotMaintainableError
 from lakefold.projections.plan._aggregate_plan import AggregatePlan, aggregate_plan
 from lakefold.projections.plan._join_bounds import bound_join
@@ -55,9 +58,6 @@ from lakefold.projections.plan._plan_trees import (
     plan_tree,
     walk,
 )
-from lakefold.projections.spec._view_api import Query
-from lakefold.projections.spec._view_inputs import IntervalJoin
-from lakefold.projections.spec._windows import WINDOW_END
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession

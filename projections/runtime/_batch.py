@@ -32,13 +32,13 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from lakefold.projections.definitions import _codec
+from lakefold.projections.definitions._api import Projection
+from lakefold.projections.definitions._codec import key_text
+from lakefold.projections.definitions._model import POSITION_COLUMN
+from lakefold.projections.definitions._targets import TargetBatch, TargetContext
+from lakefold.projections.definitions._truncate import FOLD_KEY_COLUMN, reads_changelog, source_mode
 from lakefold.projections.operators._fold import DEAD_LETTER_COLUMN
-from lakefold.projections.spec import _codec
-from lakefold.projections.spec._api import Projection
-from lakefold.projections.spec._codec import key_text
-from lakefold.projections.spec._model import POSITION_COLUMN
-from lakefold.projections.spec._targets import TargetBatch, TargetContext
-from lakefold.projections.spec._truncate import FOLD_KEY_COLUMN, reads_changelog, source_mode
 from lakefold.projections.state._catalog import Catalog, Generation
 from lakefold.projections.state._deadletters import DeadLetter, DeadLetters, NewDeadLetter
 from lakefold.projections.state._readers import GenerationReads, read_offsets

@@ -13,6 +13,17 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from lakefold.projections.definitions._api import STREAM_KEY, Projection, Registry
+from lakefold.projections.definitions._model import (
+    DELETED_COLUMN,
+    POSITION_COLUMN,
+)
+from lakefold.projections.definitions._truncate import (
+    FOLD_KEY_COLUMN,
+    check_fold_truncates,
+    check_truncatable,
+    source_mode,
+)
 from lakefold.projections.exceptions import (
     IncompatibleTargetError,
     MissingKeyError,
@@ -22,17 +33,6 @@ from lakefold.projections.operators._fold import DEAD_LETTER_COLUMN, apply_fold,
 from lakefold.projections.plan._input_checks import check_sources_exist
 from lakefold.projections.plan._pruning import event_columns_read
 from lakefold.projections.plan._stateful import check_no_state_over_changelogs
-from lakefold.projections.spec._api import STREAM_KEY, Projection, Registry
-from lakefold.projections.spec._model import (
-    DELETED_COLUMN,
-    POSITION_COLUMN,
-)
-from lakefold.projections.spec._truncate import (
-    FOLD_KEY_COLUMN,
-    check_fold_truncates,
-    check_truncatable,
-    source_mode,
-)
 from lakefold.spark.internals import (
     LIVE_READ_MAX,
     ChangelogSource,

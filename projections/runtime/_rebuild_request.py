@@ -8,8 +8,8 @@ and the store, not Spark: ``lakefold rebuild`` and the console's rebuild action 
 
 from __future__ import annotations
 
-from lakefold.projections.spec._api import Registry
-from lakefold.projections.spec._view_api import downstream_of
+from lakefold.projections.definitions._api import Registry
+from lakefold.projections.definitions._view_api import downstream_of
 from lakefold.projections.state._catalog import Catalog, Generation
 from lakefold.projections.state._readers import GenerationReads, check_rebuild
 

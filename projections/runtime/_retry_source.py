@@ -66,8 +66,8 @@ class RetryReader(DataSourceStreamReader):
     def read(self, partition: InputPartition) -> Iterator[tuple[Any, ...]]:
         import psycopg
 
-        from lakefold.projections.spec import _codec
-        from lakefold.projections.spec._codec import key_text
+        from lakefold.projections.definitions import _codec
+        from lakefold.projections.definitions._codec import key_text
 
         start, end = partition.value[:2]
         with psycopg.connect(self.dsn, autocommit=True) as conn:

@@ -13,8 +13,8 @@ from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from lakefold.projections.definitions._api import Projection
     from lakefold.projections.runtime._batch import GenerationSink
-    from lakefold.projections.spec._api import Projection
     from lakefold.projections.state._catalog import Catalog
 
 #: The states a runner writes while it runs a projection; at a clean exit they become

@@ -35,6 +35,9 @@ from typing import TYPE_CHECKING, Any
 import psycopg
 
 from lakefold.core.exceptions import LakefoldError, marker_in
+from lakefold.projections.definitions._api import Projection, Registry
+from lakefold.projections.definitions._targets import TargetContext, drop_generation_storage
+from lakefold.projections.definitions._view_api import View, downstream_of
 from lakefold.projections.exceptions import (
     BehindCompactionError,
     ProjectionNotFoundError,
@@ -49,9 +52,6 @@ from lakefold.projections.runtime._run_report import RUNNING_STATES, ProjectionR
 from lakefold.projections.runtime._targeted import PartReport, rebuild_part
 from lakefold.projections.runtime._view_runner import ViewRunner
 from lakefold.projections.runtime._view_validation import plan_views
-from lakefold.projections.spec._api import Projection, Registry
-from lakefold.projections.spec._targets import TargetContext, drop_generation_storage
-from lakefold.projections.spec._view_api import View, downstream_of
 from lakefold.projections.state._catalog import (
     Catalog,
     Generation,

@@ -29,12 +29,12 @@ from typing import TYPE_CHECKING, Any
 import psycopg
 import pyarrow as pa
 
+from lakefold.projections.definitions._api import Projection
+from lakefold.projections.definitions._codec import key_text
+from lakefold.projections.definitions._model import DELETED_COLUMN, POSITION_COLUMN
+from lakefold.projections.definitions._targets import GenerationTarget, TargetContext
 from lakefold.projections.exceptions import ProjectionStateError
 from lakefold.projections.runtime._queries import _call_transform, is_stateful
-from lakefold.projections.spec._api import Projection
-from lakefold.projections.spec._codec import key_text
-from lakefold.projections.spec._model import DELETED_COLUMN, POSITION_COLUMN
-from lakefold.projections.spec._targets import GenerationTarget, TargetContext
 from lakefold.projections.state._catalog import LOCK_NAMESPACE, Catalog, generation_lock_key
 from lakefold.spark.internals import range_frame
 

@@ -34,12 +34,12 @@ from typing import TYPE_CHECKING, Any
 import psycopg
 
 from lakefold.core.exceptions import LakefoldError, TerminalError, TransientError
+from lakefold.projections.definitions._targets import TargetContext
 from lakefold.projections.operators._changelog_windows import ChangelogWindowFeed
 from lakefold.projections.operators._view_events import store_head
 from lakefold.projections.operators._view_maintainer import ViewMaintainer, output_stream
 from lakefold.projections.runtime._run_report import ProjectionReport
 from lakefold.projections.runtime._view_validation import CheckedView
-from lakefold.projections.spec._targets import TargetContext
 from lakefold.projections.state._catalog import Catalog, Generation, hold_generation
 from lakefold.projections.state._deadletters import DeadLetters, NewDeadLetter
 from lakefold.projections.targets._view_targets import ViewTargetWriter

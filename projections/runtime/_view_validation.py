@@ -14,6 +14,8 @@ from typing import TYPE_CHECKING
 import psycopg
 import pyarrow as pa
 
+from lakefold.projections.definitions._view_api import View, check_views
+from lakefold.projections.definitions._windows import WINDOW_END, WINDOW_FINAL, WINDOW_START, Window
 from lakefold.projections.exceptions import (
     IncompatibleTargetError,
     MissingKeyError,
@@ -34,8 +36,6 @@ from lakefold.projections.operators._view_maintainer import (
 )
 from lakefold.projections.plan._plan_keys import WindowColumns
 from lakefold.projections.plan._view_plan import ViewPlan, analyze, view_frame
-from lakefold.projections.spec._view_api import View, check_views
-from lakefold.projections.spec._windows import WINDOW_END, WINDOW_FINAL, WINDOW_START, Window
 from lakefold.spark.internals import no_duplicate_error_logs
 from lakefold.store.exceptions import CaptureValueError, UnknownStreamError
 from lakefold.store.internals import arrow_type, column_for, stream_meta

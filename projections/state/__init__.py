@@ -2,6 +2,6 @@
 letters, late events, the event times of deleted events, the windows not yet final, and what a
 generation has read.
 
-May import ``spec`` and the packages below projections; never ``plan``, ``operators``,
+May import ``definitions`` and the packages below projections; never ``plan``, ``operators``,
 ``targets`` or ``runtime``.
 """

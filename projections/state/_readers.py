@@ -34,8 +34,8 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from lakefold.projections.definitions._api import Projection
 from lakefold.projections.exceptions import BehindCompactionError
-from lakefold.projections.spec._api import Projection
 from lakefold.spark.internals import ChangelogSource
 
 if TYPE_CHECKING:

@@ -34,21 +34,21 @@ from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
 from deltalake.exceptions import CommitFailedError, TableNotFoundError
 
 from lakefold.core.object_store import filesystem_for, storage_options_for
-from lakefold.projections.exceptions import (
-    IncompatibleTargetError,
-    TargetError,
-    TargetUnavailableError,
-)
-from lakefold.projections.spec._model import (
+from lakefold.projections.definitions._model import (
     DELETED_COLUMN,
     POSITION_COLUMN,
 )
-from lakefold.projections.spec._target_specs import CURRENT, VALID_FROM, VALID_TO
-from lakefold.projections.spec._targets import (
+from lakefold.projections.definitions._target_specs import CURRENT, VALID_FROM, VALID_TO
+from lakefold.projections.definitions._targets import (
     GenerationTarget,
     Rejected,
     TargetBatch,
     TargetContext,
+)
+from lakefold.projections.exceptions import (
+    IncompatibleTargetError,
+    TargetError,
+    TargetUnavailableError,
 )
 from lakefold.spark import DeltaTarget, WriteMode, write_batch
 from lakefold.spark.internals import Truncate, keys_match
@@ -56,7 +56,7 @@ from lakefold.spark.internals import Truncate, keys_match
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
 
-    from lakefold.projections.spec._target_specs import DeltaTableTarget
+    from lakefold.projections.definitions._target_specs import DeltaTableTarget
 
 
 
@@ -429,7 +429,7 @@ class DeltaGenerationTarget(GenerationTarget):
         return not self.writer.write_arrow(empty, batch.batch_id, replace=True).skipped
 
     def read(self, keys: Sequence[object]) -> dict[str, dict[str, Any]]:
-        from lakefold.projections.spec._codec import key_text
+        from lakefold.projections.definitions._codec import key_text
 
         table = self.writer._open()
         if table is None or not keys:

@@ -33,24 +33,24 @@ import pyarrow as pa
 import redis
 
 from lakefold.core.dsn import mask_dsn
+from lakefold.projections.definitions._codec import _json_default, _scalar, key_text
+from lakefold.projections.definitions._model import DELETED_COLUMN, POSITION_COLUMN
+from lakefold.projections.definitions._targets import (
+    GenerationTarget,
+    Rejected,
+    TargetBatch,
+    TargetContext,
+)
 from lakefold.projections.exceptions import (
     ProjectionNotFoundError,
     ProjectionStateError,
     TargetError,
     TargetUnavailableError,
 )
-from lakefold.projections.spec._codec import _json_default, _scalar, key_text
-from lakefold.projections.spec._model import DELETED_COLUMN, POSITION_COLUMN
-from lakefold.projections.spec._targets import (
-    GenerationTarget,
-    Rejected,
-    TargetBatch,
-    TargetContext,
-)
 from lakefold.projections.state._catalog import redis_pointer_key
 
 if TYPE_CHECKING:
-    from lakefold.projections.spec._target_specs import RedisCacheTarget
+    from lakefold.projections.definitions._target_specs import RedisCacheTarget
 
 CHUNK_KEYS = 2_000
 _APPLY = """

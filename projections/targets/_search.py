@@ -29,23 +29,23 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 import tantivy
 
-from lakefold.projections.exceptions import (
-    IncompatibleTargetError,
-    ProjectionNotFoundError,
-    TargetError,
-)
-from lakefold.projections.spec._codec import key_text
-from lakefold.projections.spec._model import DELETED_COLUMN, POSITION_COLUMN
-from lakefold.projections.spec._targets import (
+from lakefold.projections.definitions._codec import key_text
+from lakefold.projections.definitions._model import DELETED_COLUMN, POSITION_COLUMN
+from lakefold.projections.definitions._targets import (
     GenerationTarget,
     Rejected,
     TargetBatch,
     TargetContext,
 )
+from lakefold.projections.exceptions import (
+    IncompatibleTargetError,
+    ProjectionNotFoundError,
+    TargetError,
+)
 from lakefold.projections.targets._search_matches import MatchedText, MatchFinder
 
 if TYPE_CHECKING:
-    from lakefold.projections.spec._target_specs import SearchIndexTarget
+    from lakefold.projections.definitions._target_specs import SearchIndexTarget
 
 KEY_FIELD = "_key"
 BATCH_FIELD = "_batch"

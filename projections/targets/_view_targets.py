@@ -16,8 +16,8 @@ from dataclasses import dataclass
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from lakefold.projections.spec._model import DELETED_COLUMN
-from lakefold.projections.spec._targets import GenerationTarget, TargetBatch
+from lakefold.projections.definitions._model import DELETED_COLUMN
+from lakefold.projections.definitions._targets import GenerationTarget, TargetBatch
 from lakefold.store import ChangelogStore, read_changelog_range
 from lakefold.store.internals import data_columns
 

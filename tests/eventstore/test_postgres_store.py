@@ -94,12 +94,17 @@ def test_long_writer_delays_visibility_but_never_causes_a_skip(
             assert "the slow writer" in (status.holder.query or "")
             assert status.holder.held_for_s >= 0.3
             assert status.as_dict()["holder"]["pid"] == slow_pid[0]
-            with pytest.raises(WatermarkHeldError, match=f"pid {slow_pid[0]}"):
+            # the statement (which can hold secrets) is in no output: text, JSON, logs, errors
+            assert "slow writer" not in status.holder.describe()
+            assert "slow writer" not in json.dumps(status.as_dict(), default=str)
+            with pytest.raises(WatermarkHeldError, match=f"pid {slow_pid[0]}") as held:
                 store.wait_for_positions(fast, timeout_s=0.2)
+            assert "slow writer" not in str(held.value)
             deadline = time.monotonic() + 10
             while not any("held by pid" in r.getMessage() for r in caplog.records):
                 assert time.monotonic() < deadline, "no watermark warning was logged"
                 time.sleep(0.1)
+            assert not any("slow writer" in r.getMessage() for r in caplog.records)
         release.set()
         thread.join()
         for event in tail.events(idle_timeout_s=1.0):

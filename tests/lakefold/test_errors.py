@@ -106,7 +106,7 @@ ALLOWED: set[tuple[str, str, str]] = {
     ("schemas/events.py", "__setattr__", "AttributeError"),  # an immutable object
     ("lakefold/local.py", "stop", "NotImplementedError"),  # abstract methods
     ("eventstore/_background.py", "_run", "NotImplementedError"),
-    ("projections/spec/_target_specs.py", "kind", "NotImplementedError"),
+    ("projections/definitions/_target_specs.py", "kind", "NotImplementedError"),
     ("spark/_source_formats.py", "parse_query", "NotImplementedError"),
     ("spark/_delta_commit.py", "_with_retry", "AssertionError"),  # unreachable
 }

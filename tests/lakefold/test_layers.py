@@ -22,7 +22,7 @@ REPO = Path(__file__).resolve().parents[2]
 # import); the application's rooms sit at the top: the demo, and above it the CLI (which runs
 # the demo); nothing below imports either.
 LAYERS = ("core", "schemas", "store", "capture/spark",
-          "projections errors", "projections spec", "projections state", "projections plan",
+          "projections errors", "projections definitions", "projections state", "projections plan",
           "projections operators/targets", "projections runtime", "projections face",
           "application", "demo", "cli")
 (CORE, SCHEMAS, STORE, CAPTURE_SPARK, P_ERRORS, P_SPEC, P_STATE, P_PLAN, P_EXECUTE, P_RUNTIME,
@@ -41,7 +41,7 @@ LAYER_MAP: dict[str, tuple[int, str]] = {
     "lakefold.spark": (CAPTURE_SPARK, "spark"),
     "lakefold.projections": (PROJECTIONS, "projections"),
     "lakefold.projections.exceptions": (P_ERRORS, "projections errors"),
-    "lakefold.projections.spec": (P_SPEC, "projections spec"),
+    "lakefold.projections.definitions": (P_SPEC, "projections definitions"),
     "lakefold.projections.state": (P_STATE, "projections state"),
     "lakefold.projections.plan": (P_PLAN, "projections plan"),
     # operators and targets are siblings: neither imports the other
@@ -435,8 +435,8 @@ def test_checker_keeps_the_rooms_of_projections_in_order(tmp_path: Path) -> None
     modules = _tree(tmp_path, {
         "projections/__init__.py": "from lakefold.projections.runtime import _r\n",
         "projections/exceptions.py": "",
-        "projections/spec/_s.py": "from lakefold.projections.exceptions import E\n",
-        "projections/plan/_p.py": "from lakefold.projections.spec import _s\n"
+        "projections/definitions/_s.py": "from lakefold.projections.exceptions import E\n",
+        "projections/plan/_p.py": "from lakefold.projections.definitions import _s\n"
                                   "from lakefold.projections.runtime import _r\n",
         "projections/operators/_o.py": "from lakefold.projections.targets import _t\n",
         "projections/targets/_t.py": "from lakefold.projections.state import _st\n",

@@ -1,5 +1,5 @@
 """The contract every projection target must pass (the ``Target`` protocol of
-``lakefold.projections.spec._targets``), run against each real target by
+``lakefold.projections.definitions._targets``), run against each real target by
 ``test_target_contract.py``: Delta through the real writer on a temporary directory, Redis
 through the session's real server, search through a real Tantivy index. No mocks.
 
@@ -19,17 +19,17 @@ from typing import Any
 import pyarrow as pa
 import pytest
 
-from lakefold.projections.exceptions import MissingKeyError, TargetError
-from lakefold.projections.spec._api import Projection
-from lakefold.projections.spec._codec import key_text
-from lakefold.projections.spec._model import ProjectionOptions, changelog
-from lakefold.projections.spec._targets import (
+from lakefold.projections.definitions._api import Projection
+from lakefold.projections.definitions._codec import key_text
+from lakefold.projections.definitions._model import ProjectionOptions, changelog
+from lakefold.projections.definitions._targets import (
     GenerationTarget,
     Target,
     TargetBatch,
     TargetContext,
     drop_generation_storage,
 )
+from lakefold.projections.exceptions import MissingKeyError, TargetError
 from lakefold.projections.state._catalog import SinkRoots
 from lakefold.spark._source_truncates import Truncate
 

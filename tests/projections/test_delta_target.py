@@ -9,8 +9,8 @@ import pyarrow as pa
 import pytest
 from deltalake import DeltaTable
 
+from lakefold.projections.definitions._target_specs import check_columns, delta_table
 from lakefold.projections.exceptions import IncompatibleTargetError, MissingKeyError
-from lakefold.projections.spec._target_specs import check_columns, delta_table
 from lakefold.projections.targets._delta import DeltaViewWriter
 
 pytestmark = pytest.mark.timeout(120)
@@ -89,7 +89,7 @@ def test_upsert_through_the_spark_sink(spark, tmp_path):
 def test_a_null_key_is_one_row_upserted_and_deleted_like_any_other(tmp_path):
     """A merge on ``=`` never matches NULL: a NULL key (a view's NULL group) would be inserted
     again at every batch and never deleted."""
-    from lakefold.projections.spec._targets import TargetBatch, TargetContext
+    from lakefold.projections.definitions._targets import TargetBatch, TargetContext
 
     target = delta_table("upsert", keys=["city"]).open(str(tmp_path / "by_city"),
                                                        TargetContext("by_city", 1))

@@ -42,10 +42,10 @@ from lakefold.projections import (
     session,
     tumbling,
 )
+from lakefold.projections.definitions._api import Registry, registering_into, view
+from lakefold.projections.definitions._model import events
+from lakefold.projections.definitions._target_specs import delta_table
 from lakefold.projections.operations import Catalog, SinkRoots
-from lakefold.projections.spec._api import Registry, registering_into, view
-from lakefold.projections.spec._model import events
-from lakefold.projections.spec._target_specs import delta_table
 from lakefold.schemas import EventRegistry, NewEvent
 from tests.fixtures.postgres import TestDatabase
 from tests.projections.window_oracle import micros, table

@@ -24,9 +24,9 @@ from lakefold.projections import (
     changelog,
     delta_table,
 )
+from lakefold.projections.definitions._api import Registry, registering_into
 from lakefold.projections.operations import Catalog, SinkRoots
 from lakefold.projections.operators._fold import _in_commit_order
-from lakefold.projections.spec._api import Registry, registering_into
 from lakefold.spark._source_cuts import CutGroup
 from lakefold.spark._source_formats import PositionStreamReader
 from lakefold.spark._source_inputs import ChangelogSource

@@ -6,9 +6,9 @@ import pytest
 
 from lakefold._bench.history import CATEGORY, load_history
 from lakefold.projections import Registry, delta_table, projection
+from lakefold.projections.definitions._model import events
 from lakefold.projections.operations import registering_into
 from lakefold.projections.runtime._queries import build
-from lakefold.projections.spec._model import events
 from lakefold.spark._source_live import FORMAT as LIVE_FORMAT, LIVE_READ_MAX, live_frame
 from lakefold.spark._source_records import source_frame
 from tests.projections import helpers

@@ -8,8 +8,8 @@ import pytest
 
 from lakefold._bench.history import CATEGORY, load_history
 from lakefold.eventstore import EventStore
+from lakefold.projections.definitions._model import events
 from lakefold.projections.plan._input_checks import event_categories, event_types
-from lakefold.projections.spec._model import events
 from lakefold.schemas.events import NewEvent
 from lakefold.spark._source_reads import events_head
 from lakefold.spark._source_records import source_frame

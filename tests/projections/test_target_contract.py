@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from lakefold.projections.spec._target_specs import delta_table, redis_cache, search_index
+from lakefold.projections.definitions._target_specs import delta_table, redis_cache, search_index
 from tests.projections.target_contract import TargetCase, TargetContract
 
 pytestmark = pytest.mark.timeout(120)

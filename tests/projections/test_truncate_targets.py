@@ -17,7 +17,7 @@ import pytest
 from deltalake import DeltaTable
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from lakefold.projections.spec._target_specs import delta_table
+from lakefold.projections.definitions._target_specs import delta_table
 from lakefold.projections.targets._delta import DeltaViewWriter
 from lakefold.projections.targets._redis import RedisCacheReader, RedisCacheWriter
 from lakefold.projections.targets._search import IndexLayout, SearchIndexReader, SearchIndexWriter

@@ -22,11 +22,11 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 
 from lakefold.capture import Capture, CaptureConfig
 from lakefold.projections import Runner, RunnerConfig
+from lakefold.projections.definitions._api import Registry, registering_into, view
+from lakefold.projections.definitions._model import changelog
+from lakefold.projections.definitions._target_specs import delta_table
 from lakefold.projections.operations import Catalog, SinkRoots
 from lakefold.projections.operators._view_maintainer import ViewMaintainer, open_view, output_stream
-from lakefold.projections.spec._api import Registry, registering_into, view
-from lakefold.projections.spec._model import changelog
-from lakefold.projections.spec._target_specs import delta_table
 from tests.capture.conftest import capture_now, execute
 from tests.fixtures.postgres import TestDatabase
 from tests.projections.view_shop import (

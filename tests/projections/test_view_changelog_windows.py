@@ -18,12 +18,12 @@ from hypothesis import HealthCheck, Phase, given, settings, strategies as st
 
 from lakefold.capture import Capture, CaptureConfig
 from lakefold.projections import DeadLetters, Runner, RunnerConfig, hopping, session, tumbling
+from lakefold.projections.definitions._api import Registry, registering_into, view
+from lakefold.projections.definitions._model import changelog
+from lakefold.projections.definitions._target_specs import delta_table
 from lakefold.projections.exceptions import ProjectionDefinitionError
 from lakefold.projections.operations import Catalog, SinkRoots
 from lakefold.projections.runtime._view_validation import plan_views
-from lakefold.projections.spec._api import Registry, registering_into, view
-from lakefold.projections.spec._model import changelog
-from lakefold.projections.spec._target_specs import delta_table
 from lakefold.projections.state._late_events import replay_late
 from tests.capture.conftest import capture_now, execute
 from tests.fixtures.postgres import TestDatabase

@@ -8,6 +8,10 @@ from typing import Any
 import pytest
 
 from lakefold.capture import CaptureConfig
+from lakefold.projections.definitions._api import Registry, registering_into, view
+from lakefold.projections.definitions._model import changelog
+from lakefold.projections.definitions._target_specs import delta_table, redis_cache
+from lakefold.projections.definitions._view_api import check_views, downstream_of
 from lakefold.projections.exceptions import (
     IncompatibleTargetError,
     MissingKeyError,
@@ -16,10 +20,6 @@ from lakefold.projections.exceptions import (
     UnknownSourceError,
 )
 from lakefold.projections.runtime._view_validation import plan_views
-from lakefold.projections.spec._api import Registry, registering_into, view
-from lakefold.projections.spec._model import changelog
-from lakefold.projections.spec._target_specs import delta_table, redis_cache
-from lakefold.projections.spec._view_api import check_views, downstream_of
 from tests.projections.view_shop import ORDER_LINES, REVENUE_BY_CITY
 
 pytestmark = pytest.mark.timeout(120)

@@ -17,12 +17,12 @@ from pydantic import BaseModel
 from lakefold.capture import CaptureConfig
 from lakefold.eventstore import EventStore
 from lakefold.projections import DeadLetters, Runner, RunnerConfig
+from lakefold.projections.definitions._api import Registry, registering_into, view
+from lakefold.projections.definitions._model import changelog, events
+from lakefold.projections.definitions._target_specs import delta_table
 from lakefold.projections.exceptions import ProjectionDefinitionError
 from lakefold.projections.operations import Catalog, SinkRoots, projection_status
 from lakefold.projections.runtime._view_validation import plan_views
-from lakefold.projections.spec._api import Registry, registering_into, view
-from lakefold.projections.spec._model import changelog, events
-from lakefold.projections.spec._target_specs import delta_table
 from lakefold.schemas import EventRegistry, NewEvent
 from tests.capture.conftest import capture_now, execute
 

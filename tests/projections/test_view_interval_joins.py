@@ -25,6 +25,9 @@ from lakefold.projections import (
     interval_join,
     tumbling,
 )
+from lakefold.projections.definitions._api import Registry, registering_into, view
+from lakefold.projections.definitions._model import changelog, events
+from lakefold.projections.definitions._target_specs import delta_table
 from lakefold.projections.exceptions import (
     MissingKeyError,
     NotMaintainableError,
@@ -34,9 +37,6 @@ from lakefold.projections.operations import Catalog, SinkRoots, projection_statu
 from lakefold.projections.operators._view_events import feed_stream
 from lakefold.projections.operators._view_maintainer import view_owner
 from lakefold.projections.runtime._view_validation import plan_views
-from lakefold.projections.spec._api import Registry, registering_into, view
-from lakefold.projections.spec._model import changelog, events
-from lakefold.projections.spec._target_specs import delta_table
 from lakefold.projections.state._late_events import replay_late
 from lakefold.projections.state._stream_state import StreamState
 from lakefold.schemas import EventRegistry, NewEvent

@@ -23,12 +23,12 @@ from lakefold.capture import Capture, CaptureConfig
 from lakefold.capture._options import HeartbeatPolicy
 from lakefold.eventstore import EventStore
 from lakefold.projections import ProjectionOptions, Runner, RunnerConfig, lookup
+from lakefold.projections.definitions._api import Registry, registering_into, view
+from lakefold.projections.definitions._model import changelog, events
+from lakefold.projections.definitions._target_specs import delta_table
 from lakefold.projections.exceptions import ProjectionDefinitionError, UnknownSourceError
 from lakefold.projections.operations import Catalog, SinkRoots
 from lakefold.projections.runtime._view_validation import plan_views
-from lakefold.projections.spec._api import Registry, registering_into, view
-from lakefold.projections.spec._model import changelog, events
-from lakefold.projections.spec._target_specs import delta_table
 from lakefold.schemas import EventRegistry
 from tests.capture.conftest import capture_now, execute, running_capture
 from tests.fixtures.postgres import TestDatabase

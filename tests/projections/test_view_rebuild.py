@@ -21,11 +21,11 @@ from typer.testing import CliRunner
 from lakefold.capture import CaptureConfig
 from lakefold.cli import app
 from lakefold.projections import Runner, RunnerConfig
+from lakefold.projections.definitions._api import Registry, registering_into, view
+from lakefold.projections.definitions._model import changelog
+from lakefold.projections.definitions._target_specs import delta_table
 from lakefold.projections.exceptions import ProjectionStateError
 from lakefold.projections.operations import Catalog, SinkRoots, projection_status
-from lakefold.projections.spec._api import Registry, registering_into, view
-from lakefold.projections.spec._model import changelog
-from lakefold.projections.spec._target_specs import delta_table
 from lakefold.store import ChangelogStore
 from tests.capture.conftest import capture_now
 from tests.projections.view_shop import ORDER_LINES, REVENUE_BY_CITY, oracle

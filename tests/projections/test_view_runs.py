@@ -12,10 +12,10 @@ from deltalake import DeltaTable
 
 from lakefold.capture import CaptureConfig
 from lakefold.projections import DeadLetters, RedisCacheReader, Runner, RunnerConfig
+from lakefold.projections.definitions._api import Registry, registering_into, view
+from lakefold.projections.definitions._model import changelog
+from lakefold.projections.definitions._target_specs import delta_table, redis_cache
 from lakefold.projections.operations import Catalog, SinkRoots
-from lakefold.projections.spec._api import Registry, registering_into, view
-from lakefold.projections.spec._model import changelog
-from lakefold.projections.spec._target_specs import delta_table, redis_cache
 from tests.capture.conftest import capture_now, execute
 from tests.projections.view_shop import ORDER_LINES, REVENUE_BY_CITY, oracle
 

@@ -18,12 +18,12 @@ from pydantic import BaseModel
 
 from lakefold.eventstore import EventStore
 from lakefold.projections import DeadLetters, ProjectionOptions, Runner, RunnerConfig, session
+from lakefold.projections.definitions._api import Registry, registering_into, view
+from lakefold.projections.definitions._model import events
+from lakefold.projections.definitions._target_specs import delta_table
 from lakefold.projections.exceptions import MissingKeyError, ProjectionDefinitionError
 from lakefold.projections.operations import Catalog, SinkRoots
 from lakefold.projections.runtime._view_validation import plan_views
-from lakefold.projections.spec._api import Registry, registering_into, view
-from lakefold.projections.spec._model import events
-from lakefold.projections.spec._target_specs import delta_table
 from lakefold.projections.state._late_events import replay_late
 from lakefold.schemas import EventRegistry, NewEvent
 from tests.fixtures.postgres import TestDatabase

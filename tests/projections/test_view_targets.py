@@ -12,12 +12,12 @@ import pytest
 from deltalake import DeltaTable
 
 from lakefold.capture import CaptureConfig
+from lakefold.projections.definitions._codec import NULL_KEY, key_text
+from lakefold.projections.definitions._target_specs import delta_table, redis_cache, search_index
+from lakefold.projections.definitions._targets import GenerationTarget, TargetContext
+from lakefold.projections.definitions._view_api import check_view_target
 from lakefold.projections.exceptions import IncompatibleTargetError
 from lakefold.projections.operators._view_maintainer import ViewMaintainer
-from lakefold.projections.spec._codec import NULL_KEY, key_text
-from lakefold.projections.spec._target_specs import delta_table, redis_cache, search_index
-from lakefold.projections.spec._targets import GenerationTarget, TargetContext
-from lakefold.projections.spec._view_api import check_view_target
 from lakefold.projections.targets._view_targets import ViewTargetWriter
 from tests.capture.conftest import capture_now, execute
 from tests.projections.view_shop import oracle, step_views

@@ -19,12 +19,12 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 from lakefold.capture import CaptureConfig
 from lakefold.eventstore import EventStore
 from lakefold.projections import DeadLetters, Runner, RunnerConfig, hopping, tumbling
+from lakefold.projections.definitions._api import Registry, registering_into, view
+from lakefold.projections.definitions._model import changelog, events
+from lakefold.projections.definitions._target_specs import delta_table
 from lakefold.projections.exceptions import MissingKeyError, ProjectionDefinitionError
 from lakefold.projections.operations import Catalog, SinkRoots, projection_status
 from lakefold.projections.runtime._view_validation import plan_views
-from lakefold.projections.spec._api import Registry, registering_into, view
-from lakefold.projections.spec._model import changelog, events
-from lakefold.projections.spec._target_specs import delta_table
 from lakefold.projections.state._late_events import list_late, replay_late
 from lakefold.schemas import NewEvent
 from tests.projections.window_oracle import (

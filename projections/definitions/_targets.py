@@ -42,14 +42,13 @@ from typing import TYPE_CHECKING, Any, ClassVar, Protocol, cast, runtime_checkab
 
 import pyarrow as pa
 
+from lakefold.projections.definitions._model import DELETED_COLUMN, ProjectionShape
 from lakefold.projections.exceptions import TargetError
-from lakefold.projections.spec._model import DELETED_COLUMN
 from lakefold.spark.internals import Mode, Truncate
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
 
-    from lakefold.projections.spec._api import Projection
 
 #: How a changelog source hands truncates to a target (see ``_truncate``).
 TruncateMode = Mode
@@ -210,7 +209,7 @@ class Target(Protocol):
         """Refuse a fold whose key column the target is not keyed by (at registration)."""
         ...
 
-    def check_output(self, projection: Projection, columns: list[str],
+    def check_output(self, projection: ProjectionShape, columns: list[str],
                      types: Mapping[str, str], *, stateful: bool) -> None:
         """Refuse an output (columns and Spark types) the target cannot take."""
         ...
@@ -254,3 +253,10 @@ def drop_generation_storage(locations: Mapping[str, str], context: TargetContext
     for kind, location in locations.items():
         if kind in TARGET_KINDS:
             target_class(kind).drop_storage(location, context)
+
+
+class TargetedProjection(ProjectionShape, Protocol):
+    """A projection with its target, as the TRUNCATE policy (``_truncate``) reads it."""
+
+    @property
+    def target(self) -> Target: ...

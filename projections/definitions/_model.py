@@ -12,9 +12,10 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from lakefold.projections.exceptions import (
     ProjectionDefinitionError,
@@ -22,13 +23,35 @@ from lakefold.projections.exceptions import (
 from lakefold.spark.internals import ChangelogSource, EventSource
 
 if TYPE_CHECKING:
-    pass
+    from lakefold.spark.internals import Source
 
 NAME_PATTERN = re.compile(r"^[a-z][a-z0-9_]{0,62}$")
 #: Columns the runner adds to, or reads from, every projection's output.
 POSITION_COLUMN = "_position"
 DELETED_COLUMN = "_deleted"
 TIMESTAMP_COLUMN = "_ts"
+
+
+class FoldShape(Protocol):
+    """What the checks of a definition read of a fold (``_api.FoldLogic`` is one)."""
+
+    @property
+    def handlers(self) -> Mapping[str, Any]: ...
+
+
+class ProjectionShape(Protocol):
+    """What a target's checks read of a projection (``_api.Projection`` is one): its name, its
+    sources and whether it folds. Targets take this, not ``Projection``, so that the target
+    protocol does not import the projection API that uses it."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def sources(self) -> tuple[Source, ...]: ...
+
+    @property
+    def fold(self) -> FoldShape | None: ...
 
 
 def check_name(kind: str, name: str) -> str:

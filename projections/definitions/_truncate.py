@@ -52,25 +52,25 @@ from lakefold.projections.exceptions import ProjectionDefinitionError
 from lakefold.spark.internals import TRUNCATE, ChangelogSource, Mode
 
 if TYPE_CHECKING:
-    from lakefold.projections.spec._api import Projection
+    from lakefold.projections.definitions._targets import TargetedProjection
 
 #: Column of a fold's output (not written to the target): the key the row belongs to.
 FOLD_KEY_COLUMN = "_fold_key"
 
 
-def reads_changelog(projection: Projection) -> bool:
+def reads_changelog(projection: TargetedProjection) -> bool:
     """True when a source of ``projection`` is a changelog (only those have truncates)."""
     return any(isinstance(s, ChangelogSource) for s in projection.sources)
 
 
-def source_mode(projection: Projection) -> Mode:
+def source_mode(projection: TargetedProjection) -> Mode:
     """How ``projection``'s changelog sources deliver truncate records."""
     if projection.fold is not None:
         return "fanout"
     return projection.target.truncate_mode
 
 
-def check_truncatable(projection: Projection) -> None:
+def check_truncatable(projection: TargetedProjection) -> None:
     """Refuse a definition whose view cannot apply a truncate exactly (see the module
     docstring): a transform over several sources, one a changelog, into a keyed target. Folds
     are checked by ``check_fold_truncates`` once their handlers are known."""
@@ -90,7 +90,7 @@ def check_truncatable(projection: Projection) -> None:
     )
 
 
-def check_fold_truncates(projection: Projection) -> None:
+def check_fold_truncates(projection: TargetedProjection) -> None:
     """Refuse a fold over several sources, one a changelog, without an ``on("truncate")``
     handler: only the handler knows which part of a key's state came from the table."""
     fold = projection.fold

@@ -37,21 +37,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, overload
 
-from lakefold.projections.exceptions import (
-    IncompatibleTargetError,
-    MissingKeyError,
-    ProjectionDefinitionError,
-    ProjectionNotFoundError,
-)
-from lakefold.projections.spec._model import (
+from lakefold.projections.definitions._model import (
     ProjectionOptions,
     check_name,
     event_type_name,
     fingerprint,
 )
-from lakefold.projections.spec._targets import Target
-from lakefold.projections.spec._truncate import check_truncatable
-from lakefold.projections.spec._view_api import (
+from lakefold.projections.definitions._targets import Target
+from lakefold.projections.definitions._truncate import check_truncatable
+from lakefold.projections.definitions._view_api import (
     Enrichments,
     Input as ViewInputs,
     Query,
@@ -59,8 +53,14 @@ from lakefold.projections.spec._view_api import (
     define_view,
     view_decorator,
 )
-from lakefold.projections.spec._view_inputs import IntervalJoin
-from lakefold.projections.spec._windows import Window
+from lakefold.projections.definitions._view_inputs import IntervalJoin
+from lakefold.projections.definitions._windows import Window
+from lakefold.projections.exceptions import (
+    IncompatibleTargetError,
+    MissingKeyError,
+    ProjectionDefinitionError,
+    ProjectionNotFoundError,
+)
 from lakefold.schemas import EventRegistry
 from lakefold.spark.internals import ChangelogSource, EventSource, Source
 

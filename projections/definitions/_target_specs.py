@@ -13,17 +13,21 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
+from lakefold.projections.definitions._model import (
+    DELETED_COLUMN,
+    POSITION_COLUMN,
+    TIMESTAMP_COLUMN,
+    ProjectionShape,
+)
+from lakefold.projections.definitions._targets import TruncateMode, open_target
 from lakefold.projections.exceptions import (
     IncompatibleTargetError,
     MissingKeyError,
     ProjectionStateError,
 )
-from lakefold.projections.spec._model import DELETED_COLUMN, POSITION_COLUMN, TIMESTAMP_COLUMN
-from lakefold.projections.spec._targets import TruncateMode, open_target
 
 if TYPE_CHECKING:
-    from lakefold.projections.spec._api import Projection
-    from lakefold.projections.spec._targets import GenerationTarget, TargetContext
+    from lakefold.projections.definitions._targets import GenerationTarget, TargetContext
 
 #: Columns an SCD2 Delta table adds to the output.
 VALID_FROM = "valid_from"
@@ -67,7 +71,7 @@ class DeltaTableTarget:
                 f"must include the fold's key column {key_column!r}"
             )
 
-    def check_output(self, projection: Projection, columns: list[str],
+    def check_output(self, projection: ProjectionShape, columns: list[str],
                      types: Mapping[str, str], *, stateful: bool) -> None:
         if stateful and self.mode in ("append", "scd2") and projection.fold is None:
             raise IncompatibleTargetError(
@@ -126,7 +130,7 @@ class _OneRowPerKey:
                 f"emits its key as {key_column!r}; use the same column (key_column=...)"
             )
 
-    def check_key_column(self, projection: Projection, columns: list[str]) -> None:
+    def check_key_column(self, projection: ProjectionShape, columns: list[str]) -> None:
         if self.key not in columns:
             raise MissingKeyError(
                 f"projection {projection.name}: the {self.kind} target's key column "
@@ -151,7 +155,7 @@ class RedisCacheTarget(_OneRowPerKey):
         return "redis"
 
 
-    def check_output(self, projection: Projection, columns: list[str],
+    def check_output(self, projection: ProjectionShape, columns: list[str],
                      types: Mapping[str, str], *, stateful: bool) -> None:
         self.check_key_column(projection, columns)
         if self.format == "hash":
@@ -180,7 +184,7 @@ class SearchIndexTarget(_OneRowPerKey):
         return "search"
 
 
-    def check_output(self, projection: Projection, columns: list[str],
+    def check_output(self, projection: ProjectionShape, columns: list[str],
                      types: Mapping[str, str], *, stateful: bool) -> None:
         self.check_key_column(projection, columns)
         for column in self.text:

@@ -13,9 +13,9 @@ from typing import Any, Final
 
 import numpy as np
 
+from lakefold.projections.definitions._model import check_name
+from lakefold.projections.definitions._windows import duration, micros
 from lakefold.projections.exceptions import ProjectionDefinitionError
-from lakefold.projections.spec._model import check_name
-from lakefold.projections.spec._windows import duration, micros
 from lakefold.spark.internals import ChangelogSource
 
 

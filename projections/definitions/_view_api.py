@@ -37,16 +37,16 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
+from lakefold.projections.definitions._model import ProjectionOptions, check_name, fingerprint
+from lakefold.projections.definitions._targets import Target
+from lakefold.projections.definitions._view_inputs import EventInput, IntervalJoin, Lookup
+from lakefold.projections.definitions._windows import WINDOW_START, Window
 from lakefold.projections.exceptions import (
     IncompatibleTargetError,
     MissingKeyError,
     ProjectionDefinitionError,
     UnknownSourceError,
 )
-from lakefold.projections.spec._model import ProjectionOptions, check_name, fingerprint
-from lakefold.projections.spec._targets import Target
-from lakefold.projections.spec._view_inputs import EventInput, IntervalJoin, Lookup
-from lakefold.projections.spec._windows import WINDOW_START, Window
 from lakefold.schemas import EventRegistry
 from lakefold.spark.internals import ChangelogSource, EventSource
 
