@@ -48,7 +48,6 @@ from lakefold.capture.exceptions import (
     CaptureTerminalError,
     SlotError,
     SourceConfigurationError,
-    StoreError,
 )
 from lakefold.capture.snapshots._initial_snapshot import (
     QuietListener,
@@ -88,22 +87,31 @@ def resnapshot(config: CaptureConfig, tables: Sequence[str], *,
     Raises CaptureError when a table is not captured by ``config``'s publication, or when the
     store has no record of the slot.
     """
-    stats = run_locked(config, plan_resnapshot(config, tables), listener=listener)
-    if stats is None:  # cannot happen: nobody else knows the new run yet
-        raise StoreError("the new snapshot run is being executed by another process")
-    return stats
+    with _store_connection(config) as store:
+        # the run is claimed in the transaction that records it: a running capture, which
+        # finishes runs whose process died, never sees it unclaimed
+        snapshot_id = _plan(store, config, tables, claim=True)
+        return _execute(store, config, snapshot_id, listener=listener, stop=None)
 
 
 def plan_resnapshot(config: CaptureConfig, tables: Sequence[str]) -> int:
     """Check that every table of ``tables`` can be re-snapshotted by ``config``'s capture and
-    record the run (the id returned; ``run_locked`` executes it). Raises CaptureError, having
-    recorded nothing, for a table the capture does not cover (or that does not exist), or a
-    slot the store does not know."""
+    record the run (the id returned; ``run_locked`` executes it, or a running capture does if
+    it gets there first). Raises CaptureError, having recorded nothing, for a table the
+    capture does not cover (or that does not exist), or a slot the store does not know."""
+    with _store_connection(config) as store:
+        return _plan(store, config, tables, claim=False)
+
+
+def _store_connection(config: CaptureConfig) -> psycopg.Connection[Any]:
+    return psycopg.connect(config.resolved_store_dsn, autocommit=True, connect_timeout=10)
+
+
+def _plan(store: psycopg.Connection[Any], config: CaptureConfig, tables: Sequence[str], *,
+          claim: bool) -> int:
     if not tables:
         raise CaptureTerminalError("name at least one table to re-snapshot (schema.table)")
-    with psycopg.connect(config.resolved_store_dsn, autocommit=True,
-                         connect_timeout=10) as store, \
-            source_connection(config.source_dsn, autocommit=True) as src:
+    with source_connection(config.source_dsn, autocommit=True) as src:
         _check_slot(store, src, config)
         planned: list[tuple[int, str, str, str]] = []
         for name in tables:
@@ -112,9 +120,13 @@ def plan_resnapshot(config: CaptureConfig, tables: Sequence[str]) -> int:
                 schema, table = _names(src, leaf)
                 _check_published(src, config.publication, leaf, schema, table)
                 planned.append((leaf, schema, table, f"{config.stream_prefix}{schema}.{table}"))
-        state.install(store)
-        return state.create_run(store, slot=config.slot, kind="incremental",
-                                consistent_lsn=None, tables=planned)
+    state.install(store)
+    with store.transaction():
+        snapshot_id = state.create_run(store, slot=config.slot, kind="incremental",
+                                       consistent_lsn=None, tables=planned)
+        if claim:  # a session lock: held after the commit, until the connection closes
+            store.execute("SELECT pg_advisory_lock(%s, %s)", (_RUN_LOCK, snapshot_id))
+    return snapshot_id
 
 
 def resume(config: CaptureConfig, *, listener: SnapshotListener | None = None,
@@ -143,43 +155,53 @@ def run_locked(config: CaptureConfig, snapshot_id: int, *,
                listener: SnapshotListener | None = None,
                stop: threading.Event | None = None) -> SnapshotStats | None:
     """Execute (or continue) snapshot run ``snapshot_id`` with locked in-stream chunks; None
-    when another process holds the run. ``stop`` interrupts it after a chunk (unfinished)."""
-    listener = listener or QuietListener()
-    started = time.monotonic()
-    rows = chunks = 0
-    with psycopg.connect(config.resolved_store_dsn, autocommit=True,
-                         connect_timeout=10) as store:
+    when another process holds the run or has finished it. ``stop`` interrupts it after a
+    chunk (unfinished)."""
+    with _store_connection(config) as store:
         got = store.execute("SELECT pg_try_advisory_lock(%s, %s)",
                             (_RUN_LOCK, snapshot_id)).fetchone()
         if not got or not got[0]:
             return None
-        tables = state.run_tables(store, snapshot_id)
-        run = next(r for r in state.runs(store, config.slot) if r.snapshot_id == snapshot_id)
-        if run.kind == "initial":
-            _drop_unfinished_chunks(store, tables)
-        try:
-            with source_connection(config.source_dsn, autocommit=False) as src:
-                for table in tables:
-                    if table.status == "done":
-                        continue
-                    if run.kind == "incremental" and not _published(src, store, config, table):
-                        continue
-                    copied, n = _table(src, store, config, table, listener, stop)
-                    rows += copied
-                    chunks += n
-                    if stop is not None and stop.is_set():
-                        return SnapshotStats(snapshot_id, len(tables), rows, chunks,
-                                             time.monotonic() - started)
-        except psycopg.Error as e:
-            error = translate_store_error(e, "the source or the store", "re-snapshot a table")
-            if isinstance(error, TerminalError) and run.kind == "incremental":
-                state.finish_run(store, snapshot_id, error=str(error))
-            raise error from e
-        except TerminalError as e:
-            if run.kind == "incremental":  # an initial run stays due: the capture retries it
-                state.finish_run(store, snapshot_id, error=str(e))
-            raise
-        state.finish_run(store, snapshot_id)
+        if not any(r.snapshot_id == snapshot_id
+                   for r in state.runs(store, config.slot, status="running")):
+            return None  # finished by its holder between our look and the lock
+        return _execute(store, config, snapshot_id, listener=listener, stop=stop)
+
+
+def _execute(store: psycopg.Connection[Any], config: CaptureConfig, snapshot_id: int, *,
+             listener: SnapshotListener | None,
+             stop: threading.Event | None) -> SnapshotStats:
+    """Execute run ``snapshot_id``, whose lock ``store``'s session holds."""
+    listener = listener or QuietListener()
+    started = time.monotonic()
+    rows = chunks = 0
+    tables = state.run_tables(store, snapshot_id)
+    run = next(r for r in state.runs(store, config.slot) if r.snapshot_id == snapshot_id)
+    if run.kind == "initial":
+        _drop_unfinished_chunks(store, tables)
+    try:
+        with source_connection(config.source_dsn, autocommit=False) as src:
+            for table in tables:
+                if table.status == "done":
+                    continue
+                if run.kind == "incremental" and not _published(src, store, config, table):
+                    continue
+                copied, n = _table(src, store, config, table, listener, stop)
+                rows += copied
+                chunks += n
+                if stop is not None and stop.is_set():
+                    return SnapshotStats(snapshot_id, len(tables), rows, chunks,
+                                         time.monotonic() - started)
+    except psycopg.Error as e:
+        error = translate_store_error(e, "the source or the store", "re-snapshot a table")
+        if isinstance(error, TerminalError) and run.kind == "incremental":
+            state.finish_run(store, snapshot_id, error=str(error))
+        raise error from e
+    except TerminalError as e:
+        if run.kind == "incremental":  # an initial run stays due: the capture retries it
+            state.finish_run(store, snapshot_id, error=str(e))
+        raise
+    state.finish_run(store, snapshot_id)
     return SnapshotStats(snapshot_id, len(tables), rows, chunks, time.monotonic() - started)
 
 

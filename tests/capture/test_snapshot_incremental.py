@@ -10,7 +10,7 @@ import psycopg
 import pytest
 
 from lakefold.capture import Capture, CaptureConfig, CaptureError, ChangelogStore, SnapshotPolicy
-from lakefold.capture.snapshots._incremental_snapshot import resnapshot
+from lakefold.capture.snapshots._incremental_snapshot import resnapshot, resume
 from tests.capture.conftest import capture_now, execute, replayed_rows, source_rows
 from tests.capture.snapshot_helpers import (
     Writer,
@@ -177,3 +177,30 @@ def test_a_killed_resnapshot_is_finished_by_the_running_capture(pg: TestDatabase
         twice = [k for k, ops in histories.items() if ops.count("read") > 1]
         assert len(twice) <= 200  # at most the chunk interrupted by the kill
         assert replayed_rows(store, "public.items") == source_rows(pg.dsn, "public.items")
+
+
+def test_resnapshot_claims_its_run_before_a_running_capture_can(pg: TestDatabase) -> None:
+    """A running capture finishes incremental runs whose process died (``resume``); a run
+    that ``resnapshot`` has just recorded is never one of them, however eagerly the capture
+    looks (here: without pause, beside twenty re-snapshots)."""
+    seed_table(pg.dsn, "items", 50)
+    config = _config(pg.dsn)
+    Capture(config).setup()
+    stop = threading.Event()
+    finished_by_the_capture: list[int] = []
+
+    def finisher() -> None:
+        while not stop.is_set():
+            finished_by_the_capture.extend(s.snapshot_id for s in resume(
+                config, kinds=("incremental",)))
+
+    thread = threading.Thread(target=finisher, daemon=True)
+    thread.start()
+    try:
+        for _ in range(20):
+            stats = resnapshot(config, ["public.items"])
+            assert stats.rows == 50
+    finally:
+        stop.set()
+        thread.join(timeout=30)
+    assert finished_by_the_capture == []

@@ -64,6 +64,7 @@ def test_install_status_and_tail(pg: TestDatabase) -> None:
     assert json.loads(status.stdout)["watermark_held"] is False
     with psycopg.connect(pg.dsn) as holder:
         holder.execute("SELECT pg_current_xact_id(), 'holding it'")
+        holder_pid = holder.info.backend_pid
         with EventStore(pg.dsn) as store:
             store.append("order-2", [NewEvent("order.placed", {"n": 2})])
         time.sleep(0.3)
@@ -72,7 +73,8 @@ def test_install_status_and_tail(pg: TestDatabase) -> None:
     assert held.returncode == 2, held.stderr
     report = json.loads(held.stdout)
     assert report["watermark_held"] and report["pending_events"] == 1
-    assert "holding it" in report["holder"]["query"]
+    assert report["holder"]["pid"] == holder_pid
+    assert "holding it" not in held.stdout + held.stderr + human.stdout  # never the statement
     assert human.returncode == 2 and "watermark held" in human.stdout
 
 
