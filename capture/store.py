@@ -7,12 +7,16 @@ from __future__ import annotations
 import warnings
 from typing import Any
 
+#: Names that changed on the way (old → new).
+_RENAMED = {"StreamInfo": "ChangelogStreamInfo"}
+
 
 def __getattr__(name: str) -> Any:
     if name.startswith("__"):  # a tool probing the module (``__all__``, ``__path__``)
         raise AttributeError(name)
     import lakefold.store
 
-    warnings.warn("lakefold.capture.store is deprecated: import lakefold.store",
+    new = _RENAMED.get(name, name)
+    warnings.warn(f"lakefold.capture.store is deprecated: import {new} from lakefold.store",
                   DeprecationWarning, stacklevel=2)
-    return getattr(lakefold.store, name)
+    return getattr(lakefold.store, new)

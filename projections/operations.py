@@ -14,11 +14,8 @@ from lakefold.core.lazy import lazy_getattr
 if TYPE_CHECKING:
     from lakefold.projections.definitions._api import current_registry, registering_into
     from lakefold.projections.definitions._targets import TargetContext
-    from lakefold.projections.operators._view_maintainer import (
-        ViewMaintainer,
-        open_view,
-        output_stream,
-    )
+    from lakefold.projections.operators._view_core import output_stream
+    from lakefold.projections.operators._view_maintainer import ViewMaintainer, open_view
     from lakefold.projections.runtime._rebuild_request import request_rebuild
     from lakefold.projections.runtime._runner import RUNNER_SPARK_CONF
     from lakefold.projections.runtime._status import projection_status, slot_status
@@ -39,7 +36,7 @@ _EXPORTS: dict[str, str] = {
     "projection_status": "runtime._status", "slot_status": "runtime._status",
     "ProjectionTableCatalog": "targets._tables", "TargetContext": "definitions._targets",
     "ViewMaintainer": "operators._view_maintainer", "open_view": "operators._view_maintainer",
-    "output_stream": "operators._view_maintainer", "ViewTargetWriter": "targets._view_targets",
+    "output_stream": "operators._view_core", "ViewTargetWriter": "targets._view_targets",
 }
 
 __all__ = [

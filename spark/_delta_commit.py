@@ -89,8 +89,10 @@ def require_table(uri: str, *, version: int | None = None) -> DeltaTable:
     return table
 
 
-def _properties(target: DeltaTarget, batch_id: int) -> CommitProperties:
-    return CommitProperties(app_transactions=[Transaction(target.app_id, batch_id)])
+def batch_properties(app_id: str, batch_id: int) -> CommitProperties:
+    """The commit properties that record ``batch_id`` of ``app_id`` in the table's log (the
+    commit's own proof, read back by ``is_committed``)."""
+    return CommitProperties(app_transactions=[Transaction(app_id, batch_id)])
 
 
 def is_committed(table: DeltaTable, app_id: str, batch_id: int) -> bool:
@@ -185,7 +187,7 @@ def commit_files(table: DeltaTable, target: DeltaTarget, batch_id: int, plan: Wr
             mode,
             DeltaSchema.from_arrow(plan.table_schema),
             partition_by=list(target.partition_by) or None,
-            commit_properties=_properties(target, batch_id),
+            commit_properties=batch_properties(target.app_id, batch_id),
         )
 
     skipped, attempts = _with_retry(target, table, batch_id, policy, attempt_once)
@@ -224,13 +226,13 @@ def commit_merge(table: DeltaTable, target: DeltaTarget, batch_id: int, plan: Wr
         nonlocal added
         added = added or _add_columns(current, plan)
         if source.num_rows == 0 and target.delete_unmatched:
-            current.delete(commit_properties=_properties(target, batch_id))
+            current.delete(commit_properties=batch_properties(target.app_id, batch_id))
             return
         if source.num_rows == 0:
             current.create_write_transaction(
                 [], "append", current.schema(),
                 partition_by=list(target.partition_by) or None,
-                commit_properties=_properties(target, batch_id),
+                commit_properties=batch_properties(target.app_id, batch_id),
             )
             return
         merger = current.merge(
@@ -238,7 +240,7 @@ def commit_merge(table: DeltaTable, target: DeltaTarget, batch_id: int, plan: Wr
             predicate,
             source_alias="s",
             target_alias="t",
-            commit_properties=_properties(target, batch_id),
+            commit_properties=batch_properties(target.app_id, batch_id),
         )
         if target.mode is WriteMode.DELETE:
             merger = merger.when_matched_delete()

@@ -16,6 +16,8 @@ if TYPE_CHECKING:
     source_reads = _source_reads
 
     from lakefold.spark._delta_commit import (
+        batch_properties as batch_properties,
+        is_committed as is_committed,
         keys_match as keys_match,
     )
     from lakefold.spark._event_payloads import (
@@ -56,7 +58,7 @@ if TYPE_CHECKING:
 
 _EXPORTS: dict[str, tuple[str, ...]] = {
     "lakefold.spark._catalog": ("is_delta_table",),
-    "lakefold.spark._delta_commit": ("keys_match",),
+    "lakefold.spark._delta_commit": ("batch_properties", "is_committed", "keys_match"),
     "lakefold.spark._event_payloads": ("PayloadDecoder",),
     "lakefold.spark._query": ("no_duplicate_error_logs",),
     "lakefold.spark._source_columns": ("EVENT_META_SOURCE_COLUMNS",),

@@ -34,7 +34,7 @@ if TYPE_CHECKING:
     from lakefold.store._changelog_store import (
         META_SCHEMA,
         ChangelogStore,
-        StreamInfo,
+        ChangelogStreamInfo,
         read_changelog_range,
     )
     from lakefold.store._commit_points import commit_at, first_after, frontier
@@ -54,7 +54,7 @@ if TYPE_CHECKING:
 _EXPORTS: dict[str, str] = {
     "META_SCHEMA": "lakefold.store._changelog_store",
     "ChangelogStore": "lakefold.store._changelog_store",
-    "StreamInfo": "lakefold.store._changelog_store",
+    "ChangelogStreamInfo": "lakefold.store._changelog_store",
     "read_changelog_range": "lakefold.store._changelog_store",
     "CompactionPolicy": "lakefold.store._compaction",
     "DERIVED_SLOT": "lakefold.store._derived_streams",
@@ -76,6 +76,7 @@ __all__ = [
     "DERIVED_SLOT",
     "META_SCHEMA",
     "ChangelogStore",
+    "ChangelogStreamInfo",
     "ColumnSchema",
     "CompactionPolicy",
     "CompactionState",
@@ -84,7 +85,6 @@ __all__ = [
     "ReaderPosition",
     "StoreError",
     "StoreUnavailableError",
-    "StreamInfo",
     "StreamSchema",
     "UnknownStreamError",
     "commit_at",

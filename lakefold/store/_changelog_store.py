@@ -74,7 +74,7 @@ _EPOCH: Final = datetime(1970, 1, 1, tzinfo=UTC)
 
 
 @dataclass(frozen=True, slots=True)
-class StreamInfo:
+class ChangelogStreamInfo:
     """A changelog stream: its name (``schema.table`` with the capture's prefix), where it
     comes from, its head (last visible position) and current schema version."""
 
@@ -103,7 +103,7 @@ def connect_store(dsn: str) -> psycopg.Connection[Any]:
 
 @dataclass(frozen=True, slots=True)
 class StreamMeta:
-    info: StreamInfo
+    info: ChangelogStreamInfo
     versions: dict[int, StreamSchema]
 
     @property
@@ -131,7 +131,7 @@ def stream_meta(conn: psycopg.Connection[Any], stream: str) -> StreamMeta:
         raise UnknownStreamError(
             f"no changelog stream {stream!r}; known streams: "
             f"{', '.join(known) if known else '(none yet: is a capture running?)'}")
-    info = StreamInfo(stream, int(row[0]), row[1], row[2], row[3], row[4], int(row[5]),
+    info = ChangelogStreamInfo(stream, int(row[0]), row[1], row[2], row[3], row[4], int(row[5]),
                       int(row[6]), row[7])
     versions = {}
     for version, oid, identity, schema, table, columns, keyless in conn.execute(
@@ -367,7 +367,7 @@ class ChangelogStore:
         """Create the ``lakefold`` schema and changelog tables if missing (idempotent)."""
         _ddl.install(self.connection())
 
-    def streams(self) -> list[StreamInfo]:
+    def streams(self) -> list[ChangelogStreamInfo]:
         """All streams, by name."""
         conn = self.connection()
         if not _ddl.is_installed(conn):
@@ -376,10 +376,10 @@ class ChangelogStore:
             "SELECT name, stream_id, slot_name, source_database, source_schema, source_table, "
             "head, schema_version, last_commit_ts FROM lakefold.changelog_streams ORDER BY name"
         ).fetchall()
-        return [StreamInfo(r[0], int(r[1]), r[2], r[3], r[4], r[5], int(r[6]), int(r[7]), r[8])
-                for r in rows]
+        return [ChangelogStreamInfo(r[0], int(r[1]), r[2], r[3], r[4], r[5], int(r[6]),
+                                    int(r[7]), r[8]) for r in rows]
 
-    def stream(self, stream: str) -> StreamInfo:
+    def stream(self, stream: str) -> ChangelogStreamInfo:
         """One stream; UnknownStreamError (listing the known ones) when missing."""
         return stream_meta(self.connection(), stream).info
 

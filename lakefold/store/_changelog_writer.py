@@ -176,7 +176,7 @@ class Batch:
 
 
 @dataclass(frozen=True, slots=True)
-class StreamState:
+class StreamResume:
     """A stream as the capture resumes it: its head and the next position to assign."""
 
     stream_id: int
@@ -191,7 +191,7 @@ class SlotState:
     """What the store knows about a slot when a capture session starts."""
 
     checkpoint: Checkpoint
-    streams: tuple[StreamState, ...]
+    streams: tuple[StreamResume, ...]
 
 
 class ChangelogWriter:
@@ -273,7 +273,7 @@ class ChangelogWriter:
                 last = self._conn.execute("SELECT lakefold.changelog_top(%s)",
                                           (stream_id,)).fetchone()
                 top = max(int(head), int(last[0]) if last else 0)
-                streams.append(StreamState(stream_id, name, int(head), top + 1,
+                streams.append(StreamResume(stream_id, name, int(head), top + 1,
                                            self.latest_schema(stream_id, name)))
         return SlotState(checkpoint, tuple(streams))
 

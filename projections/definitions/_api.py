@@ -312,7 +312,7 @@ def view(name: str, *, inputs: Mapping[str, ViewInputs],
     ``window``: a window over event time (``tumbling``/``hopping``, see ``_windows``);
     ``enrich``: event input name → ``lookup(...)``s of tables' rows as of each event's
     commit (see ``_lookups``); ``join``: an ``interval_join`` of two event inputs within
-    a time bound (see ``_interval_joins``)."""
+    a time bound (see ``operators._interval_join``)."""
     if query is None:
         define = view_decorator(name, inputs=inputs, key=key, target=target, options=options,
                                 registry=registry, window=window, enrich=enrich, join=join)

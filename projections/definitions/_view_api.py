@@ -1,7 +1,7 @@
 """Views as a user defines them, and the checks made before anything runs.
 
 A view is a query over named inputs, with an output key and a target; lakefold keeps it equal
-to the same query over the inputs' current rows (see ``_view_plan`` and ``_view_maintainer``)::
+to the same query over the inputs' current rows (see ``_view_plan`` and ``operators._recompute``)::
 
     view("revenue_by_city", inputs={"lines": "order_lines"}, key=["city"],
          target=delta_table("upsert", keys=["city"]),
@@ -20,7 +20,7 @@ their payload's fields as columns, typed and upcast; without it, ``data`` as JSO
 ``enrich={"orders": lookup("shop.customers", on="customer_id")}`` adds a captured table's
 row to each event of an event input, as of the event's commit (``_lookups``);
 ``join=interval_join(left=..., right=...)`` joins two event inputs within a time bound stated
-in the query, with bounded state (``_interval_joins``).
+in the query, with bounded state (``operators._interval_join``).
 Checks, each raising a ``ProjectionDefinitionError`` that says what to fix:
 
 - when defined: the names, the inputs' kinds, a key, a target keyed by that key that does not
@@ -91,7 +91,7 @@ class View:
     registry: EventRegistry | None = None
     #: A window over event time on one input (``_windows``).
     window: Window | None = None
-    #: A join of two event inputs within a time bound (``_interval_joins``).
+    #: A join of two event inputs within a time bound (``operators._interval_join``).
     join: IntervalJoin | None = None
 
     @property

@@ -49,7 +49,7 @@ from lakefold.projections.state._deadletters import (
     install_dead_letters,
 )
 from lakefold.projections.state._late_events import install_late_events, record_late
-from lakefold.projections.state._stream_state import StreamState, stage_records
+from lakefold.projections.state._stream_state import LatestRows, stage_records
 from lakefold.store.internals import (
     ChangelogStore,
     DerivedStream,
@@ -115,7 +115,7 @@ class ChangelogWindowFeed:
         """The durable reader the feed holds on the table's stream (released on retire)."""
         return (self.owner,)
 
-    def advance(self, conn: psycopg.Connection[Any], state: StreamState | None, head: int
+    def advance(self, conn: psycopg.Connection[Any], state: LatestRows | None, head: int
                 ) -> FeedBatch:
         """Feed the table's changes after the feed's position (at most ``limit``), in the
         caller's transaction (see the module docstring); ``state``: the view's state of the
@@ -214,7 +214,7 @@ class ChangelogWindowFeed:
         finally:
             conn.execute(sql.SQL("DROP TABLE {}").format(staged))
 
-    def _held(self, conn: psycopg.Connection[Any], state: StreamState, changes: pa.Table
+    def _held(self, conn: psycopg.Connection[Any], state: LatestRows, changes: pa.Table
               ) -> dict[tuple[Any, ...], dict[int, Row]]:
         """The rows the feed holds of the changed keys: key → window start → row (of a
         ``TRUNCATE`` in the batch: every row)."""

@@ -20,7 +20,7 @@ input column each, with no ``FILTER``:
 ``count(DISTINCT x)``     the number of values in the same kind of multiset
 ========================  =================================================================
 
-Any other view (and any other type) is recomputed by partitions (``_view_maintainer``), which
+Any other view (and any other type) is recomputed by partitions (``_recompute``), which
 is correct for every query; this is the cheaper path for the common one.
 
 The state lives in the store beside the input states (schema ``lakefold_state``), in the
@@ -46,7 +46,7 @@ import pyarrow.csv as pacsv
 from psycopg import sql
 
 from lakefold.projections.plan._aggregate_plan import AggregatePlan, Measure, _decimal
-from lakefold.projections.state._stream_state import STATE_SCHEMA, StateChanges, StreamState
+from lakefold.projections.state._stream_state import STATE_SCHEMA, LatestRows, StateChanges
 from lakefold.store.internals import ColumnSchema, typed_array
 
 #: The column of the group key (text, never NULL) that ``_touched`` adds to the rows.
@@ -94,7 +94,7 @@ def _divide(numerator: int, denominator: int) -> int:
 class AggregateState:
     """The state of one view generation kept by its changes (see the module docstring)."""
 
-    def __init__(self, owner: str, plan: AggregatePlan, state: StreamState | None) -> None:
+    def __init__(self, owner: str, plan: AggregatePlan, state: LatestRows | None) -> None:
         self.plan = plan
         self.state = state
         digest = hashlib.sha1(owner.encode(), usedforsecurity=False).hexdigest()[:16]

@@ -2,7 +2,7 @@
 stream keyed by global position, which the view's state reads like any captured table.
 
 A view keeps each input's current rows in a state moved forward from a changelog stream (see
-``_view_maintainer``). The event store is a log, not a changelog, so each event input of a view
+``_view_core``). The event store is a log, not a changelog, so each event input of a view
 generation has a *feed*: a derived stream (``lakefold_feeds.<view>_g<N>_<input>``) that holds
 one row per event, keyed by ``position``, and its progress in ``lakefold.event_feeds`` (the
 next global position to read). ``advance`` runs at the start of the view's batch: it reads
@@ -76,7 +76,7 @@ from lakefold.projections.state._late_events import (
     pending_replays,
     record_late,
 )
-from lakefold.projections.state._stream_state import StreamState
+from lakefold.projections.state._stream_state import LatestRows
 from lakefold.schemas import EventRegistry
 from lakefold.schemas.events import STREAM_DELETED_TYPE
 from lakefold.spark.exceptions import SparkTerminalError
@@ -255,7 +255,7 @@ class Feed(Protocol):
 
     def position(self, conn: psycopg.Connection[Any]) -> int: ...
 
-    def advance(self, conn: psycopg.Connection[Any], state: StreamState | None, head: int
+    def advance(self, conn: psycopg.Connection[Any], state: LatestRows | None, head: int
                 ) -> FeedBatch: ...
 
     def readers(self) -> tuple[str, ...]:
@@ -340,7 +340,7 @@ class EventFeed:
         """None: the feed reads the event store, which has no durable readers."""
         return ()
 
-    def advance(self, conn: psycopg.Connection[Any], state: StreamState | None, head: int
+    def advance(self, conn: psycopg.Connection[Any], state: LatestRows | None, head: int
                 ) -> FeedBatch:
         """Feed the events after the feed's position up to ``head`` (the store's head, read
         before the caller's transaction began; at most ``limit`` positions), in the caller's
@@ -366,7 +366,7 @@ class EventFeed:
             batch = self._fold_replays(conn, batch, read.replayed, read.start)
         return batch
 
-    def read(self, conn: psycopg.Connection[Any], state: StreamState | None, head: int
+    def read(self, conn: psycopg.Connection[Any], state: LatestRows | None, head: int
              ) -> FeedRead:
         """The feed's rows of the events after its position up to ``head`` (see
         ``advance``), not written yet; events whose payload the models cannot read are
@@ -472,7 +472,7 @@ class EventFeed:
         record(conn, source, rows.column("position").to_numpy()[keep].tolist(),
                times[keep].tolist(), keys)
 
-    def _sessions(self, conn: psycopg.Connection[Any], state: StreamState,
+    def _sessions(self, conn: psycopg.Connection[Any], state: LatestRows,
                   read: FeedRead) -> FeedBatch:
         """Feed a session-windowed batch (``_session_windows``): the events' rows in their
         sessions, the earlier rows of sessions that moved deleted and written again, the late
@@ -523,7 +523,7 @@ class EventFeed:
         return self.write(conn, read, out, found.max_time, frozenset(by_start), moved=pa.Table
                           .from_pylist(gone, schema=self.schema), ends=by_start)
 
-    def _session_rows(self, conn: psycopg.Connection[Any], state: StreamState,
+    def _session_rows(self, conn: psycopg.Connection[Any], state: LatestRows,
                       keys: set[str]) -> list[tuple[str, int, int, int, int, dict[str, Any]]]:
         """The fed rows of ``keys``' sessions (keys as ``_key_text``): (key, position, time,
         window start, window end, the row)."""
@@ -740,7 +740,7 @@ class EventFeed:
             base = self.enricher.enrich(conn, base, order)
         return base.cast(self.event_schema)
 
-    def _deleted_rows(self, conn: psycopg.Connection[Any], state: StreamState,
+    def _deleted_rows(self, conn: psycopg.Connection[Any], state: LatestRows,
                       streams: Collection[str]) -> pa.Table:
         """The fed rows of the ``streams`` (deleted)."""
         raw = state.rows_where(conn, "stream_id", streams)

@@ -1,7 +1,7 @@
 """How a view is maintained: read off the query's plan, before anything runs.
 
 A view is kept up to date by recomputing, per batch, only the *partitions* a change touches
-(see ``_view_maintainer``). A partition is a value of some of the view's key columns, ``P``,
+(see ``operators._recompute``). A partition is a value of some of the view's key columns, ``P``,
 chosen so that every output row with a given ``P`` value depends only on input rows that can be
 found from that value:
 
@@ -49,6 +49,7 @@ from lakefold.projections.definitions._windows import WINDOW_END
 from lakefold.projections.exceptions import MissingKeyError, NotMaintainableError
 from lakefold.projections.plan._aggregate_plan import AggregatePlan, aggregate_plan
 from lakefold.projections.plan._join_bounds import bound_join
+from lakefold.projections.plan._local_plan import LocalPlan, local_plan
 from lakefold.projections.plan._plan_keys import WindowColumns, check_key
 from lakefold.projections.plan._plan_trees import (
     Node,
@@ -101,8 +102,9 @@ class Column:
 
 
 @dataclass(frozen=True)
-class Lookup:
-    """A lookup input: its rows whose ``column`` equals ``via``'s ``via_column``."""
+class LookupPath:
+    """How a lookup input's rows are found: those whose ``column`` equals ``via``'s
+    ``via_column`` (not ``definitions.Lookup``, the enrichment a user writes)."""
 
     column: str
     via: str
@@ -131,7 +133,7 @@ class ViewPlan:
     #: Direct input → its column for each partition column, in ``partition`` order.
     direct: Mapping[str, tuple[str, ...]]
     #: Lookup input → how its rows are found, in the order they must be found.
-    lookups: Mapping[str, Lookup]
+    lookups: Mapping[str, LookupPath]
     #: Set when the view is one GROUP BY kept by its changes (``KEPT_AGGREGATE``) or folded
     #: from its windowed event input (``WINDOW_FOLD``); None for every other operator.
     aggregate: AggregatePlan | None = None
@@ -139,6 +141,9 @@ class ViewPlan:
     join: IntervalJoin | None = None
     #: The operator that maintains the view, decided here once.
     operator: Operator = Operator.RECOMPUTE
+    #: The query as Arrow runs it in the process (``_local_plan``), for batches of at most
+    #: ``LOCAL_ROWS`` input rows; None: every recompute runs on Spark.
+    local: LocalPlan | None = None
 
     @property
     def inputs(self) -> tuple[str, ...]:
@@ -166,6 +171,8 @@ class ViewPlan:
         parts += [f"{name} looked up by {lookup.column} = {lookup.via}.{lookup.via_column}"
                   for name, lookup in self.lookups.items()]
         parts.append(_DESCRIBE[self.operator])
+        if self.local is not None and self.operator is not Operator.KEPT_AGGREGATE:
+            parts.append("small batches computed in the process, without Spark")
         return "; ".join(p for p in parts if p)
 
 
@@ -388,14 +395,14 @@ def _choose(view: str, scope: _Scope, key: tuple[str, ...]) -> ViewPlan | None:
                     direct[name] = tuple(f[0] for f in found)
             if not direct:
                 continue
-            lookups: dict[str, Lookup] = {}
+            lookups: dict[str, LookupPath] = {}
             resolved = set(direct)
             progress = True
             while progress and resolved != scope.inputs:
                 progress = False
                 for x, cx, y, cy in sorted(scope.edges):
                     if x not in resolved and y in resolved:
-                        lookups[x] = Lookup(cx, y, cy)
+                        lookups[x] = LookupPath(cx, y, cy)
                         resolved.add(x)
                         progress = True
             if resolved == scope.inputs:
@@ -444,6 +451,7 @@ def analyze_plan(view: str, plan_json: str, key: Sequence[str],
         plan = ViewPlan({}, tuple(key), (), {}, {})
     if plan is None:
         raise _unreachable(view, scope, tuple(key))
+    plan = replace(plan, local=local_plan(tree))
     return _operator(plan, aggregate_plan(tree), windowed,
                      windowed or (window.input if window is not None else None))
 
@@ -507,7 +515,7 @@ def analyze(spark: SparkSession, view: str, schemas: Mapping[str, StructType | s
             input_keys: Mapping[str, Sequence[str]] | None = None,
             window: WindowColumns | None = None) -> ViewPlan:
     """Analyze a view over inputs with ``schemas`` (see ``analyze_plan``), with its
-    interval join's bound read off the plan (``_interval_joins``)."""
+    interval join's bound read off the plan (``operators._interval_join``)."""
     df = view_frame(spark, schemas, query)
     plan = df._jdf.queryExecution().analyzed().toJSON()
     analyzed = analyze_plan(view, plan, key, list(schemas), windowed, input_keys, window)

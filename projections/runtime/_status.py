@@ -19,8 +19,8 @@ import psycopg
 from lakefold.core.dsn import mask_dsn
 from lakefold.core.exceptions import LakefoldError
 from lakefold.projections.exceptions import ProjectionTerminalError
+from lakefold.projections.operators._view_core import output_stream, view_owner
 from lakefold.projections.operators._view_events import feed_position, feed_stream
-from lakefold.projections.operators._view_maintainer import output_stream, view_owner
 from lakefold.projections.state._catalog import (
     LOCK_NAMESPACE,
     Catalog,
@@ -30,7 +30,7 @@ from lakefold.projections.state._catalog import (
 from lakefold.projections.state._deadletters import DeadLetters
 from lakefold.projections.state._late_events import count_late
 from lakefold.projections.state._readers import compaction_holders
-from lakefold.projections.state._stream_state import StreamState
+from lakefold.projections.state._stream_state import LatestRows
 from lakefold.spark.internals import ChangelogSource, EventSource, Source, source_reads
 
 _LAG_WINDOW = 10_000
@@ -147,7 +147,7 @@ def _view_sources(catalog: Catalog, dsn: str, name: str, definition: dict[str, A
                 upstream = str(entry["view"])
                 stream = output_stream(upstream, catalog.current(upstream).generation)
             try:
-                applied = StreamState(owner, stream).position(conn)
+                applied = LatestRows(owner, stream).position(conn)
                 head = source_reads.head(dsn, ChangelogSource(table=stream, alias=alias))
             except (LakefoldError, psycopg.errors.UndefinedTable):
                 continue  # not started yet

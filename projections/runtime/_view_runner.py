@@ -36,8 +36,9 @@ import psycopg
 from lakefold.core.exceptions import LakefoldError, TerminalError, TransientError
 from lakefold.projections.definitions._targets import TargetContext
 from lakefold.projections.operators._changelog_windows import ChangelogWindowFeed
+from lakefold.projections.operators._view_core import ViewGeneration, output_stream
 from lakefold.projections.operators._view_events import store_head
-from lakefold.projections.operators._view_maintainer import ViewMaintainer, output_stream
+from lakefold.projections.operators._view_maintainer import ViewMaintainer
 from lakefold.projections.runtime._run_report import ProjectionReport
 from lakefold.projections.runtime._view_validation import CheckedView
 from lakefold.projections.state._catalog import Catalog, Generation, hold_generation
@@ -73,12 +74,12 @@ class ViewRun:
         self.catalog = catalog
         self.dsn = store_dsn
         self.generation = generation.generation
-        self.maintainer = ViewMaintainer(
-            spark, store_dsn, view=view.name, generation=self.generation, inputs=inputs,
-            query=view.query, plan=checked.plan, registry=view.registry, window=view.window,
+        self.maintainer = ViewMaintainer(spark, store_dsn, ViewGeneration(
+            view=view.name, generation=self.generation, inputs=inputs, query=view.query,
+            plan=checked.plan, registry=view.registry, window=view.window,
             events={a: s.events for a, s in view.inputs.items() if s.events is not None},
             feed_limit=view.options.max_records_per_batch,
-            live_generation=_live_generation(catalog, view.name, generation))
+            live_generation=_live_generation(catalog, view.name, generation)))
         #: Input name → the stream it reads (a table's, a generation of another view's, or
         #: this generation's feed of events).
         self.inputs = dict(self.maintainer.inputs)

@@ -23,17 +23,14 @@ from lakefold.projections.exceptions import (
     UnknownSourceError,
 )
 from lakefold.projections.operators._lookups import enrichment_fields
+from lakefold.projections.operators._view_core import describe_inputs, drift_message
 from lakefold.projections.operators._view_events import (
     check_time_column,
     event_schema,
     payload_decoder,
     windowed_schema,
 )
-from lakefold.projections.operators._view_maintainer import (
-    describe_inputs,
-    drift_message,
-    input_schema,
-)
+from lakefold.projections.operators._view_maintainer import input_schema
 from lakefold.projections.plan._plan_keys import WindowColumns
 from lakefold.projections.plan._view_plan import ViewPlan, analyze, view_frame
 from lakefold.spark.internals import no_duplicate_error_logs

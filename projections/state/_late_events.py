@@ -52,7 +52,7 @@ _DDL: Final = [
         (view, input, replay_seq) WHERE status = 'replayed'""",
     # What an event was late for: "window" (it can be replayed into it), "session" (the
     # session it hit, ``_session_windows``), "join" (the span in which a partner had to
-    # come, ``_interval_joins``) or "change" (a table's change, ``_changelog_windows``);
+    # come, ``operators._interval_join``) or "change" (a table's change, ``_changelog_windows``);
     # added after the first release.
     "ALTER TABLE lakefold.late_events ADD COLUMN IF NOT EXISTS kind text NOT NULL "
     "DEFAULT 'window'",

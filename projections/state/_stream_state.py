@@ -71,7 +71,7 @@ _COLUMNS: Final = sql.SQL(
 @dataclass(frozen=True)
 class StateChanges:
     """What applying a range did to a state, as raw text tables (``raw_column`` reads a
-    column's text values; ``StreamState.typed`` types them): ``before`` holds the rows that
+    column's text values; ``LatestRows.typed`` types them): ``before`` holds the rows that
     were replaced or deleted, ``after`` the rows written, ``truncated`` whether a truncate
     emptied the state first (then ``before`` holds every row it had)."""
 
@@ -123,9 +123,10 @@ def state_table_name(owner: str, stream: str) -> str:
     return "s_" + hashlib.sha256(f"{owner}\x00{stream}".encode()).hexdigest()[:32]
 
 
-class StreamState:
-    """The state of ``stream`` kept for ``owner`` (see the module docstring). Every method
-    takes the connection to use, so a caller puts a state's changes in its own transaction."""
+class LatestRows:
+    """The state of ``stream`` kept for ``owner``: its latest row per key (see the module
+    docstring). Every method takes the connection to use, so a caller puts a state's changes
+    in its own transaction."""
 
     def __init__(self, owner: str, stream: str) -> None:
         self.owner = owner
@@ -228,7 +229,7 @@ class StreamState:
                          "WHERE owner = %s AND stream = %s", (end, self.owner, self.stream))
         return StateChanges(before, after, truncated, start, end)
 
-    def move_to(self, conn: psycopg.Connection[Any], other: StreamState,
+    def move_to(self, conn: psycopg.Connection[Any], other: LatestRows,
                 positions: Iterable[int] = (), *, column: str | None = None,
                 texts: Iterable[str | None] = ()) -> int:
         """Move rows of this state into ``other`` (a state of the same stream kept aside,

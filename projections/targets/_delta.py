@@ -27,12 +27,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
+from deltalake import DeltaTable, write_deltalake
 from deltalake.exceptions import CommitFailedError, TableNotFoundError
 
+from lakefold.core.arrow_tables import latest_per_key
 from lakefold.core.object_store import filesystem_for, storage_options_for
 from lakefold.projections.definitions._model import (
     DELETED_COLUMN,
@@ -51,7 +51,7 @@ from lakefold.projections.exceptions import (
     TargetUnavailableError,
 )
 from lakefold.spark import DeltaTarget, WriteMode, write_batch
-from lakefold.spark.internals import Truncate, keys_match
+from lakefold.spark.internals import Truncate, batch_properties, is_committed, keys_match
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
@@ -116,10 +116,7 @@ class DeltaViewWriter:
         return DeltaWriteResult(result.skipped, result.rows_written, result.table_version)
 
     def _committed(self, table: DeltaTable | None, batch_id: int) -> bool:
-        if table is None:
-            return False
-        version = table.transaction_version(self.app_id)
-        return version is not None and version >= batch_id
+        return table is not None and is_committed(table, self.app_id, batch_id)
 
     def write_arrow(self, rows: pa.Table, batch_id: int, *, replace: bool = False
                     ) -> DeltaWriteResult:
@@ -131,8 +128,9 @@ class DeltaViewWriter:
         if self._committed(table, batch_id):
             assert table is not None  # noqa: S101
             return DeltaWriteResult(True, 0, table.version())
-        rows = _latest_per_key(rows, list(self.spec.keys))
-        properties = CommitProperties(app_transactions=[Transaction(self.app_id, batch_id)])
+        rows = latest_per_key(rows, self.spec.keys, order=POSITION_COLUMN
+                              if POSITION_COLUMN in rows.column_names else None)
+        properties = batch_properties(self.app_id, batch_id)
         flag = DELETED_COLUMN in rows.column_names
         data_columns = [c for c in rows.column_names if c != DELETED_COLUMN]
         try:
@@ -178,7 +176,7 @@ class DeltaViewWriter:
         if self._committed(table, batch_id):
             assert table is not None  # noqa: S101
             return DeltaWriteResult(True, 0, table.version())
-        properties = CommitProperties(app_transactions=[Transaction(self.app_id, batch_id)])
+        properties = batch_properties(self.app_id, batch_id)
         write_deltalake(self.path, rows, mode="append", name=self.name,
                         partition_by=list(self.spec.partition_by) or None,
                         commit_properties=properties, storage_options=self.storage_options)
@@ -197,7 +195,7 @@ class DeltaViewWriter:
                    truncates: Sequence[Truncate] = ()) -> DeltaWriteResult:
         """Apply one batch of changes as SCD2 history (see the module docstring)."""
         table = self._open()
-        if table is not None and (table.transaction_version(self.app_id) or -1) >= batch_id:
+        if table is not None and is_committed(table, self.app_id, batch_id):
             return DeltaWriteResult(True, 0, table.version())
         keys = list(self.spec.keys)
         attributes = [c for c in rows.column_names
@@ -210,7 +208,7 @@ class DeltaViewWriter:
             changes += _truncate_closes(changes, current, keys, self.spec.valid_from,
                                         truncates, rows.schema.field(self.spec.valid_from).type)
         closes, inserts = _versions(changes, keys, attributes, self.spec.valid_from, current)
-        properties = CommitProperties(app_transactions=[Transaction(self.app_id, batch_id)])
+        properties = batch_properties(self.app_id, batch_id)
         schema = _scd2_schema(rows.schema, self.spec.valid_from)
         new_rows = pa.Table.from_pylist(inserts, schema=schema)
         try:
@@ -281,20 +279,6 @@ def _truncate_closes(changes: list[dict[str, Any]], current: dict[tuple[Any, ...
         closes += [{**dict(zip(keys, key, strict=True)), POSITION_COLUMN: truncate.position,
                     DELETED_COLUMN: True, valid_from: at} for key in sorted(open_keys, key=str)]
     return closes
-
-
-def _latest_per_key(rows: pa.Table, keys: list[str]) -> pa.Table:
-    """One row per key: the one with the highest ``_position`` (else the last one)."""
-    if rows.num_rows < 2:
-        return rows
-    order = pa.array(np.arange(rows.num_rows, dtype=np.int64))
-    ranked = rows.append_column("__order", order)
-    sort = [(POSITION_COLUMN, "ascending")] if POSITION_COLUMN in rows.column_names else []
-    ranked = ranked.sort_by([*sort, ("__order", "ascending")])
-    ranked = ranked.set_column(ranked.schema.get_field_index("__order"), "__order", order)
-    last = ranked.select([*keys, "__order"]).group_by(keys, use_threads=False) \
-        .aggregate([("__order", "max")]).column("__order_max")
-    return ranked.take(pc.take(last, pc.sort_indices(last))).drop_columns(["__order"])
 
 
 def _cast_like(rows: pa.Table, schema: pa.Schema) -> pa.Table:

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from lakefold.core.arrow_tables import latest_per_key
 from lakefold.projections.definitions._model import DELETED_COLUMN
 from lakefold.projections.definitions._targets import GenerationTarget, TargetBatch
 from lakefold.store import ChangelogStore, read_changelog_range
@@ -59,7 +60,7 @@ class ViewTargetWriter:
             return None
         end = min(head + 1, start + max_records)
         records = pa.Table.from_batches(read_changelog_range(self.dsn, self.stream, start, end))
-        rows = _latest_per_key(records, self.target.keys)
+        rows = latest_per_key(records, self.target.keys)
         deleted = pc.equal(rows.column("_op"), "delete")
         # Every row reflects the range's end (the batch's position): a view's table holds its
         # own columns only, no stream positions.
@@ -69,13 +70,3 @@ class ViewTargetWriter:
         self.store.commit_reader(self.reader, self.stream, end - 1)
         deletes = int(pc.sum(deleted).as_py() or 0)
         return TargetStep(start, end, data.num_rows - deletes, deletes)
-
-
-def _latest_per_key(records: pa.Table, keys: tuple[str, ...]) -> pa.Table:
-    """The last record of each key (records come in position order)."""
-    if records.num_rows == 0:
-        return records
-    indexed = records.append_column("_row", pa.array(range(records.num_rows), pa.int64()))
-    last = indexed.group_by(list(keys), use_threads=False).aggregate([("_row", "max")])
-    keep = pc.sort_indices(last.column("_row_max"))
-    return records.take(pc.take(last.column("_row_max"), keep))

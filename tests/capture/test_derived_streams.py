@@ -14,7 +14,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from lakefold.capture import ChangelogStore, read_changelog_range
-from lakefold.projections.state._stream_state import StreamState
+from lakefold.projections.state._stream_state import LatestRows
 from lakefold.store._derived_streams import DerivedStream, column_for
 from lakefold.store.exceptions import CaptureValueError, OwnershipError, StoreError
 from tests.fixtures.postgres import TestDatabase
@@ -90,7 +90,7 @@ def test_updates_and_deletes_reach_a_state_like_a_captured_tables(store: str) ->
         assert stream.create(conn, _SCHEMA, ["id"]).version == schema.version == 1
         stream.append(conn, schema, upserts=_table([a, b]), old=_table([{}, {}]),
                       deletes=_SCHEMA.empty_table(), commit_lsn=1, commit_ts=now)
-        state = StreamState("reader", stream.name)
+        state = LatestRows("reader", stream.name)
         state.create(conn, lookups=["name"])
         state.apply(conn, 2**62)
         a2 = {**a, "name": "z"}

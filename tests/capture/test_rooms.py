@@ -138,7 +138,9 @@ def test_the_old_store_path_still_works_and_says_it_is_deprecated() -> None:
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         assert old.ChangelogStore is lakefold.store.ChangelogStore
+        assert old.StreamInfo is lakefold.store.ChangelogStreamInfo  # renamed on the way
     assert any("lakefold.store" in str(w.message) for w in caught)
+    assert any("ChangelogStreamInfo" in str(w.message) for w in caught)
 
 
 def test_importing_capture_is_cheap_and_its_names_resolve_lazily() -> None:

@@ -13,7 +13,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 from psycopg import sql
 
 from lakefold.capture import Capture, CaptureConfig, SnapshotPolicy
-from lakefold.projections.state._stream_state import StreamState, state_table_name
+from lakefold.projections.state._stream_state import LatestRows, state_table_name
 from lakefold.store.exceptions import StoreError
 from tests.capture.conftest import capture_now, execute, source_rows
 from tests.fixtures.postgres import TestDatabase
@@ -36,12 +36,12 @@ def source(pg: TestDatabase) -> CaptureConfig:
     return config
 
 
-def _state_rows(conn: psycopg.Connection[Any], state: StreamState) -> dict[int, dict[str, Any]]:
+def _state_rows(conn: psycopg.Connection[Any], state: LatestRows) -> dict[int, dict[str, Any]]:
     typed = state.typed(conn, state.rows(conn))
     return {row["id"]: {k: row[k] for k in ("id", "g", "n")} for row in typed.to_pylist()}
 
 
-def _ids(conn: psycopg.Connection[Any], state: StreamState, raw: Any) -> set[int]:
+def _ids(conn: psycopg.Connection[Any], state: LatestRows, raw: Any) -> set[int]:
     return {row["id"] for row in state.typed(conn, raw).to_pylist()}
 
 
@@ -79,7 +79,7 @@ def _run(conn: psycopg.Connection[Any], op: tuple[Any, ...]) -> None:
 def test_a_state_equals_the_source_table_after_every_range(
         source: CaptureConfig, rounds: list[list[list[tuple[Any, ...]]]]) -> None:
     dsn = source.source_dsn
-    state = StreamState(f"test-{next(_owners)}", "public.t")
+    state = LatestRows(f"test-{next(_owners)}", "public.t")
     with psycopg.connect(dsn, autocommit=True) as store:
         state.create(store, lookups=["g"])
         first = state.apply(store, 2**62)  # the whole stream so far: snapshot segments too
@@ -113,7 +113,7 @@ def test_a_state_equals_the_source_table_after_every_range(
 
 def test_a_state_is_applied_in_its_callers_transaction(source: CaptureConfig) -> None:
     dsn = source.source_dsn
-    state = StreamState("rolled-back", "public.t")
+    state = LatestRows("rolled-back", "public.t")
     with psycopg.connect(dsn, autocommit=True) as store:
         state.create(store)
         with pytest.raises(RuntimeError), store.transaction():
@@ -131,7 +131,7 @@ def test_a_state_is_applied_in_its_callers_transaction(source: CaptureConfig) ->
 
 def test_a_state_maps_columns_across_schema_versions(source: CaptureConfig) -> None:
     dsn = source.source_dsn
-    state = StreamState("versions", "public.t")
+    state = LatestRows("versions", "public.t")
     with psycopg.connect(dsn, autocommit=True) as store:
         state.create(store, lookups=["g"])
         state.apply(store, 2**62)
@@ -149,7 +149,7 @@ def test_a_state_maps_columns_across_schema_versions(source: CaptureConfig) -> N
 
 def test_states_are_private_to_their_owner_and_dropped_whole(source: CaptureConfig) -> None:
     dsn = source.source_dsn
-    mine, theirs = StreamState("view@1", "public.t"), StreamState("view@2", "public.t")
+    mine, theirs = LatestRows("view@1", "public.t"), LatestRows("view@2", "public.t")
     with psycopg.connect(dsn, autocommit=True) as store:
         for state in (mine, theirs):
             state.create(store, lookups=["g"])

@@ -26,7 +26,8 @@ from lakefold.projections.definitions._api import Registry, registering_into, vi
 from lakefold.projections.definitions._model import changelog
 from lakefold.projections.definitions._target_specs import delta_table
 from lakefold.projections.operations import Catalog, SinkRoots
-from lakefold.projections.operators._view_maintainer import ViewMaintainer, open_view, output_stream
+from lakefold.projections.operators._view_core import output_stream
+from lakefold.projections.operators._view_maintainer import ViewMaintainer, open_view
 from tests.capture.conftest import capture_now, execute
 from tests.fixtures.postgres import TestDatabase
 from tests.projections.view_shop import (

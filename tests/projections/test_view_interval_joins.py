@@ -34,11 +34,11 @@ from lakefold.projections.exceptions import (
     ProjectionDefinitionError,
 )
 from lakefold.projections.operations import Catalog, SinkRoots, projection_status
+from lakefold.projections.operators._view_core import view_owner
 from lakefold.projections.operators._view_events import feed_stream
-from lakefold.projections.operators._view_maintainer import view_owner
 from lakefold.projections.runtime._view_validation import plan_views
 from lakefold.projections.state._late_events import replay_late
-from lakefold.projections.state._stream_state import StreamState
+from lakefold.projections.state._stream_state import LatestRows
 from lakefold.schemas import EventRegistry, NewEvent
 from tests.fixtures.postgres import TestDatabase
 from tests.projections.window_oracle import table
@@ -185,7 +185,7 @@ def check_join(dsn: str, catalog: Catalog, name: str) -> None:
         generation = catalog.current(name).generation
         owner = view_owner(name, generation)
         for alias, wanted in (("s", left), ("c", right)):
-            state = StreamState(owner, feed_stream(name, generation, alias))
+            state = LatestRows(owner, feed_stream(name, generation, alias))
             kept = set(state.rows(conn).column("_position").to_pylist())
             stream_positions = conn.execute(
                 "SELECT c.position, (c.after[1])::bigint FROM lakefold.changelog c "

@@ -14,6 +14,7 @@ from psycopg import sql
 
 from lakefold.capture import CaptureConfig
 from lakefold.projections.exceptions import MissingKeyError
+from lakefold.projections.operators._view_core import Engine
 from lakefold.projections.operators._view_maintainer import ViewMaintainer, open_view
 from tests.capture.conftest import capture_now, execute
 from tests.projections.view_shop import (
@@ -67,13 +68,17 @@ def _run(conn: psycopg.Connection[Any], op: tuple[Any, ...]) -> None:
         conn.execute(statements[kind], args)
 
 
+@pytest.mark.parametrize("engine", ["auto", "spark"])
 @settings(max_examples=6, deadline=None, suppress_health_check=list(HealthCheck))
 @given(rounds=st.lists(st.lists(st.lists(_op, min_size=1, max_size=5), min_size=1,
                                 max_size=3), min_size=1, max_size=3))
 def test_views_equal_the_sql_on_the_source_after_every_batch(
-        spark: Any, shop: CaptureConfig, rounds: list[list[list[tuple[Any, ...]]]]) -> None:
+        spark: Any, shop: CaptureConfig, engine: Engine,
+        rounds: list[list[list[tuple[Any, ...]]]]) -> None:
+    """Every path of a recompute against the oracle: in the process where the plan allows it
+    ("auto": the join of ``order_lines`` never starts a Spark job), and Spark for all."""
     dsn = shop.source_dsn
-    views = open_views(spark, dsn)
+    views = open_views(spark, dsn, engine)
     try:
         step_views(views)  # the first batch: everything captured so far
         check_views(dsn, views)
@@ -86,6 +91,9 @@ def test_views_equal_the_sql_on_the_source_after_every_batch(
             step_views(views)
             check_views(dsn, views)
             assert all(view.step() is None for view in views.values())  # nothing new
+        lines = views["order_lines"]
+        assert lines.plan.local is not None and views["later_orders"].plan.local is None
+        assert lines.last_engine == ("local" if engine == "auto" else "spark")
     finally:
         for view in views.values():
             view.close()

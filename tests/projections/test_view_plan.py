@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from lakefold.projections.exceptions import MissingKeyError, NotMaintainableError
-from lakefold.projections.plan._view_plan import Lookup, analyze
+from lakefold.projections.plan._view_plan import LookupPath, analyze
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -37,8 +37,8 @@ def test_a_foreign_key_join_partitions_by_the_order_and_looks_up_the_rest(spark)
         LEFT JOIN products p ON o.product_id = p.id""", ["order_id"])
     assert plan.partition == ("order_id",)
     assert plan.direct == {"orders": ("id",)}
-    assert plan.lookups == {"customers": Lookup("id", "orders", "customer_id"),
-                            "products": Lookup("id", "orders", "product_id")}
+    assert plan.lookups == {"customers": LookupPath("id", "orders", "customer_id"),
+                            "products": LookupPath("id", "orders", "product_id")}
     assert plan.columns == {"order_id": "int", "amount": "decimal(10,2)", "city": "string",
                             "category": "string"}
     assert plan.lookup_columns() == {"orders": {"id", "customer_id", "product_id"},
@@ -61,7 +61,7 @@ def test_a_group_by_over_a_join_finds_the_grouped_side_first(spark):
         SELECT c.city, sum(o.amount) AS revenue FROM orders o
         JOIN customers c ON o.customer_id = c.id GROUP BY c.city""", ["city"])
     assert plan.direct == {"customers": ("city",)}
-    assert plan.lookups == {"orders": Lookup("customer_id", "customers", "id")}
+    assert plan.lookups == {"orders": LookupPath("customer_id", "customers", "id")}
 
 
 def test_an_inner_join_key_is_held_by_both_sides(spark):
@@ -96,7 +96,7 @@ def test_a_dataframe_function_is_analyzed_like_sql(spark):
     plan = analyze(spark, "order_lines", {k: SHOP[k] for k in ("orders", "customers")},
                    order_lines, ["order_id"])
     assert plan.direct == {"orders": ("id",)}
-    assert plan.lookups == {"customers": Lookup("id", "orders", "customer_id")}
+    assert plan.lookups == {"customers": LookupPath("id", "orders", "customer_id")}
     assert plan.columns["double"] == "decimal(12,2)"
 
 
@@ -156,7 +156,7 @@ def test_a_self_join_of_two_inputs_finds_the_second_through_the_first(spark):
         SELECT a.id, count(b.id) AS same_city FROM a JOIN b ON a.city = b.city
         GROUP BY a.id""", ["id"])
     assert plan.direct == {"a": ("id",)}
-    assert plan.lookups == {"b": Lookup("city", "a", "city")}
+    assert plan.lookups == {"b": LookupPath("city", "a", "city")}
 
 
 @pytest.mark.parametrize("query", [

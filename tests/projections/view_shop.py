@@ -10,7 +10,8 @@ from typing import Any
 
 import psycopg
 
-from lakefold.projections.operators._view_maintainer import ViewMaintainer, open_view, output_stream
+from lakefold.projections.operators._view_core import Engine, output_stream
+from lakefold.projections.operators._view_maintainer import ViewMaintainer, open_view
 
 ORDER_LINES = """
     SELECT o.id AS order_id, o.customer_id, o.amount, c.city, p.category
@@ -61,40 +62,42 @@ CITIES = ("Oslo", "Lima", "Pune", None)
 GENERATIONS = itertools.count(1)
 
 
-def open_views(spark: Any, dsn: str) -> dict[str, ViewMaintainer]:
+def open_views(spark: Any, dsn: str, engine: Engine = "auto") -> dict[str, ViewMaintainer]:
+    """The shop's views, recomputing with ``engine`` (``ViewCore.engine``)."""
     generation = next(GENERATIONS)
     lines = open_view(spark, dsn, view="order_lines", generation=generation,
                       inputs={"orders": "public.orders", "customers": "public.customers",
                               "products": "public.products"},
-                      query=ORDER_LINES, key=["order_id"])
+                      query=ORDER_LINES, key=["order_id"], engine=engine)
     views = {
         "order_lines": lines,
         "revenue_by_city": open_view(
             spark, dsn, view="revenue_by_city", generation=generation,
             inputs={"lines": output_stream("order_lines", generation)},
-            query=REVENUE_BY_CITY, key=["city"]),
+            query=REVENUE_BY_CITY, key=["city"], engine=engine),
         "customer_orders": open_view(
             spark, dsn, view="customer_orders", generation=generation,
             inputs={"customers": "public.customers", "orders": "public.orders"},
-            query=CUSTOMER_ORDERS, key=["customer_key", "order_id"]),
+            query=CUSTOMER_ORDERS, key=["customer_key", "order_id"], engine=engine),
         "same_city": open_view(
             spark, dsn, view="same_city", generation=generation,
             inputs={"a": "public.customers", "b": "public.customers"},
-            query=SAME_CITY, key=["id"]),
+            query=SAME_CITY, key=["id"], engine=engine),
         "later_orders": open_view(
             spark, dsn, view="later_orders", generation=generation,
             inputs={"a": "public.orders", "b": "public.orders"},
-            query=LATER_ORDERS, key=["first", "later"]),
+            query=LATER_ORDERS, key=["first", "later"], engine=engine),
         "totals": open_view(spark, dsn, view="totals", generation=generation,
-                            inputs={"orders": "public.orders"}, query=TOTALS, key=["k"]),
+                            inputs={"orders": "public.orders"}, query=TOTALS, key=["k"],
+                            engine=engine),
         "histogram": open_view(spark, dsn, view="histogram", generation=generation,
                                inputs={"orders": "public.orders"},
-                               query=ORDERS_PER_CUSTOMER_HISTOGRAM, key=["n"]),
+                               query=ORDERS_PER_CUSTOMER_HISTOGRAM, key=["n"], engine=engine),
     }
     views["city_sizes"] = open_view(
         spark, dsn, view="city_sizes", generation=generation,
         inputs={"s": output_stream("same_city", generation)}, query=CITY_SIZES,
-        key=["same_city"])
+        key=["same_city"], engine=engine)
     return views
 
 
