@@ -19,6 +19,7 @@ if TYPE_CHECKING:
         batch_properties as batch_properties,
         is_committed as is_committed,
         keys_match as keys_match,
+        quote_identifier as quote_identifier,
     )
     from lakefold.spark._event_payloads import (
         PayloadDecoder as PayloadDecoder,
@@ -58,7 +59,8 @@ if TYPE_CHECKING:
 
 _EXPORTS: dict[str, tuple[str, ...]] = {
     "lakefold.spark._catalog": ("is_delta_table",),
-    "lakefold.spark._delta_commit": ("batch_properties", "is_committed", "keys_match"),
+    "lakefold.spark._delta_commit": ("batch_properties", "is_committed", "keys_match",
+                                     "quote_identifier"),
     "lakefold.spark._event_payloads": ("PayloadDecoder",),
     "lakefold.spark._query": ("no_duplicate_error_logs",),
     "lakefold.spark._source_columns": ("EVENT_META_SOURCE_COLUMNS",),

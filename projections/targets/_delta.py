@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 import pyarrow.compute as pc
 from deltalake import DeltaTable, write_deltalake
-from deltalake.exceptions import CommitFailedError, TableNotFoundError
+from deltalake.exceptions import CommitFailedError, DeltaError, TableNotFoundError
 
 from lakefold.core.arrow_tables import latest_per_key
 from lakefold.core.object_store import filesystem_for, storage_options_for
@@ -51,7 +51,13 @@ from lakefold.projections.exceptions import (
     TargetUnavailableError,
 )
 from lakefold.spark import DeltaTarget, WriteMode, write_batch
-from lakefold.spark.internals import Truncate, batch_properties, is_committed, keys_match
+from lakefold.spark.internals import (
+    Truncate,
+    batch_properties,
+    is_committed,
+    keys_match,
+    quote_identifier,
+)
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
@@ -88,6 +94,9 @@ class DeltaViewWriter:
         self.app_id = app_id
         self.name = name
         self.storage_options = storage_options_for(path)
+        #: The table as last read, brought up to date by each ``_open`` (opening a table
+        #: reads its whole log; an update reads only the commits since).
+        self._table: DeltaTable | None = None
 
     def write(self, df: DataFrame, batch_id: int, *, rows_hint: int | None = None,
               truncates: Sequence[Truncate] = ()) -> DeltaWriteResult:
@@ -137,16 +146,19 @@ class DeltaViewWriter:
             if table is None:
                 keep = rows.filter(pc.invert(pc.fill_null(rows.column(DELETED_COLUMN), False))) \
                     if flag else rows
-                write_deltalake(self.path, keep.select(data_columns), mode="append",
-                                name=self.name,
+                keep, file_size = _clustered(keep.select(data_columns), self.spec.keys)
+                write_deltalake(self.path, keep, mode="append", name=self.name,
                                 partition_by=list(self.spec.partition_by) or None,
-                                commit_properties=properties,
+                                commit_properties=properties, target_file_size=file_size,
                                 storage_options=self.storage_options)
                 return DeltaWriteResult(False, keep.num_rows, 0)
             target_schema = pa.schema(table.schema().to_arrow())
             source = _cast_like(rows, target_schema)
             predicate = keys_match(self.spec.keys)
-            updates = {f'"{c}"': f's."{c}"' for c in data_columns}
+            if not replace:  # a truncate's merge reads every row anyway
+                predicate = " AND ".join(filter(None, (
+                    predicate, key_filter(source, self.spec.keys))))
+            updates = {quote_identifier(c): f"s.{quote_identifier(c)}" for c in data_columns}
             if replace and source.num_rows == 0:
                 table.delete(commit_properties=properties)
                 return DeltaWriteResult(False, 0, table.version())
@@ -186,10 +198,18 @@ class DeltaViewWriter:
     # ------------------------------------------------------------------ SCD2
 
     def _open(self) -> DeltaTable | None:
+        """The table at its newest version (None: there is none yet)."""
+        if self._table is not None:
+            try:
+                self._table.update_incremental()
+                return self._table
+            except (DeltaError, OSError):  # dropped or replaced: read it afresh
+                self._table = None
         try:
-            return DeltaTable(self.path, storage_options=self.storage_options)
+            self._table = DeltaTable(self.path, storage_options=self.storage_options)
         except TableNotFoundError:
             return None
+        return self._table
 
     def write_scd2(self, rows: pa.Table, batch_id: int, *,
                    truncates: Sequence[Truncate] = ()) -> DeltaWriteResult:
@@ -279,6 +299,59 @@ def _truncate_closes(changes: list[dict[str, Any]], current: dict[tuple[Any, ...
         closes += [{**dict(zip(keys, key, strict=True)), POSITION_COLUMN: truncate.position,
                     DELETED_COLUMN: True, valid_from: at} for key in sorted(open_keys, key=str)]
     return closes
+
+
+#: About how many rows the first write of an upsert table puts in one file.
+CLUSTER_ROWS = 65_536
+
+
+def _clustered(rows: pa.Table, keys: Sequence[str]) -> tuple[pa.Table, int | None]:
+    """The first write of an upsert table (a rebuild's rows): in key order, in files of about
+    ``CLUSTER_ROWS`` rows, so that a later merge of a few keys reads and rewrites only the
+    files whose key range holds them (delta-rs skips a file whose key statistics exclude
+    every key of the merge) instead of one file of the whole table. Returns the rows and the
+    writer's target file size (None: the rows fit one file anyway)."""
+    if rows.num_rows <= CLUSTER_ROWS:
+        return rows, None
+    ordered = rows.sort_by([(key, "ascending") for key in keys])
+    # Parquet holds these rows in about a third of their Arrow size.
+    return ordered, max(1 << 20, rows.nbytes * CLUSTER_ROWS // rows.num_rows // 3)
+
+
+#: The most distinct values of a key column a merge names to its target (``key_filter``).
+FILTER_KEYS = 1_000
+
+
+def key_filter(source: pa.Table, keys: Sequence[str]) -> str:
+    """Conjuncts naming the target rows a merge of ``source`` can match: per integer or text
+    key column, its values in ``source`` (and NULL where ``source`` has one). ANDed with the
+    key equality they exclude no match, and delta-rs skips every file whose key statistics
+    exclude them all, where without them it reads the whole table (a 1M-row table: 0.15 to 0.35 s
+    for one changed key, 0.025 s with them, in files of ``CLUSTER_ROWS``). '' where no column
+    qualifies (another type, more than ``FILTER_KEYS`` values, text a literal cannot hold
+    plainly)."""
+    parts = []
+    for key in keys:
+        column = source.column(key)
+        kind = column.type
+        values = pc.unique(column.drop_null()).to_pylist()
+        if len(values) > FILTER_KEYS:
+            continue
+        if pa.types.is_integer(kind):
+            literals = [str(int(v)) for v in values]
+        elif pa.types.is_string(kind) or pa.types.is_large_string(kind):
+            if any("\\" in v or "\x00" in v for v in values):
+                continue
+            literals = ["'" + v.replace("'", "''") + "'" for v in values]
+        else:
+            continue
+        name = f"t.{quote_identifier(key)}"
+        alternatives = [f"{name} IN ({', '.join(literals)})"] if literals else []
+        if column.null_count:
+            alternatives.append(f"{name} IS NULL")
+        if alternatives:  # none: an empty batch, which matches nothing anyway
+            parts.append("(" + " OR ".join(alternatives) + ")")
+    return " AND ".join(parts)
 
 
 def _cast_like(rows: pa.Table, schema: pa.Schema) -> pa.Table:

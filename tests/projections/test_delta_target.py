@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import datetime as dt
 from decimal import Decimal
+from typing import Any
 
 import pyarrow as pa
 import pytest
 from deltalake import DeltaTable
+from hypothesis import HealthCheck, given, settings, strategies as st
 
 from lakefold.projections.definitions._target_specs import check_columns, delta_table
 from lakefold.projections.exceptions import IncompatibleTargetError, MissingKeyError
@@ -111,3 +113,40 @@ def test_a_null_key_is_one_row_upserted_and_deleted_like_any_other(tmp_path):
     assert held() == [("", 3), ("Oslo", 2)]
     write(4, (None, 0, True))
     assert held() == [("Oslo", 2)]
+
+
+
+_KEYS = st.one_of(st.none(), st.integers(-3, 300))
+_TEXTS = st.one_of(st.none(), st.sampled_from(["a", "o'x", "''", "ü", "a b", "x\\y", ""]))
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=list(HealthCheck))
+@given(batches=st.lists(st.lists(st.tuples(_KEYS, _TEXTS, st.integers(0, 9), st.booleans()),
+                                 max_size=8), min_size=1, max_size=5),
+       base=st.sampled_from([0, 70_000]))
+def test_upserts_name_their_keys_to_the_merge_and_equal_a_dict(
+        tmp_path_factory: pytest.TempPathFactory, batches: list[Any], base: int) -> None:
+    """The merge names the batch's keys to the table (``key_filter``) so that delta-rs reads
+    only the files that may hold them: over a table first written in key-ordered files (70,000
+    rows: several files), batches of upserts and deletes (NULL keys, quotes and a backslash in
+    text keys) leave what a dict applying the same batches holds, one row per key."""
+    from lakefold.projections.definitions._targets import TargetBatch, TargetContext
+
+    path = str(tmp_path_factory.mktemp("keys"))
+    target = delta_table("upsert", keys=["k", "s"]).open(path, TargetContext("keys", 1))
+    schema = pa.schema([("k", pa.int64()), ("s", pa.string()), ("v", pa.int64()),
+                        ("_deleted", pa.bool_())])
+    first = [{"k": 1000 + i, "s": "base", "v": i, "_deleted": False} for i in range(base)]
+    target.write(pa.Table.from_pylist(first, schema=schema), TargetBatch(1, 1))
+    held = {(r["k"], r["s"]): r["v"] for r in first}
+    for n, batch in enumerate(batches, start=2):
+        rows = [{"k": k, "s": s, "v": v, "_deleted": d} for k, s, v, d in batch]
+        target.write(pa.Table.from_pylist(rows, schema=schema), TargetBatch(n, n))
+        for row in rows:  # the last row of a key in a batch wins
+            if row["_deleted"]:
+                held.pop((row["k"], row["s"]), None)
+            else:
+                held[(row["k"], row["s"])] = row["v"]
+    table = DeltaTable(path).to_pyarrow_table(columns=["k", "s", "v"]).to_pylist()
+    assert len(table) == len(held)
+    assert {(r["k"], r["s"]): r["v"] for r in table} == held
