@@ -150,6 +150,7 @@ class DeltaViewWriter:
                 write_deltalake(self.path, keep, mode="append", name=self.name,
                                 partition_by=list(self.spec.partition_by) or None,
                                 commit_properties=properties, target_file_size=file_size,
+                                configuration={"delta.targetFileSize": str(file_size)},
                                 storage_options=self.storage_options)
                 return DeltaWriteResult(False, keep.num_rows, 0)
             target_schema = pa.schema(table.schema().to_arrow())
@@ -305,17 +306,21 @@ def _truncate_closes(changes: list[dict[str, Any]], current: dict[tuple[Any, ...
 CLUSTER_ROWS = 65_536
 
 
-def _clustered(rows: pa.Table, keys: Sequence[str]) -> tuple[pa.Table, int | None]:
+def _clustered(rows: pa.Table, keys: Sequence[str]) -> tuple[pa.Table, int]:
     """The first write of an upsert table (a rebuild's rows): in key order, in files of about
     ``CLUSTER_ROWS`` rows, so that a later merge of a few keys reads and rewrites only the
     files whose key range holds them (delta-rs skips a file whose key statistics exclude
-    every key of the merge) instead of one file of the whole table. Returns the rows and the
-    writer's target file size (None: the rows fit one file anyway)."""
-    if rows.num_rows <= CLUSTER_ROWS:
-        return rows, None
-    ordered = rows.sort_by([(key, "ascending") for key in keys])
+    every key of the merge, ``key_filter``) instead of one file of the whole table. Returns
+    the rows and the file size, which the table keeps as ``delta.targetFileSize`` so that
+    merges write files of that size too (without it, a merge of many keys rewrites the table
+    into one file, and every later merge reads it all)."""
+    if not rows.num_rows:
+        return rows, 4 << 20
     # Parquet holds these rows in about a third of their Arrow size.
-    return ordered, max(1 << 20, rows.nbytes * CLUSTER_ROWS // rows.num_rows // 3)
+    size = max(1 << 20, rows.nbytes * CLUSTER_ROWS // rows.num_rows // 3)
+    if rows.num_rows <= CLUSTER_ROWS:
+        return rows, size
+    return rows.sort_by([(key, "ascending") for key in keys]), size
 
 
 #: The most distinct values of a key column a merge names to its target (``key_filter``).

@@ -147,6 +147,8 @@ def test_upserts_name_their_keys_to_the_merge_and_equal_a_dict(
                 held.pop((row["k"], row["s"]), None)
             else:
                 held[(row["k"], row["s"])] = row["v"]
-    table = DeltaTable(path).to_pyarrow_table(columns=["k", "s", "v"]).to_pylist()
+    delta = DeltaTable(path)
+    assert int(delta.metadata().configuration["delta.targetFileSize"]) >= 1 << 20
+    table = delta.to_pyarrow_table(columns=["k", "s", "v"]).to_pylist()
     assert len(table) == len(held)
     assert {(r["k"], r["s"]): r["v"] for r in table} == held
