@@ -20,7 +20,7 @@ def pytest_xdist_make_scheduler(config: Any, log: Any) -> Any:
         return None
     from xdist.scheduler import LoadFileScheduling
 
-    class Scheduling(LoadFileScheduling):
+    class Scheduling(LoadFileScheduling):  # type: ignore[misc]  # xdist has no types
         def _split_scope(self, nodeid: str) -> str:
             if nodeid.startswith("tests/console/"):
                 return "tests/console"
