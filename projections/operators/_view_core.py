@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, Literal
 
+import numpy as np
 import psycopg
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -41,7 +42,9 @@ from lakefold.projections.operators._view_events import EventFeed, Feed
 from lakefold.projections.plan._local_plan import LOCAL_ROWS
 from lakefold.projections.plan._view_cuts import Cut, choose_cut
 from lakefold.projections.plan._view_plan import ViewPlan
+from lakefold.projections.state._late_events import forget_late_generation, install_late_events
 from lakefold.projections.state._stream_state import LatestRows, StateChanges
+from lakefold.projections.state._window_book import forget_windows
 from lakefold.schemas import EventRegistry
 from lakefold.spark.internals import no_duplicate_error_logs
 from lakefold.store.internals import (
@@ -183,6 +186,13 @@ class ViewCore:
         self.engine = setup.engine
         #: Where the last recompute ran ("local" or "spark"; None: none yet).
         self.last_engine: str | None = None
+
+    def forget_window_state(self, conn: psycopg.Connection[Any]) -> None:
+        """Forget a windowed generation's late events and window book."""
+        with conn.transaction():
+            install_late_events(conn)
+            forget_late_generation(conn, self.view, self.generation)
+        forget_windows(conn, self.owner)
 
     def window_watermark(self, conn: psycopg.Connection[Any]) -> int | None:
         """The watermark of the view's windowed input as its feed last left it."""
@@ -431,6 +441,13 @@ class ViewCore:
             self._check_unique(new)
             return new, pa.table({f.name: pa.nulls(new.num_rows, f.type) for f in new.schema},
                                  schema=new.schema), old
+        if all(_comparable(f, f.name in key) for f in new.schema):
+            return self._diff_columns(old, new)
+        return self._diff_rows(old, new)
+
+    def _diff_rows(self, old: pa.Table, new: pa.Table) -> tuple[pa.Table, pa.Table, pa.Table]:
+        """``diff`` row by row, in Python (nested columns, float keys)."""
+        key = self.plan.key
 
         def keyed(table: pa.Table) -> dict[tuple[Any, ...], dict[str, Any]]:
             out: dict[tuple[Any, ...], dict[str, Any]] = {}
@@ -451,6 +468,34 @@ class ViewCore:
         return (pa.Table.from_pylist(upserts, schema=schema),
                 pa.Table.from_pylist(previous, schema=schema),
                 pa.Table.from_pylist(deletes, schema=schema))
+
+    def _diff_columns(self, old: pa.Table, new: pa.Table
+                      ) -> tuple[pa.Table, pa.Table, pa.Table]:
+        """``diff`` with Arrow, column by column (the rows, in the order, ``_diff_rows`` gives):
+        keys matched through one dictionary code per key column, NULL being a code of its own
+        (a NULL key is a key like any other)."""
+        self._check_unique(new)
+        key = list(self.plan.key)
+        split = old.num_rows
+        codes = [pc.dictionary_encode(pa.concat_arrays([old.column(k).combine_chunks(),
+                                                        new.column(k).combine_chunks()]),
+                                      null_encoding="encode").indices for k in key]
+        names = [f"k{i}" for i in range(len(key))]
+        before = pa.table([*(c.slice(0, split) for c in codes),
+                           pa.array(np.arange(split, dtype=np.int64))], names=[*names, "o"])
+        after = pa.table([*(c.slice(split) for c in codes),
+                          pa.array(np.arange(new.num_rows, dtype=np.int64))], names=[*names, "n"])
+        joined = after.join(before, keys=names, join_type="full outer", use_threads=False)
+        kept = joined.filter(pc.is_valid(joined.column("n"))).sort_by("n")
+        current = new.take(kept.column("n"))
+        previous = old.take(kept.column("o"))  # a NULL index: an empty row
+        changed = pc.is_null(kept.column("o"))
+        for column in new.column_names:
+            a, b = current.column(column), previous.column(column)
+            same = pc.or_kleene(pc.equal(a, b), pc.and_(pc.is_null(a), pc.is_null(b)))
+            changed = pc.or_(changed, pc.invert(pc.fill_null(same, False)))
+        gone = joined.filter(pc.is_null(joined.column("n"))).sort_by("o")
+        return current.filter(changed), previous.filter(changed), old.take(gone.column("o"))
 
     def _check_unique(self, rows: pa.Table) -> None:
         """MissingKeyError when two of ``rows`` have one key (as ``diff`` finds it)."""
@@ -496,6 +541,14 @@ class ViewCore:
         moment = datetime.fromtimestamp(ts / 1_000_000, UTC) if ts is not None else \
             datetime.now(UTC)
         return lsn, moment
+
+
+def _comparable(field: pa.Field, key: bool) -> bool:
+    """Whether ``diff`` compares a column with Arrow: an atomic type, and no float in a key
+    (NaN keys match as Python's dictionaries match them, not as Arrow's hashing does)."""
+    kind = field.type
+    return not pa.types.is_nested(kind) and not pa.types.is_dictionary(kind) and not (
+        key and pa.types.is_floating(kind))
 
 
 def flag_final(window: Window | None, rows: pa.Table, watermark: int | None) -> pa.Table:

@@ -23,7 +23,6 @@ from lakefold.projections.operators._operator import Emitted, ViewOperator
 from lakefold.projections.operators._view_core import BatchResult, ViewCore, flag_final
 from lakefold.projections.operators._view_events import EventFeed, FeedBatch
 from lakefold.projections.operators._window_aggregates import WindowAggregates
-from lakefold.projections.operators._windowed import drop_window_state
 from lakefold.projections.plan._view_plan import Operator, ViewPlan
 from lakefold.projections.state._window_book import (
     close_windows,
@@ -69,7 +68,7 @@ class WindowFoldOperator(ViewOperator[FoldBatch]):
         self.folded.create(conn)
 
     def drop(self, conn: psycopg.Connection[Any]) -> None:
-        drop_window_state(conn, self.core)
+        self.core.forget_window_state(conn)
         with conn.transaction():
             self.folded.drop(conn)
 

@@ -21,10 +21,8 @@ from lakefold.projections.operators._recompute import RecomputeBatch, RecomputeO
 from lakefold.projections.operators._view_core import Partition, ViewCore, flag_final
 from lakefold.projections.operators._view_events import FeedBatch
 from lakefold.projections.plan._view_plan import Operator
-from lakefold.projections.state._late_events import forget_late_generation, install_late_events
 from lakefold.projections.state._window_book import (
     close_windows,
-    forget_windows,
     install_window_book,
     open_windows,
 )
@@ -46,7 +44,7 @@ class WindowedOperator(RecomputeOperator):
         install_window_book(conn)
 
     def drop(self, conn: psycopg.Connection[Any]) -> None:
-        drop_window_state(conn, self.core)
+        self.core.forget_window_state(conn)
 
     def watermark(self, fed: Mapping[str, FeedBatch]) -> int | None:
         top = fed[self.window.input].max_event_time
@@ -84,11 +82,3 @@ class WindowedOperator(RecomputeOperator):
                             starts).to_pylist()
         rows = core.states[window.input].rows_where(conn, WINDOW_START, values)
         return core.partitions_of(conn, window.input, [rows])
-
-
-def drop_window_state(conn: psycopg.Connection[Any], core: ViewCore) -> None:
-    """Forget a windowed generation's late events and window book."""
-    with conn.transaction():
-        install_late_events(conn)
-        forget_late_generation(conn, core.view, core.generation)
-    forget_windows(conn, core.owner)
