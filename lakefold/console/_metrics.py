@@ -27,8 +27,8 @@ from prometheus_client.registry import Collector
 from lakefold.console._monitor import Monitor
 
 #: The states a projection (or view) is in, each a series of ``lakefold_projection_state``.
-PROJECTION_STATES = ("idle", "running", "rebuilding", "paused", "stopped", "retrying",
-                     "failed")
+PROJECTION_STATES = ("idle", "running", "rebuilding", "paused", "resuming", "stopped",
+                     "retrying", "failed")
 #: The statuses of a capture's slot, each a series of ``lakefold_capture_status``.
 CAPTURE_STATUSES = ("ok", "warning", "critical", "lost", "missing")
 
@@ -43,8 +43,8 @@ METRICS: dict[str, tuple[str, str, tuple[str, ...]]] = {
         "counter", "Records processed: the positions applied, summed over the projection's "
                    "inputs (the scale of lag_records).", ("projection",)),
     "lakefold_projection_errors_total": (
-        "counter", "Errors the console saw the projection run into (retrying or failed with a "
-                   "new last error).", ("projection",)),
+        "counter", "Errors the projection ran into, counted by its runner in the catalog (each "
+                   "time it went retrying or failed with an error).", ("projection",)),
     "lakefold_projection_dead_letters_total": (
         "counter", "Dead letters ever recorded for the projection.", ("projection",)),
     "lakefold_projection_dead_letters_open": (
@@ -57,7 +57,8 @@ METRICS: dict[str, tuple[str, str, tuple[str, ...]]] = {
         "gauge", "Age of the oldest record not yet processed.", ("projection",)),
     "lakefold_projection_state": (
         "gauge", "1 for the state the projection is in (idle, running, rebuilding, paused, "
-                 "stopped, retrying, failed), 0 for the others.", ("projection", "state")),
+                 "resuming, stopped, retrying, failed), 0 for the others.",
+        ("projection", "state")),
     "lakefold_projection_generation": (
         "gauge", "The live generation.", ("projection",)),
     "lakefold_capture_changes_total": (
@@ -142,8 +143,7 @@ class _ReadingCollector(Collector):
             for label, lag in lags.items():
                 families["lakefold_projection_lag_records"].add_metric([name, label], lag)
             families["lakefold_projection_records_total"].add_metric([name], p["records_total"])
-            families["lakefold_projection_errors_total"].add_metric([name],
-                                                                   p.get("errors_total", 0))
+            families["lakefold_projection_errors_total"].add_metric([name], p["errors_total"])
             families["lakefold_projection_dead_letters_total"].add_metric(
                 [name], p["dead_letters_total"])
             families["lakefold_projection_dead_letters_open"].add_metric([name],

@@ -158,7 +158,8 @@ class ProjectionState(Answer):
     name: str
     target: str
     generation: int
-    state: str = Field(description="running, paused, stopped, retrying, rebuilding, failed…")
+    state: str = Field(description="idle, running, rebuilding, paused, resuming, stopped, "
+                                   "retrying or failed")
     paused: bool
     position: dict[str, int]
     lag_records: int
@@ -181,6 +182,17 @@ class ProjectionState(Answer):
     key: list[str] | None
     health: Health
     errors_total: int
+
+
+class Batch(Answer):
+    """One committed batch of a projection or view."""
+
+    generation: int
+    batch_id: int
+    committed_at: IsoTime
+    rows: int = Field(description="records it applied, on the scale of the lag")
+    end_position: dict[str, int] = Field(
+        description="per input, the first position not yet applied after it")
 
 
 class DagNode(Answer):

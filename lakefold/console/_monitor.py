@@ -71,7 +71,6 @@ class Monitor:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._previous: tuple[float, dict[str, Any]] | None = None
-        self._errors: dict[str, int] = {}  # errors seen per projection, since the start
         self._last_sample = 0.0
         self._installed = False
 
@@ -135,22 +134,7 @@ class Monitor:
             except psycopg.Error as e:
                 log.warning("console: could not store a history sample (%s)", error_text(e))
 
-    def _count_errors(self, overview: dict[str, Any]) -> None:
-        """``errors_total`` of each projection: the errors this console saw it run into (a
-        last error that was not there, or changed, since the previous reading)."""
-        before = {p["name"]: p for p in self._previous[1]["projections"]} \
-            if self._previous is not None else {}
-        for entry in overview["projections"]:
-            name = entry["name"]
-            last = before.get(name)
-            if entry["last_error"] and entry["state"] in ("retrying", "failed") and (
-                    last is None or last["last_error"] != entry["last_error"]
-                    or last["state"] not in ("retrying", "failed")):
-                self._errors[name] = self._errors.get(name, 0) + 1
-            entry["errors_total"] = self._errors.get(name, 0)
-
     def _fill_rates(self, now: float, overview: dict[str, Any]) -> None:
-        self._count_errors(overview)
         if self._previous is None:
             return
         then, before = self._previous

@@ -30,7 +30,7 @@ from lakefold.projections.operations import Catalog, projection_status
 #: Projection states that need a person's attention.
 FAILED_STATES = frozenset({"failed"})
 #: Projection states that are not wrong but not flowing either.
-WAITING_STATES = frozenset({"paused", "stopped", "retrying", "rebuilding"})
+WAITING_STATES = frozenset({"paused", "resuming", "stopped", "retrying", "rebuilding"})
 
 
 @dataclass(frozen=True)
@@ -154,8 +154,8 @@ def _inputs_of(definition: dict[str, Any]) -> list[dict[str, str]]:
 
 
 def projection_health(entry: dict[str, Any]) -> str:
-    """``failed`` (needs a person), ``warning`` (paused, stopped, retrying, rebuilding, dead
-    letters) or ``ok``."""
+    """``failed`` (needs a person), ``warning`` (paused, resuming, stopped, retrying,
+    rebuilding, dead letters) or ``ok``."""
     if entry["state"] in FAILED_STATES:
         return "failed"
     if entry["state"] in WAITING_STATES or entry["dead_letters"]:

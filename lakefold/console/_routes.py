@@ -34,6 +34,8 @@ from lakefold.console._models import (
     NO_NUL,
     ActionResult,
     AuditEntry,
+    Batch,
+    CaptureState,
     CategoryEvents,
     ConsoleInfo,
     DeadLetter,
@@ -193,6 +195,25 @@ def state_routes(served: Served) -> APIRouter:
             if entry["name"] == name:
                 return entry
         raise ConsoleNotFoundError(f"no projection or view named {name!r}; "
+                                   "GET /api/overview lists them")
+
+    @router.get("/api/projections/{name}/batches", response_model=list[Batch],
+                summary="The last committed batches of a projection or view, newest first")
+    def batches(name: Name, limit: Annotated[int, Query(ge=1, le=500)] = 20) -> Any:
+        catalog = monitor.catalog
+        catalog.projection(name)  # an unknown name: 404 (ProjectionNotFoundError)
+        return [json_safe(b) for b in catalog.recent_batches(name, limit=limit)]
+
+    @router.get("/api/captures/{slot}", response_model=CaptureState,
+                summary="One capture, as in the overview")
+    def capture(slot: Name) -> Any:
+        found = monitor.reading.overview
+        if found is None:
+            return _unreadable(monitor)
+        for entry in found["captures"]:
+            if entry["slot"] == slot:
+                return entry
+        raise ConsoleNotFoundError(f"no capture with slot {slot!r}; "
                                    "GET /api/overview lists them")
 
     return router

@@ -6,7 +6,11 @@ One query per (projection, generation), each with its own Spark checkpoint direc
 own target locations. A PostgreSQL advisory lock per (projection, generation), held on its own
 connection while the query runs, makes sure that two runner processes never run the same
 generation (the second one leaves it alone); the lock goes away with the process, even on
-SIGKILL.
+SIGKILL. A query that failed and waits for its retry keeps the lock (the runner still owns the
+generation: ``lakefold status`` says ``retrying``, not ``stopped``); the query that restarts it
+takes it over, and it is released when the projection fails for good, is paused, or the
+runner stops. A store that goes away (a restart, a network cut) does not end a run: it waits
+with the same backoff (``_backoff``) and goes on where its queries' checkpoints say.
 
 Rebuild (``Catalog.begin_rebuild``; ``lakefold rebuild NAME``): generation N+1 replays from
 position 0 in batches of ``rebuild_records_per_batch`` while generation N stays live. When
@@ -34,7 +38,7 @@ from typing import TYPE_CHECKING, Any
 
 import psycopg
 
-from lakefold.core.exceptions import LakefoldError, marker_in
+from lakefold.core.exceptions import LakefoldError, TransientError, marker_in
 from lakefold.projections.definitions._api import Projection, Registry
 from lakefold.projections.definitions._targets import TargetContext, drop_generation_storage
 from lakefold.projections.definitions._view_api import View, downstream_of
@@ -44,6 +48,7 @@ from lakefold.projections.exceptions import (
     ProjectionStateError,
     ProjectionTimeoutError,
 )
+from lakefold.projections.runtime._backoff import retry_delay
 from lakefold.projections.runtime._batch import GenerationSink
 from lakefold.projections.runtime._queries import Plan, build, validate
 from lakefold.projections.runtime._rebuild_request import request_rebuild
@@ -57,6 +62,7 @@ from lakefold.projections.state._catalog import (
     Generation,
     SinkRoots,
     hold_generation,
+    still_holds,
 )
 from lakefold.projections.state._deadletters import DeadLetters
 from lakefold.projections.state._readers import (
@@ -108,14 +114,16 @@ class GenerationQuery:
     """One generation of one projection, running as a streaming query in this process."""
 
     def __init__(self, runner: Runner, projection: Projection, generation: Generation, *,
-                 role: str) -> None:
+                 role: str, lock: psycopg.Connection[Any] | None = None) -> None:
+        """``lock``: the generation's lock, handed over by the query this one restarts
+        (``take_lock``)."""
         self.runner = runner
         self.projection = projection
         self.generation = generation
         self.role = role
         self.query: StreamingQuery | None = None
         self.sink: GenerationSink | None = None
-        self._lock_conn: psycopg.Connection[Any] | None = None
+        self._lock_conn: psycopg.Connection[Any] | None = lock
 
     @property
     def key(self) -> tuple[str, int]:
@@ -123,18 +131,36 @@ class GenerationQuery:
 
     def _acquire(self) -> bool:
         """Take the generation's advisory lock on a connection of its own, kept open (and
-        closed by ``_release``) while the query runs; closed at once when not taken."""
-        self._lock_conn = hold_generation(self.runner.config.store_dsn, *self.key)
+        closed by ``_release``) while the query runs; closed at once when not taken. A lock
+        handed over is kept while its connection still holds it, else taken again (its
+        session ended meanwhile, and the lock with it)."""
+        if self._lock_conn is not None and not still_holds(self._lock_conn, *self.key):
+            log.warning("projection %s: the lock of generation %d was lost while its query "
+                        "waited to be retried; taking it again", *self.key)
+            self._release()
+        if self._lock_conn is None:
+            self._lock_conn = hold_generation(self.runner.config.store_dsn, *self.key)
         return self._lock_conn is not None
 
+    def take_lock(self) -> psycopg.Connection[Any] | None:
+        """Hand the generation's lock over (to the runner, which holds it while the query
+        waits to be retried); ``stop`` then no longer releases it."""
+        conn, self._lock_conn = self._lock_conn, None
+        return conn
+
     def start(self) -> bool:
-        """Start the query; False when another process is running this generation."""
+        """Start the query; False when another process is running this generation. When
+        starting fails, what ``_start`` opened is closed but the lock is kept (``take_lock``
+        hands it to the retry; ``stop`` releases it)."""
         if not self._acquire():
             return False
         try:
             self._start()
+        except Exception:
+            self._stop_query()
+            raise
         except BaseException:
-            self.stop()  # closes what _start opened (the sink) and releases the lock
+            self.stop()
             raise
         return True
 
@@ -175,7 +201,8 @@ class GenerationQuery:
             self._lock_conn.close()
             self._lock_conn = None
 
-    def stop(self) -> None:
+    def _stop_query(self) -> None:
+        """Stop the query and close its sink (the lock stays)."""
         try:
             if self.query is not None:
                 try:
@@ -185,6 +212,12 @@ class GenerationQuery:
         finally:
             if self.sink is not None:
                 self.sink.close()
+
+    def stop(self) -> None:
+        """Stop the query, close its sink and release the generation's lock."""
+        try:
+            self._stop_query()
+        finally:
             self._release()
 
     @property
@@ -234,6 +267,9 @@ class Runner:
         self.catalog = Catalog(config.store_dsn, config.roots)
         self.dead_letters = DeadLetters(self.catalog)
         self.queries: dict[tuple[str, int], GenerationQuery] = {}
+        #: The locks of generations whose query failed and waits for its retry (see the
+        #: module docstring), by (projection, generation).
+        self._held: dict[tuple[str, int], psycopg.Connection[Any]] = {}
         self._health: dict[str, _Health] = {}
         self._switching: dict[str, dict[str, int]] = {}
         self._plans: dict[tuple[str, int], Plan] = {}
@@ -380,10 +416,24 @@ class Runner:
         targets = {p.name: self.heads(p) for p in self.projections} if until_caught_up else {}
         view_heads = self.views.heads() if self.views is not None and until_caught_up else {}
         views_caught_up: float | None = None
+        outages = 0  # looks in a row that could not reach the store
         try:
             while not stop.is_set():
-                done = [self._tick(p, targets.get(p.name)) for p in self.projections]
-                views_quiet = self.views is None or self.views.tick()
+                try:
+                    done = [self._tick(p, targets.get(p.name)) for p in self.projections]
+                    views_quiet = self.views is None or self.views.tick()
+                except TransientError as e:  # the store went away: wait for it, then go on
+                    outages += 1
+                    delay = retry_delay(outages)
+                    log.warning("cannot reach the store (%s); trying again in %.0f s",
+                                str(e).splitlines()[0], delay)
+                    if deadline is not None and time.monotonic() + delay > deadline:
+                        raise
+                    stop.wait(delay)
+                    continue
+                if outages:
+                    log.warning("the store is back; running again")
+                    outages = 0
                 if until_caught_up:
                     for projection, caught_up in zip(self.projections, done, strict=True):
                         if caught_up:
@@ -424,9 +474,20 @@ class Runner:
                 self.catalog.set_state(projection.name, "stopped", keep_error=True)
 
     def stop_all(self) -> None:
-        for query in list(self.queries.values()):
-            query.stop()
-        self.queries.clear()
+        """Stop every query and release every generation lock this runner holds."""
+        try:
+            for query in list(self.queries.values()):
+                query.stop()
+            self.queries.clear()
+        finally:
+            self._release_held()
+
+    def _release_held(self, name: str | None = None, *, keep: Iterable[int] = ()) -> None:
+        """Release the locks held for retries: of ``name`` (default: every projection's),
+        except those of its generations in ``keep``."""
+        kept = set(keep)
+        for key in [k for k in self._held if name in (None, k[0]) and k[1] not in kept]:
+            self._unhold(key)
 
     def close(self) -> None:
         """Stop every query and close the catalog's connection (the sinks share it)."""
@@ -443,6 +504,7 @@ class Runner:
         self._switching.pop(name, None)
         for key in [k for k in self.queries if k[0] == name]:
             self.queries.pop(key).stop()
+        self._release_held(name)
 
     def _tick(self, projection: Projection, target: dict[str, int] | None) -> bool:
         """One look at one projection; True when it is caught up with ``target`` (or paused,
@@ -451,7 +513,7 @@ class Runner:
         health = self._health.setdefault(name, _Health())
         row = self.catalog.projection(name)
         if row.paused:
-            if any(k[0] == name for k in self.queries):
+            if any(k[0] == name for k in (*self.queries, *self._held)):
                 self._stop_projection(name)
             if row.state != "paused":
                 self.catalog.set_state(name, "paused", keep_error=True)
@@ -464,6 +526,9 @@ class Runner:
         building = self.catalog.building(name)
         if building is None:
             health.behind.clear()
+        # a generation switched away from (or abandoned) while it waited for a retry
+        self._release_held(name, keep=(live.generation,
+                                       *((building.generation,) if building else ())))
         if name not in self._switching and not self._ensure(projection, live, "live", health) \
                 and live.generation not in health.behind:
             return health.given_up
@@ -496,6 +561,8 @@ class Runner:
             return True
         if query is not None:
             error = query.failure()
+            if error is not None:  # held while the retry waits (``_query_failed`` decides)
+                self._hold(key, query.take_lock())
             query.stop()
             del self.queries[key]
             if error is not None:
@@ -505,10 +572,12 @@ class Runner:
             return False
         if health.given_up or time.monotonic() < health.retry_at:
             return False
-        query = GenerationQuery(self, projection, generation, role=role)
+        query = GenerationQuery(self, projection, generation, role=role,
+                                lock=self._held.pop(key, None))
         try:
             started = query.start()
         except Exception as e:
+            self._hold(key, query.take_lock())
             self._query_failed(projection, generation, role, health, e)
             return False
         if not started:
@@ -517,23 +586,39 @@ class Runner:
         self.queries[key] = query
         return True
 
+    def _hold(self, key: tuple[str, int], lock: psycopg.Connection[Any] | None) -> None:
+        """Keep a failed query's generation lock while its retry waits."""
+        if lock is not None:
+            self._held[key] = lock
+
+    def _unhold(self, key: tuple[str, int]) -> None:
+        """Release a generation lock held for a retry that will not come."""
+        lock = self._held.pop(key, None)
+        if lock is not None:
+            lock.close()
+
     def _query_failed(self, projection: Projection, generation: Generation, role: str,
                       health: _Health, error: BaseException) -> None:
         """A live generation behind compaction while its rebuild runs just waits for the
-        switch (the rebuild is the fix); anything else goes to ``_failed``."""
+        switch (the rebuild is the fix); anything else goes to ``_failed``. The generation's
+        lock stays held only while a retry waits."""
+        key = (projection.name, generation.generation)
         if role == "live" and isinstance(error, BehindCompactionError) \
                 and self.catalog.building(projection.name) is not None:
+            self._unhold(key)
             health.behind.add(generation.generation)
             log.warning("projection %s: generation %d stays stopped until its rebuild switches: "
                         "%s", projection.name, generation.generation, error)
             return
         self._failed(projection, health, error)
+        if health.given_up:
+            self._unhold(key)
 
     def _failed(self, projection: Projection, health: _Health, error: BaseException) -> None:
         """A query stopped with ``error``. Terminal errors (a record that failed under the
         ``stop`` policy, a definition or target error) fail the projection at once; anything
         else (a lost connection, a commit conflict, a Spark worker that did not start) is
-        retried with exponential backoff, 1 s doubling up to ``QUERY_BACKOFF_MAX`` s, for as
+        retried with exponential backoff (``_backoff``: 1 s doubling up to a minute), for as
         long as it takes; the count restarts whenever a batch gets through."""
         health.failures += 1
         text = _describe(error)
@@ -543,7 +628,7 @@ class Runner:
             self.catalog.set_state(projection.name, "failed", error=text)
             log.error("projection %s failed: %s", projection.name, text)
             return
-        delay = min(QUERY_BACKOFF_MAX, 2.0 ** (health.failures - 1))
+        delay = retry_delay(health.failures)
         health.retry_at = time.monotonic() + delay
         self.catalog.set_state(projection.name, "retrying", error=text)
         log.warning("projection %s failed (attempt %d), retrying in %.1f s: %s",
@@ -602,8 +687,6 @@ class Runner:
             FoldKeys(self.config.store_dsn).drop(generation.name, generation.generation)
             self.catalog.mark_dropped(generation.name, generation.generation)
 
-
-QUERY_BACKOFF_MAX = 60.0
 
 
 def _terminal(error: BaseException) -> bool:

@@ -5,7 +5,9 @@ health.
 
 Everything is read from the catalog and the stores, so status works from any process, with or
 without the projections module. A projection whose catalog state says ``running`` but whose
-generation lock no session holds is reported as ``stopped`` (its runner died or was stopped).
+generation lock no session holds is reported as ``stopped`` (its runner died or was stopped);
+one resumed whose catalog state still says ``paused`` as ``resuming`` (no runner has taken the
+resume up yet: a running one does within a poll interval).
 """
 
 from __future__ import annotations
@@ -74,6 +76,9 @@ class ProjectionStatus:
     #: replayed (``lakefold late list``), and its watermark (ISO time; None before events).
     late_events: int = 0
     watermark: str | None = None
+    #: Errors it ran into, counted by the catalog (``Catalog.set_state``): each time it went
+    #: ``retrying`` or ``failed`` with an error, the same error again included.
+    errors_total: int = 0
 
     def as_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -229,6 +234,8 @@ def projection_status(catalog: Catalog, dsn: str, names: list[str] | None = None
             state = "stopped"
         if row.paused:
             state = "paused"
+        elif state == "paused":  # resumed; no runner has taken the resume up yet
+            state = "resuming"
         late, watermark = _window_status(dsn, row.name, definition, current) \
             if style == "view" else (0, None)
         statuses.append(ProjectionStatus(
@@ -243,7 +250,7 @@ def projection_status(catalog: Catalog, dsn: str, names: list[str] | None = None
             rebuild_position={a: max(0, p - 1) for a, p in building.position.items()}
             if building else {},
             sources=sources, holds_compaction=holders.get(row.name, {}), style=style,
-            late_events=late, watermark=watermark))
+            late_events=late, watermark=watermark, errors_total=row.errors_total))
     return statuses
 
 

@@ -39,6 +39,7 @@ from lakefold.projections.operators._changelog_windows import ChangelogWindowFee
 from lakefold.projections.operators._view_core import ViewGeneration, output_stream
 from lakefold.projections.operators._view_events import store_head
 from lakefold.projections.operators._view_maintainer import ViewMaintainer
+from lakefold.projections.runtime._backoff import retry_delay
 from lakefold.projections.runtime._run_report import ProjectionReport
 from lakefold.projections.runtime._view_validation import CheckedView
 from lakefold.projections.state._catalog import Catalog, Generation, hold_generation
@@ -95,7 +96,14 @@ class ViewRun:
         self.writer = ViewTargetWriter(store_dsn, self.maintainer.output.name, target,
                                        reader=f"{self.maintainer.owner}:target")
         self.progress = ViewProgress()
+        #: Failures in a row of a transient error, and when to try again.
+        self.failures = 0
+        self.retry_at = 0.0
         self._lock: psycopg.Connection[Any] | None = None
+        #: The next batch id this run notes in the catalog, and the applied position noted
+        #: last (both read at the first step: see ``_record_batch``).
+        self._batch_id: int | None = None
+        self._recorded: dict[str, int] = {}
 
     def upstream_inputs(self) -> dict[str, str]:
         """The streams this generation reads that others write (not its own event feeds; of
@@ -136,16 +144,19 @@ class ViewRun:
         return self._lock is not None
 
     def step(self) -> bool:
-        """One batch of the view, then its target brought up to date; True when anything
-        moved. Terminal errors mark the view failed and are raised; transient ones too (the
-        caller retries)."""
+        """One batch of the view (noted in the catalog, see ``_record_batch``), then its
+        target brought up to date; True when anything moved. Terminal errors mark the view
+        failed and are raised; transient ones too (the caller retries)."""
         try:
+            if self._batch_id is None:
+                self._start_recording()
             batch = self.maintainer.step()
             moved = batch is not None
             if batch is not None:
                 self.progress.batches += 1
                 self.progress.applied = self.applied()  # an event input's: the store's
                 self._dead_letters(batch.failed, batch.positions[1])
+                self._record_batch(self.progress.applied)
             while (written := self.writer.step()) is not None:
                 moved = True
                 self.progress.rows_written += written.upserts + written.deletes
@@ -156,11 +167,44 @@ class ViewRun:
             raise
         except TransientError as e:
             self.progress.error = str(e).splitlines()[0]
+            self.failures += 1
+            delay = retry_delay(self.failures)
+            self.retry_at = time.monotonic() + delay
             self.catalog.set_state(self.name, "retrying", error=self.progress.error)
-            log.warning("view %s will retry: %s", self.name, self.progress.error)
+            log.warning("view %s failed (attempt %d), retrying in %.1f s: %s", self.name,
+                        self.failures, delay, self.progress.error)
             raise
+        if self.failures:  # it got through: running again (the last error stays on record)
+            self.failures = 0
+            self.progress.error = None
+            state = "rebuilding" if self.catalog.building(self.name) is not None else "running"
+            self.catalog.set_state(self.name, state, keep_error=True)
         self.progress.last_step_moved = moved
         return moved
+
+    def due(self) -> bool:
+        """False while a failed step waits for its retry (``_backoff``)."""
+        return time.monotonic() >= self.retry_at
+
+    def _start_recording(self) -> None:
+        """Where this run's batches start: after the generation's last batch in the catalog
+        (this process holds the generation's lock, so it is the only one noting batches), from
+        the positions the view has applied now."""
+        noted = self.catalog.generation(self.name, self.generation).batch_id
+        self._recorded = self.applied()
+        self._batch_id = 0 if noted is None else noted + 1
+
+    def _record_batch(self, applied: dict[str, int]) -> None:
+        """Note a batch in the catalog as a projection's batch is noted (status' throughput,
+        last batch and rebuild progress): its end position is each input's first position not
+        applied (a projection generation's ``position``), its rows the positions it moved
+        summed over the inputs."""
+        assert self._batch_id is not None  # noqa: S101 - _start_recording ran first
+        rows = sum(max(0, position - self._recorded.get(alias, 1))
+                   for alias, position in applied.items())
+        self.catalog.record_batch(self.name, self.generation, self._batch_id, applied, rows)
+        self._batch_id += 1
+        self._recorded = dict(applied)
 
     def _dead_letters(self, failed: tuple[tuple[dict[str, str | None], str], ...],
                       position: int) -> None:
@@ -307,7 +351,7 @@ class ViewRunner:
                 run.publish()
                 self.catalog.set_state(name, "running")
             for step in (run, self._new_generation(name)):
-                if step is None:
+                if step is None or not step.due():
                     continue
                 try:
                     if step.step():
@@ -317,7 +361,7 @@ class ViewRunner:
                     self._stop(name)
                     break
                 except TransientError:
-                    quiet = False
+                    pass  # tried again once its backoff is over
         self._switch_caught_up()
         return quiet and not self.building
 

@@ -34,7 +34,7 @@ from psycopg.types.json import Jsonb
 
 from lakefold.core import migrations
 from lakefold.core.dsn import connection_problem, mask_dsn
-from lakefold.core.migrations import Migration
+from lakefold.core.migrations import Migration, SchemaMigrationError
 from lakefold.projections.exceptions import (
     CatalogUnavailableError,
     ProjectionNotFoundError,
@@ -66,6 +66,22 @@ def hold_generation(dsn: str, name: str, generation: int) -> psycopg.Connection[
         conn.close()
         return None
     return conn
+
+
+def still_holds(conn: psycopg.Connection[Any], name: str, generation: int) -> bool:
+    """True when ``conn`` (from ``hold_generation``) still holds the generation's lock; False
+    when its session ended (the server restarted, or the session was terminated): the lock
+    went with it."""
+    if conn.closed:
+        return False
+    try:
+        row = conn.execute(
+            "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' "
+            "AND pid = pg_backend_pid() AND classid = %s AND objid = %s AND objsubid = 2 "
+            "AND granted", (LOCK_NAMESPACE, generation_lock_key(name, generation))).fetchone()
+    except psycopg.Error:
+        return False
+    return bool(row and row[0])
 
 _DDL = [
     "CREATE SCHEMA IF NOT EXISTS lakefold",
@@ -124,8 +140,12 @@ _DDL = [
         FOREIGN KEY (name, generation)
             REFERENCES lakefold.projection_generations ON DELETE CASCADE)""",
 ]
+#: Errors counted where they happen (``set_state``), so that they survive the console.
+_ERRORS_TOTAL = ("ALTER TABLE lakefold.projections ADD COLUMN IF NOT EXISTS errors_total bigint "
+                 "NOT NULL DEFAULT 0")
 COMPONENT = migrations.register(
-    "catalog", Migration(1, "projections, generations, batches", *_DDL))
+    "catalog", Migration(1, "projections, generations, batches", *_DDL),
+    Migration(2, "projections.errors_total", _ERRORS_TOTAL))
 
 
 @dataclass(frozen=True)
@@ -199,6 +219,8 @@ class ProjectionRow:
     fingerprint: str | None
     keep_generations: int
     updated_at: datetime
+    #: Errors it ran into (each time it went ``retrying`` or ``failed`` with an error).
+    errors_total: int = 0
 
 
 def redis_pointer_key(namespace: str, name: str) -> str:
@@ -233,6 +255,12 @@ class Catalog:
                 raise ProjectionNotFoundError(
                     f"the projection catalog is not installed in {mask_dsn(self.dsn)}; "
                     "run the projections once with `lakefold run`"
+                ) from e
+            except psycopg.errors.UndefinedColumn as e:
+                raise SchemaMigrationError(
+                    f"the projection catalog in {mask_dsn(self.dsn)} is older than this "
+                    f"lakefold ({str(e).splitlines()[0]}); run `lakefold run` or "
+                    "`lakefold console` of this version once: it migrates the catalog"
                 ) from e
             except psycopg.OperationalError as e:
                 if self._connection is not None:
@@ -307,8 +335,9 @@ class Catalog:
     @staticmethod
     def _projection(conn: psycopg.Connection[dict[str, Any]], name: str) -> ProjectionRow:
         row = conn.execute("SELECT name, target_kind, current_generation, paused, state, "
-                           "last_error, fingerprint, keep_generations, updated_at "
-                           "FROM lakefold.projections WHERE name = %s", (name,)).fetchone()
+                           "last_error, fingerprint, keep_generations, updated_at, "
+                           "errors_total FROM lakefold.projections WHERE name = %s",
+                           (name,)).fetchone()
         if row is None:
             raise ProjectionNotFoundError(
                 f"projection {name!r} is not in the catalog; run it once with `lakefold run`"
@@ -329,20 +358,25 @@ class Catalog:
     def projections(self) -> list[ProjectionRow]:
         with self._tx() as conn:
             rows = conn.execute("SELECT name, target_kind, current_generation, paused, state, "
-                                "last_error, fingerprint, keep_generations, updated_at "
-                                "FROM lakefold.projections ORDER BY name").fetchall()
+                                "last_error, fingerprint, keep_generations, updated_at, "
+                                "errors_total FROM lakefold.projections ORDER BY name"
+                                ).fetchall()
         return [ProjectionRow(**row) for row in rows]
 
     def set_state(self, name: str, state: str, *, error: str | None = None,
                   keep_error: bool = False) -> None:
-        """Record NAME's runtime state (running, paused, rebuilding, failed, stopped)."""
+        """Record NAME's runtime state (running, paused, rebuilding, retrying, failed,
+        stopped). A ``retrying`` or ``failed`` state with an ``error`` counts one error in
+        ``errors_total`` (every time: the same error twice is two errors)."""
+        counted = int(not keep_error and error is not None and state in ("retrying", "failed"))
         with self._tx() as conn:
             if keep_error:
                 conn.execute("UPDATE lakefold.projections SET state = %s, updated_at = now() "
                              "WHERE name = %s", (state, name))
             else:
                 conn.execute("UPDATE lakefold.projections SET state = %s, last_error = %s, "
-                             "updated_at = now() WHERE name = %s", (state, error, name))
+                             "errors_total = errors_total + %s, updated_at = now() "
+                             "WHERE name = %s", (state, error, counted, name))
 
     def set_paused(self, name: str, paused: bool) -> ProjectionRow:
         """Pause or resume NAME; a running runner stops or restarts its queries within one
@@ -529,6 +563,17 @@ class Catalog:
                 "AND committed_at > now() - make_interval(secs => %s)",
                 (name, generation, window_seconds)).fetchone()
         return float(row["rows"]) / window_seconds if row else 0.0
+
+    def recent_batches(self, name: str, *, limit: int = 20) -> list[dict[str, Any]]:
+        """The last ``limit`` committed batches of NAME's generations, newest first: the
+        generation, batch id, commit time, records and end position of each (the catalog
+        keeps the last ones of each generation)."""
+        with self._tx() as conn:
+            return list(conn.execute(
+                "SELECT generation, batch_id, committed_at, rows, end_position "
+                "FROM lakefold.projection_batches WHERE name = %s "
+                "ORDER BY committed_at DESC, generation DESC, batch_id DESC LIMIT %s",
+                (name, limit)).fetchall())
 
     def forget(self, name: str) -> None:
         """Remove NAME and all its generations from the catalog (sinks are not touched)."""

@@ -59,6 +59,34 @@ def test_changes_flow_into_the_overview_and_its_rates(system: System) -> None:
                what="customer_cache to catch up")
 
 
+def test_one_capture_and_the_last_batches_of_a_projection_and_a_view(system: System) -> None:
+    """What an item's page reads: the capture as in the overview, and the last batches of a
+    projection and of a view (each a record of what it applied), newest first."""
+    system.write_customers(5)
+    wait_until(lambda: system.projection("city_counts")["lag_records"] == 0
+               and system.projection("customer_cache")["lag_records"] == 0,
+               what="the views to catch up")
+    with system.client() as client:
+        capture = client.get("/api/captures/console").json()
+        listed = next(c for c in system.overview()["captures"] if c["slot"] == "console")
+        assert set(capture) == set(listed) and capture["slot"] == "console"
+        assert capture["streams"] == listed["streams"] == ["public.customers"]
+        missing = client.get("/api/captures/nothing")
+        assert missing.status_code == 404 and missing.json()["code"] == "not_found"
+        for name in ("customer_cache", "city_counts"):
+            batches = client.get(f"/api/projections/{name}/batches",
+                                 params={"limit": 5}).json()
+            assert 1 <= len(batches) <= 5, (name, batches)
+            assert [b["committed_at"] for b in batches] == sorted(
+                (b["committed_at"] for b in batches), reverse=True)
+            assert all(b["rows"] >= 0 and b["end_position"] for b in batches)
+            one = client.get(f"/api/projections/{name}").json()
+            assert one["last_batch_at"] is not None, one  # views too
+        assert client.get("/api/projections/nothing/batches").status_code == 404
+        assert client.get("/api/projections/revenue/batches",
+                          params={"limit": 0}).status_code == 422
+
+
 def test_look_inside_a_stream_newest_first_paged(system: System) -> None:
     with system.client() as client:
         streams = client.get("/api/streams").json()

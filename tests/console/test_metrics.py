@@ -16,6 +16,7 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from lakefold.console import METRICS
+from lakefold.projections.operations import Catalog, SinkRoots
 from tests.console.conftest import PROJECTIONS, System, wait_until
 
 pytestmark = pytest.mark.timeout(300)
@@ -93,6 +94,30 @@ def test_counters_grow_with_the_workload_and_states_are_labelled(system: System)
     inputs = {dict(k)["input"] for k in after["lakefold_projection_lag_records"][1]
               if dict(k)["projection"] == "city_counts"}
     assert inputs == {"cities"}
+
+
+def test_errors_total_is_the_count_the_catalog_keeps(system: System) -> None:
+    """``errors_total`` (the overview's, and the metric) is counted where the errors happen:
+    three retries with the same error are three errors, whatever the console saw."""
+    name = "errors_probe"  # in the catalog only: no runner runs it (status says stopped)
+    with Catalog(system.dsn, SinkRoots.under(system.home)) as catalog:
+        catalog.ensure(name, target_kind="delta", fingerprint="f", keep_generations=1,
+                       definition={"sources": []})
+        try:
+            for _ in range(3):
+                catalog.set_state(name, "retrying", error="TargetUnavailableError: down")
+
+            def counted() -> dict[str, Any] | None:
+                entry = next((p for p in system.overview()["projections"]
+                              if p["name"] == name), None)
+                return entry if entry is not None and entry["errors_total"] == 3 else None
+
+            entry = wait_until(counted, what="the catalog's count in the overview")
+            assert entry["last_error"] == "TargetUnavailableError: down"
+            errors = scrape(system)["lakefold_projection_errors_total"][1]
+            assert errors[(("projection", name),)] == 3
+        finally:
+            catalog.forget(name)
 
 
 def test_every_metric_is_documented() -> None:

@@ -18,7 +18,7 @@ from playwright.sync_api import Browser, Page, sync_playwright
 from lakefold.console import ConsoleConfig
 from lakefold.local import LocalPostgres
 from lakefold.projections import load_projections
-from lakefold.projections.operations import SinkRoots
+from lakefold.projections.operations import Catalog, SinkRoots
 from tests.console.conftest import ServedApp, System, wait_until
 
 pytestmark = pytest.mark.timeout(300)
@@ -145,19 +145,35 @@ def test_a_store_that_goes_down_shows_a_banner_until_it_is_back(page: Page, tmp_
     try:
         config = ConsoleConfig(store_dsn=server.dsn(), roots=SinkRoots.under(tmp_path),
                                refresh_s=0.3)
+        with Catalog(server.dsn(), SinkRoots.under(tmp_path)) as catalog:
+            catalog.install()
+            catalog.ensure("lonely", target_kind="delta", fingerprint="f", keep_generations=1,
+                           definition={"style": "view", "target": {"kind": "delta"}})
         with ServedApp(config) as console:
             _open(page, console.url)
             banner = page.locator("#banner")
             assert banner.is_hidden()
+            page.wait_for_selector('#dag g.node[data-id="view:lonely"][data-health="ok"]')
             server.stop()
             banner.wait_for(state="visible")
             assert "Store unavailable" in banner.inner_text()
             page.wait_for_selector("#live.off")  # not "live" while nothing can be read
             assert page.locator("#live").inner_text() == "store down"
-            assert "cannot be read" in page.locator("#health").inner_text()
-            page.screenshot(path=str(artifacts / "store-down-banner.png"))
+            health = page.locator("#health").inner_text()
+            assert "cannot be read" in health and health.count("cannot be read") == 1, health
+            # What was read last stays, greyed: no node, row or capture claims to be ok.
+            page.wait_for_selector("main.stale")
+            assert page.locator("#read-at").inner_text().startswith("last read")
+            nodes = page.locator("#dag g.node")
+            assert nodes.count() >= 2
+            assert {nodes.nth(i).get_attribute("data-health") for i in range(nodes.count())
+                    } == {"unknown"}
+            assert page.locator('#projections .health-ok').count() == 0
+            page.screenshot(path=str(artifacts / "store-down-banner.png"), full_page=True)
             server.start()
             banner.wait_for(state="hidden")
+            page.wait_for_selector('#dag g.node[data-id="view:lonely"][data-health="ok"]')
+            assert page.locator("main.stale").count() == 0
     finally:
         server.stop()
 
@@ -226,3 +242,75 @@ def test_rebuild_is_offered_only_when_the_console_can_rebuild(system: System,
         assert other.locator('button[data-action="rebuild"]').count() == 0
         assert _row(other, "customer_cache").locator('button[data-action="pause"], '
                                                      'button[data-action="resume"]').count()
+
+
+def test_each_projection_view_and_capture_has_its_page(system: System, page: Page,
+                                                      artifacts: Path) -> None:
+    """From the overview a click opens an item's page: state, lag with units, throughput,
+    last batches, errors in full, dead letters, inputs, readers, target and its history."""
+    _open(page, system.url)
+    overview = system.overview()
+    # a view's page, from its name in the table
+    _row(page, "city_counts").locator("a").click()
+    page.wait_for_selector("body.detail-open #detail h2:has-text('view city_counts')")
+    assert page.locator("#projections-section").is_hidden()  # the page replaces the overview
+    facts = page.locator("#detail table.facts").inner_text()
+    for label in ("state", "behind by", "throughput", "last batch", "dead letters", "reads",
+                  "read by", "target"):
+        assert label in facts, facts
+    assert "records/s" in facts and "records" in facts
+    inputs = page.locator("#detail table.inputs tbody tr")
+    assert inputs.count() == 1 and "customer_cities" in inputs.first.inner_text()
+    # its input is a link to the upstream view's page, whose "read by" names it back
+    page.locator("#detail table.facts a:has-text('customer_cities')").click()
+    page.wait_for_selector("#detail h2:has-text('view customer_cities')")
+    assert "city_counts" in page.locator("#detail table.facts").inner_text()
+    # a projection with dead letters: the letters with their whole error, and its batches
+    page.goto(system.url + "/#projection/revenue")
+    page.wait_for_selector("#detail h2:has-text('projection revenue')")
+    page.wait_for_selector("#detail table.batches tbody tr td.num")
+    with system.client() as client:
+        batches = client.get("/api/projections/revenue/batches").json()
+        letters = client.get("/api/dead-letters", params={"projection": "revenue"}).json()
+    assert batches and sum(b["rows"] for b in batches) >= 1
+    first = page.locator("#detail table.batches tbody tr").first.inner_text()
+    assert str(batches[0]["batch_id"]) in first, first
+    if letters:
+        text = page.locator("#detail table.letters").inner_text()
+        assert letters[0]["error"] in text, text  # whole, not cut
+    page.screenshot(path=str(artifacts / "projection-page.png"), full_page=True)
+    # a capture's page, from the DAG: its streams, who reads them, their latest records
+    page.goto(system.url + "/")
+    page.wait_for_selector("#live.on")
+    slot = overview["captures"][0]["slot"]
+    page.locator(f'#dag a g.node[data-id="capture:{slot}"]').click()
+    page.wait_for_selector(f"#detail h2:has-text('capture {slot}')")
+    streams = page.locator("#detail table.streams tbody tr")
+    streams.first.locator("td.num").first.wait_for()
+    row = page.locator("#detail table.streams tr:has-text('public.customers')")
+    assert "customer_cache" in row.inner_text() and "customer_cities" in row.inner_text()
+    row.locator('button[data-action="peek"]').click()
+    page.wait_for_selector("#detail-inside table.peek")
+    assert "stream public.customers" in page.locator("#detail-inside").inner_text()
+    page.screenshot(path=str(artifacts / "capture-page.png"), full_page=True)
+    # back to the overview
+    page.locator("#detail a.back").click()
+    page.wait_for_selector("#projections-section", state="visible")
+    assert page.locator("#detail").is_hidden()
+    # an unknown name says so
+    page.goto(system.url + "/#projection/no_such_thing")
+    page.wait_for_selector("#detail .health-failed:has-text('no projection or view named')")
+
+
+def test_the_pickers_show_one_choice_at_a_time(system: System, page: Page) -> None:
+    _open(page, system.url)
+    page.wait_for_selector('#stream-pick option[value="public.customers"]', state="attached")
+    page.select_option("#stream-pick", "public.customers")
+    page.wait_for_selector("#inside table.peek")
+    page.wait_for_selector('#category-pick option[value="order"]', state="attached")
+    page.select_option("#category-pick", "order")
+    page.wait_for_selector("#inside p:has-text('category')")
+    assert page.locator("#stream-pick").input_value() == ""
+    page.select_option("#view-pick", "customer_cache")
+    assert page.locator("#category-pick").input_value() == ""
+    assert page.locator("#inside").inner_text() == ""  # what showed belonged to another pick

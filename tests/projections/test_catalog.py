@@ -7,11 +7,14 @@ import threading
 import psycopg
 import pytest
 
+from lakefold.core import migrations
+from lakefold.core.migrations import SchemaMigrationError
 from lakefold.projections.exceptions import (
     ProjectionNotFoundError,
     ProjectionStateError,
 )
-from lakefold.projections.state._catalog import Catalog, SinkRoots
+from lakefold.projections.runtime._status import projection_status
+from lakefold.projections.state._catalog import COMPONENT, Catalog, SinkRoots
 from lakefold.projections.state._deadletters import DeadLetters, NewDeadLetter
 
 pytestmark = pytest.mark.timeout(60)
@@ -185,6 +188,43 @@ def test_pause_state_and_batches(catalog):
     gen = catalog.current("v")
     assert gen.position == {"orders": 25} and gen.batch_id == 1 and gen.rows_total == 25
     assert catalog.throughput("v", 1) > 0
+
+
+def test_errors_are_counted_where_they_happen(catalog, pg):
+    """Every time a projection goes retrying or failed with an error counts, the same text
+    again too; a state without a new error does not; the count is in the catalog (any process
+    reads it, and it outlives the console)."""
+    catalog.ensure("v", target_kind="delta", fingerprint="f", keep_generations=1)
+    assert catalog.projection("v").errors_total == 0
+    for _ in range(12):
+        catalog.set_state("v", "retrying", error="TargetUnavailableError: Redis is down")
+        catalog.set_state("v", "running", keep_error=True)
+    catalog.set_state("v", "retrying")  # no error: nothing to count
+    catalog.set_state("v", "stopped", keep_error=True)
+    catalog.set_state("v", "running", error=None)
+    assert catalog.projection("v").errors_total == 12
+    catalog.set_state("v", "failed", error="ValueError: bad row")
+    catalog.set_state("v", "failed", keep_error=True)  # the same failure, said again
+    with Catalog(pg.dsn) as another:
+        (row,) = another.projections()
+        assert (row.errors_total, row.last_error) == (13, "ValueError: bad row")
+        (status,) = projection_status(another, pg.dsn, ["v"])
+        assert status.errors_total == 13 and status.as_json()["errors_total"] == 13
+
+
+def test_a_catalog_from_before_the_error_count_migrates(pg, tmp_path):
+    with psycopg.connect(pg.dsn, autocommit=True) as conn:
+        assert migrations.migrate(conn, COMPONENT, to=1) == [1]
+        conn.execute("INSERT INTO lakefold.projections (name, target_kind, current_generation) "
+                     "VALUES ('old', 'delta', 1)")
+    with Catalog(pg.dsn, SinkRoots.under(tmp_path)) as catalog:
+        # a reader that does not install (`lakefold status`) says what to do
+        with pytest.raises(SchemaMigrationError, match=r"errors_total.*`lakefold run`"):
+            catalog.projections()
+        catalog.install()
+        assert catalog.projection("old").errors_total == 0
+        catalog.set_state("old", "retrying", error="boom")
+        assert catalog.projection("old").errors_total == 1
 
 
 def test_dead_letters_lifecycle(catalog):

@@ -56,11 +56,19 @@ def test_status_json(env):
 
 def test_pause_resume(env, pg):
     assert "paused" in invoke(env, "pause", "products")
-    assert json.loads(invoke(env, "status", "--json"))["projections"][0]["state"] == "paused"
-    assert "resumed" in invoke(env, "resume", "products")
-    catalog = Catalog(pg.dsn)
-    assert not catalog.projection("products").paused
-    catalog.close()
+    with Catalog(pg.dsn) as catalog:
+        catalog.set_state("products", "paused")  # as a runner does when it takes the pause up
+        (entry,) = json.loads(invoke(env, "status", "--json"))["projections"]
+        assert (entry["state"], entry["paused"]) == ("paused", True)
+        assert "resumed" in invoke(env, "resume", "products")
+        assert not catalog.projection("products").paused
+        # until a runner takes the resume up the catalog still says paused: status, resuming
+        assert catalog.projection("products").state == "paused"
+        (entry,) = json.loads(invoke(env, "status", "--json"))["projections"]
+        assert (entry["state"], entry["paused"]) == ("resuming", False)
+        catalog.set_state("products", "running")  # taken up (by no runner here: stopped)
+        (entry,) = json.loads(invoke(env, "status", "--json"))["projections"]
+        assert entry["state"] == "stopped"
 
 
 def test_dead_letter_commands(env):

@@ -9,11 +9,13 @@ import time
 from decimal import Decimal
 from pathlib import Path
 
+import psycopg
 import pyarrow as pa
 import pytest
 import redis
 from deltalake import DeltaTable
 
+from lakefold.local import LocalPostgres, LocalRedis
 from lakefold.projections import (
     DeadLetters,
     ProjectionNotFoundError,
@@ -24,7 +26,9 @@ from lakefold.projections import (
     SearchIndexReader,
     load_projections,
 )
-from lakefold.projections.operations import Catalog, SinkRoots
+from lakefold.projections.operations import Catalog, SinkRoots, projection_status
+from lakefold.projections.runtime._status import ProjectionStatus
+from lakefold.projections.state._catalog import LOCK_NAMESPACE, generation_lock_key
 from lakefold.projections.targets._search import IndexLayout, SearchIndexWriter
 from tests.projections import helpers
 
@@ -154,3 +158,127 @@ def test_pause_resume_and_dead_letter_retry(pg, spark, redis_url, tmp_path):
         thread.join()
         runner.close()
         catalog.close()
+
+
+def _status(catalog: Catalog, dsn: str, name: str) -> ProjectionStatus | None:
+    try:
+        statuses = projection_status(catalog, dsn, [name])
+    except ProjectionNotFoundError:  # the runner has not installed the catalog yet
+        return None
+    return statuses[0] if statuses else None
+
+
+def _end_lock_session(dsn: str, name: str, generation: int) -> None:
+    """End the session that holds a generation's lock (as a store restart would)."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        row = conn.execute(
+            "SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND classid = %s "
+            "AND objid = %s AND objsubid = 2 AND granted",
+            (LOCK_NAMESPACE, generation_lock_key(name, generation))).fetchone()
+        assert row is not None, "nothing holds the generation's lock"
+        conn.execute("SELECT pg_terminate_backend(%s)", (row[0],))
+
+
+def test_a_projection_waiting_to_retry_is_retrying_not_stopped(pg, spark, tmp_path):
+    """Its Redis down, a projection's query fails and waits for its retry with backoff: the
+    runner keeps the generation's lock meanwhile, so status says ``retrying`` with the error
+    (never ``stopped``), and ``running`` once Redis is back, also when the lock's session
+    ended while it waited (the retry takes the lock again)."""
+    server = LocalRedis().start()
+    rng = random.Random(3)
+    helpers.append_orders(pg.dsn, rng, 10)
+    config = RunnerConfig(store_dsn=pg.dsn, roots=SinkRoots.under(tmp_path),
+                          redis_url=server.url, poll_seconds=0.2, only=("last_order",))
+    runner = Runner(spark, load_projections(EVENTS_MODULE), config)
+    stop = threading.Event()
+    thread = threading.Thread(target=runner.run, kwargs={"stop": stop})
+    thread.start()
+    catalog = Catalog(pg.dsn)
+    try:
+        def caught_up() -> bool:
+            status = _status(catalog, pg.dsn, "last_order")
+            return status is not None and status.state == "running" and \
+                status.lag_records == 0
+        wait_until(caught_up, what="the first catch-up")
+        server.stop()
+        helpers.append_orders(pg.dsn, rng, 5, first=10)
+        seen: list[tuple[str, str | None]] = []
+        deadline = time.monotonic() + 90
+        # every state from the first failure through two backoffs (1 s, then 2 s)
+        while sum(1 for state, _ in seen if state == "retrying") < 40:
+            assert time.monotonic() < deadline, f"no retries seen: {seen[-5:]}"
+            status = _status(catalog, pg.dsn, "last_order")
+            assert status is not None
+            seen.append((status.state, status.last_error))
+            assert status.state in ("running", "retrying"), seen
+            time.sleep(0.1)
+        errors = {error for state, error in seen if state == "retrying"}
+        assert errors and all(error and f"127.0.0.1:{server.port}" in error
+                              for error in errors), errors
+        _end_lock_session(pg.dsn, "last_order", 1)
+        server = LocalRedis(port=server.port).start()
+        wait_until(caught_up, what="the recovery")
+        with RedisCacheReader(server.url) as reader:  # a new server: the orders since
+            assert reader.keys("last_order")
+    finally:
+        stop.set()
+        thread.join()
+        runner.close()
+        catalog.close()
+        server.stop()
+
+
+def test_a_run_outlives_a_restart_of_its_store(spark, tmp_path):
+    """The store stops under a running `lakefold run` (a restart, a network cut): the run
+    waits for it with backoff instead of ending, and once it is back the projection catches
+    up with what was appended since, exactly once."""
+    server = LocalPostgres(tmp_path / "pg", durable=False).start()
+    dsn = server.dsn()
+    rng = random.Random(11)
+    expected = helpers.append_orders(dsn, rng, 12)
+    config = RunnerConfig(store_dsn=dsn, roots=SinkRoots.under(tmp_path), poll_seconds=0.2,
+                          only=("revenue",))
+    runner = Runner(spark, load_projections(EVENTS_MODULE), config)
+    stop = threading.Event()
+    ended: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            runner.run(stop=stop)
+        except BaseException as e:
+            ended.append(e)
+            raise
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    catalog = Catalog(dsn)
+
+    def revenue() -> dict[str, Decimal] | None:
+        try:
+            location = catalog.current("revenue").location("delta")
+            rows = DeltaTable(location).to_pyarrow_table().to_pylist()
+        except Exception:  # not there yet, or the store is down
+            return None
+        return {r["customer"]: r["revenue"] for r in rows}
+
+    def exact(values: dict[str, Decimal]) -> dict[str, Decimal]:
+        return {k: v.quantize(Decimal("0.01")) for k, v in values.items()}
+
+    try:
+        wait_until(lambda: revenue() == exact(expected), what="the first catch-up")
+        server.stop()
+        time.sleep(4)  # a few looks of the runner fail meanwhile
+        assert thread.is_alive() and not ended, ended
+        server.start()
+        more = helpers.append_orders(dsn, rng, 9, first=12)
+        total = {k: expected.get(k, Decimal(0)) + more.get(k, Decimal(0))
+                 for k in expected.keys() | more.keys()}
+        wait_until(lambda: revenue() == exact(total), timeout=180,
+                   what="the catch-up after the store came back")
+        assert thread.is_alive() and not ended, ended
+    finally:
+        stop.set()
+        thread.join()
+        runner.close()
+        catalog.close()
+        server.stop()

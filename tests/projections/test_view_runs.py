@@ -3,6 +3,8 @@ the source; a view that fails is marked failed while the others carry on."""
 
 from __future__ import annotations
 
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -11,11 +13,18 @@ import pytest
 from deltalake import DeltaTable
 
 from lakefold.capture import CaptureConfig
-from lakefold.projections import DeadLetters, RedisCacheReader, Runner, RunnerConfig
+from lakefold.local import LocalRedis
+from lakefold.projections import (
+    DeadLetters,
+    ProjectionNotFoundError,
+    RedisCacheReader,
+    Runner,
+    RunnerConfig,
+)
 from lakefold.projections.definitions._api import Registry, registering_into, view
 from lakefold.projections.definitions._model import changelog
 from lakefold.projections.definitions._target_specs import delta_table, redis_cache
-from lakefold.projections.operations import Catalog, SinkRoots
+from lakefold.projections.operations import Catalog, SinkRoots, projection_status
 from tests.capture.conftest import capture_now, execute
 from tests.projections.view_shop import ORDER_LINES, REVENUE_BY_CITY, oracle
 
@@ -81,6 +90,51 @@ def test_a_chain_of_views_runs_to_its_targets_and_follows_the_source(
         _check(dsn, catalog, redis_url)
 
 
+def _batches(dsn: str, name: str) -> list[tuple[int, dict[str, int], int]]:
+    with psycopg.connect(dsn) as conn:
+        rows = conn.execute("SELECT batch_id, end_position, rows FROM lakefold.projection_batches "
+                            "WHERE name = %s AND generation = 1 ORDER BY batch_id",
+                            (name,)).fetchall()
+    return [(int(b), dict(end), int(n)) for b, end, n in rows]
+
+
+def test_a_view_notes_its_batches_in_the_catalog_as_a_projection_does(
+        spark: Any, shop: CaptureConfig, redis_url: str, tmp_path: Path) -> None:
+    """Status shows a view's throughput and last batch (from the catalog's batches); the
+    batches go on numbering after a restart, and count the input records they applied."""
+    dsn = shop.source_dsn
+    config = RunnerConfig(store_dsn=dsn, roots=SinkRoots.under(tmp_path), redis_url=redis_url,
+                          poll_seconds=0.1)
+    with Catalog(dsn) as catalog:
+        with Runner(spark, _registry(), config) as runner:
+            runner.run(until_caught_up=True, timeout=120)
+        statuses = {s.name: s for s in projection_status(catalog, dsn)}
+        for name in ("order_lines", "revenue_by_city"):
+            assert statuses[name].style == "view"
+            assert statuses[name].throughput_per_s > 0, name
+            assert statuses[name].last_batch_at is not None, name
+        first = _batches(dsn, "order_lines")
+        assert [b for b, _, _ in first] == list(range(len(first)))
+        applied = {"orders": 16, "customers": 7, "products": 5}  # first positions not applied
+        assert first[-1][1] == applied and sum(n for _, _, n in first) == 15 + 6 + 4
+        live = catalog.current("order_lines")
+        assert (live.position, live.batch_id, live.rows_total) == (applied, len(first) - 1, 25)
+        (upstream,) = statuses["revenue_by_city"].sources
+        assert catalog.current("revenue_by_city").rows_total == upstream.head
+
+        execute(dsn, "UPDATE customers SET city = 'Pune' WHERE id = 3",
+                "DELETE FROM orders WHERE id = 5", "INSERT INTO orders VALUES (50, 1, 2, 9)")
+        capture_now(shop)
+        with Runner(spark, _registry(), config) as runner:  # a restart numbers on
+            runner.run(until_caught_up=True, timeout=120)
+        batches = _batches(dsn, "order_lines")
+        assert batches[:len(first)] == first and len(batches) > len(first)
+        assert [b for b, _, _ in batches] == list(range(len(batches)))
+        live = catalog.current("order_lines")
+        assert live.position == {"orders": 18, "customers": 8, "products": 5}
+        assert live.rows_total == 25 + 3 and live.batch_id == len(batches) - 1
+
+
 def test_a_failing_view_stops_alone(spark: Any, shop: CaptureConfig, redis_url: str,
                                     tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     dsn = shop.source_dsn
@@ -142,3 +196,60 @@ def test_a_schema_change_that_breaks_a_view_stops_it_alone_naming_column_and_ddl
                 "SELECT city, count(*) FROM customers GROUP BY city").fetchall())
         assert dict(zip(cities.column("city").to_pylist(),
                         cities.column("customers").to_pylist(), strict=True)) == expected
+
+
+def test_a_view_whose_target_is_down_retries_with_backoff_and_runs_again(
+        spark: Any, shop: CaptureConfig, tmp_path: Path) -> None:
+    """Its Redis down, a view says ``retrying`` with the error and tries again with backoff
+    (1 s, 2 s, …: a handful of errors in seconds, not one per look); once Redis is back it
+    catches up and says ``running`` again."""
+    dsn = shop.source_dsn
+    server = LocalRedis().start()
+    config = RunnerConfig(store_dsn=dsn, roots=SinkRoots.under(tmp_path), redis_url=server.url,
+                          poll_seconds=0.05)
+    stop = threading.Event()
+    with Catalog(dsn) as catalog, Runner(spark, _registry(), config) as runner:
+        thread = threading.Thread(target=runner.run, kwargs={"stop": stop})
+        thread.start()
+        try:
+            def state(name: str) -> str:
+                try:
+                    return next(s.state for s in projection_status(catalog, dsn, [name]))
+                except (ProjectionNotFoundError, StopIteration):  # not registered yet
+                    return ""
+
+            _wait(lambda: state("revenue_by_city") == "running"
+                  and catalog.current("revenue_by_city").batch_id is not None, "a first batch")
+            server.stop()
+            before = catalog.projection("revenue_by_city").errors_total
+            execute(dsn, "UPDATE customers SET city = 'Oulu' WHERE id = 2")
+            capture_now(shop)
+            _wait(lambda: state("revenue_by_city") == "retrying", "the view to retry")
+            time.sleep(4)
+            row = catalog.projection("revenue_by_city")
+            assert row.state == "retrying" and f"127.0.0.1:{server.port}" in (row.last_error or "")
+            # 0.05 s looks for 4 s: ~80 tries without backoff; with it 1 + 2 + 4 s: ≤ 4
+            assert 1 <= row.errors_total - before <= 4, row.errors_total - before
+            server = LocalRedis(port=server.port).start()
+            _wait(lambda: state("revenue_by_city") == "running", "the view to run again",
+                  timeout=60)
+        finally:
+            stop.set()
+            thread.join()
+            server.stop()
+    config = RunnerConfig(store_dsn=dsn, roots=SinkRoots.under(tmp_path), redis_url=server.url)
+    server = LocalRedis(port=server.port).start()
+    try:
+        with Catalog(dsn) as catalog, Runner(spark, _registry(), config) as runner:
+            runner.run(until_caught_up=True, timeout=120)
+            with RedisCacheReader(server.url) as reader:
+                assert reader.get("revenue_by_city", "Oulu") is not None
+    finally:
+        server.stop()
+
+
+def _wait(check: Any, what: str, *, timeout: float = 90) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.1)

@@ -73,8 +73,9 @@ function lineChart(points, { width = 320, height = 120, format = formatNumber,
   </svg>`;
 }
 
-// dag: {nodes: [{id, kind, label, health, column}], edges: [{from, to}]}
-function dagSvg(dag) {
+// dag: {nodes: [{id, kind, label, health, column}], edges: [{from, to}]}; linkOf(node): the
+// page a node opens (a URL) or null.
+function dagSvg(dag, linkOf = () => null) {
   const colWidth = 190, rowHeight = 44, boxW = 160, boxH = 30;
   const rows = {};
   const place = {};
@@ -95,12 +96,14 @@ function dagSvg(dag) {
   const nodes = dag.nodes.map((n) => {
     const p = place[n.id];
     const text = n.label.length > 24 ? n.label.slice(0, 23) + "…" : n.label;
-    return `<g class="node ${escapeXml(n.health)}" data-id="${escapeXml(n.id)}"
+    const link = linkOf(n);
+    const box = `<g class="node ${escapeXml(n.health)}" data-id="${escapeXml(n.id)}"
       data-kind="${escapeXml(n.kind)}" data-health="${escapeXml(n.health)}">
       <title>${escapeXml(n.kind + " " + n.label + ": " + n.health)}</title>
       <rect x="${p.x}" y="${p.y}" width="${boxW}" height="${boxH}"/>
       <text x="${p.x + 6}" y="${p.y + 13}">${escapeXml(n.kind)}</text>
       <text x="${p.x + 6}" y="${p.y + 25}" font-weight="600">${escapeXml(text)}</text></g>`;
+    return link ? `<a href="${escapeXml(link)}">${box}</a>` : box;
   });
   return `<svg xmlns="${SVG_NS}" viewBox="0 0 ${width} ${height}" height="${height}">
     <defs><marker id="arrow" viewBox="0 0 10 10" refX="10" refY="5" markerWidth="6"

@@ -98,12 +98,13 @@ document.addEventListener("click", (event) => {
     act(`/api/dead-letters/${enc(id)}/${action}`, `${action} dead letter ${id}?`);
   } else if (action === "show-letter") {
     api(`/api/dead-letters/${enc(id)}`).then((letter) => {
-      const box = $("#dead-letter");
+      const box = $(detail.kind ? "#detail-letter" : "#dead-letter");
       box.textContent = JSON.stringify(letter, null, 2);
       box.hidden = false;
     });
-  } else if (action === "older") {
-    peek(button.dataset.kind, button.dataset.subject, button.dataset.before);
+  } else if (action === "older" || action === "peek") {
+    peek(button.dataset.kind, button.dataset.subject, button.dataset.before,
+      button.dataset.into);
   }
 });
 
@@ -111,6 +112,32 @@ document.addEventListener("click", (event) => {
 
 function healthCell(health, text) {
   return `<span class="health-${esc(health)}">${esc(text)}</span>`;
+}
+
+// The pages of one item: #projection/NAME (a projection or view) and #capture/SLOT.
+function projectionLink(name) {
+  return `<a href="#projection/${esc(encodeURIComponent(name))}">${esc(name)}</a>`;
+}
+
+function captureLink(slot) {
+  return `<a href="#capture/${esc(encodeURIComponent(slot))}">${esc(slot)}</a>`;
+}
+
+// The capture whose streams hold a changelog stream (null: none captures it).
+function captureOf(overview, stream) {
+  return overview.captures.find((c) => c.streams.includes(stream)) || null;
+}
+
+function dagLink(node) {
+  const enc = encodeURIComponent;
+  if (node.kind === "projection" || node.kind === "view") return `#projection/${enc(node.label)}`;
+  if (node.kind === "capture") return `#capture/${enc(node.label)}`;
+  if (node.kind === "target") return `#projection/${enc(node.id.split(":").slice(2).join(":"))}`;
+  if (node.kind === "changelog" && latest) {
+    const capture = captureOf(latest, node.label);
+    return capture ? `#capture/${enc(capture.slot)}` : null;
+  }
+  return null;
 }
 
 function rebuildBar(p) {
@@ -126,7 +153,7 @@ function rebuildBar(p) {
 function renderProjections(projections) {
   $("#projections tbody").innerHTML = projections.map((p) => `
     <tr data-projection="${esc(p.name)}">
-      <td>${esc(p.name)}</td><td>${esc(p.style)} → ${esc(p.target_spec)}</td>
+      <td>${projectionLink(p.name)}</td><td>${esc(p.style)} → ${esc(p.target_spec)}</td>
       <td class="num">${p.generation}${rebuildBar(p)}</td>
       <td class="state">${healthCell(p.health, p.state)}</td>
       <td class="num lag">${num(p.lag_records)}</td>
@@ -182,6 +209,12 @@ function renderHealth(overview) {
     `projections and views running, ${overview.captures.length} capture(s) ok.</li>`;
 }
 
+function captureHealth(capture) {
+  if (capture.status === "unknown") return "unknown";
+  return capture.status === "ok" ? "ok"
+    : ["critical", "lost", "missing"].includes(capture.status) ? "failed" : "warning";
+}
+
 function renderCaptures(captures) {
   $("#captures tbody").innerHTML = captures.map((c) => {
     const snap = c.snapshots.map((s) => {
@@ -191,11 +224,10 @@ function renderCaptures(captures) {
         `role="progressbar" aria-valuenow="${pct}"><span style="width:${pct}%"></span></span>` +
         "</div>";
     }).join("");
-    const health = c.status === "ok" ? "ok" : ["critical", "lost", "missing"]
-      .includes(c.status) ? "failed" : "warning";
+    const health = captureHealth(c);
     const why = c.status === "ok" ? "" : `<div class="muted error-text">${
       esc(c.problems.join("; ") || "no reason given")}</div>`;
-    return `<tr data-slot="${esc(c.slot)}"><td>${esc(c.slot)}</td>
+    return `<tr data-slot="${esc(c.slot)}"><td>${captureLink(c.slot)}</td>
       <td>${healthCell(health, c.status + (c.paused ? " (paused)" : ""))}${why}</td>
       <td>${esc(c.wal_status ?? "-")}</td>
       <td class="num">${c.safe_wal_size === null ? "unlimited" : bytes(c.safe_wal_size)}</td>
@@ -234,17 +266,28 @@ function fillPicker(select, names) {
   }
 }
 
-function render(overview) {
-  latest = overview;
-  $("#read-at").textContent = "read " + overview.read_at.slice(11, 19) + " UTC";
+function render(overview, { stale = false } = {}) {
+  if (!stale) latest = overview;
+  $("main").classList.toggle("stale", stale);
+  $("#read-at").textContent = (stale ? "last read " : "read ") + overview.read_at.slice(11, 19) +
+    " UTC" + (stale ? ": what follows may no longer be true" : "");
   renderHealth(overview);
   renderProjections(overview.projections);
   renderCaptures(overview.captures);
   renderEventStore(overview.event_store);
-  $("#dag").innerHTML = dagSvg(overview.dag);
+  $("#dag").innerHTML = dagSvg(overview.dag, dagLink);
+  renderDetail();
   fillPicker($("#stream-pick"), overview.captures.flatMap((c) => c.streams));
   fillPicker($("#view-pick"), overview.projections.filter((p) =>
     ["delta", "redis"].includes(p.target)).map((p) => p.name));
+}
+
+function unknownHealth(overview) {
+  const copy = structuredClone(overview);
+  for (const p of copy.projections) { p.health = "unknown"; p.state = `${p.state}?`; }
+  for (const c of copy.captures) c.status = "unknown";
+  for (const n of copy.dag.nodes) n.health = "unknown";
+  return copy;
 }
 
 function connect() {
@@ -260,14 +303,214 @@ function connect() {
       showBanner(data.error);
       $("#live").textContent = "store down";
       $("#live").className = "pill off";
-      $("#health").innerHTML = `<li class="health-failed">the store cannot be read: ${
-        esc(data.error)}</li>`;
+      // What was last read stays on the page, greyed, every health unknown: nothing can
+      // say whether a capture or a projection is still ok while the store is down.
+      if (latest) render(unknownHealth(latest), { stale: true });
+      $("#health").innerHTML = `<li class="health-failed">${esc(data.error)}</li>`;
     }
   });
   source.onerror = () => {
     $("#live").textContent = "reconnecting…";
     $("#live").className = "pill off";
   };
+}
+
+// ------------------------------------------------------------------ one item's page
+
+// #projection/NAME and #capture/SLOT open one item's page in place of the overview: its
+// state, lag with units, throughput, last batches, errors in full, dead letters, inputs,
+// readers and target, and its history; "#" goes back.
+const detail = { kind: null, name: null, batches: null, letters: null, streams: null,
+  error: null };
+
+function route() {
+  const found = /^#(projection|capture)\/(.+)$/.exec(location.hash);
+  Object.assign(detail, { kind: found ? found[1] : null, batches: null, letters: null,
+    streams: null, error: null,
+    name: found ? decodeURIComponent(found[2]) : null });
+  document.body.classList.toggle("detail-open", Boolean(found));
+  if (found) {
+    window.scrollTo(0, 0);
+    loadDetail();
+  }
+  renderDetail();
+}
+
+async function loadDetail() {
+  const { kind, name } = detail;
+  if (!kind) return;
+  const enc = encodeURIComponent;
+  const still = () => detail.kind === kind && detail.name === name;
+  try {
+    if (kind === "projection") {
+      const [batches, letters] = await Promise.all([
+        api(`/api/projections/${enc(name)}/batches?limit=20`),
+        api(`/api/dead-letters?projection=${enc(name)}&limit=100`)]);
+      if (still()) Object.assign(detail, { batches, letters, error: null });
+    } else {
+      const streams = await api("/api/streams");
+      if (still()) Object.assign(detail, { streams: streams.filter((x) => x.slot === name),
+        error: null });
+    }
+  } catch (error) {
+    if (still()) detail.error = error.message;
+  }
+  if (still()) renderDetail();
+}
+
+function facts(rows) {
+  return `<table class="facts"><tbody>${rows.map(([label, value]) =>
+    `<tr><th>${esc(label)}</th><td>${value}</td></tr>`).join("")}</tbody></table>`;
+}
+
+function ago(iso, now) {
+  return `${duration(Math.max(0, (Date.parse(now) - Date.parse(iso)) / 1000))} ago ` +
+    `<span class="muted">(${esc(iso.slice(0, 19).replace("T", " "))} UTC)</span>`;
+}
+
+function projectionPage(overview) {
+  const p = overview.projections.find((x) => x.name === detail.name);
+  if (!p) {
+    return `<h2>${esc(detail.name)}</h2><p class="health-failed">no projection or view named ` +
+      `${esc(detail.name)}</p>`;
+  }
+  const readers = overview.projections.filter((x) =>
+    x.inputs.some((i) => i.kind === "view" && i.name === p.name));
+  const inputOf = (i) => i.kind === "view" ? `view ${projectionLink(i.name)}`
+    : i.kind === "changelog" ? `changelog ${esc(i.name)}${(() => {
+      const c = captureOf(overview, i.name);
+      return c ? ` (capture ${captureLink(c.slot)})` : "";
+    })()}` : `events of ${esc(i.name)}`;
+  const rows = [
+    ["kind", `${esc(p.style)} → ${esc(p.target_spec)}`],
+    ["state", healthCell(p.health, p.state) + (p.paused ? " (paused)" : "")],
+    ["generation", `${p.generation}${rebuildBar(p)}`],
+    ["behind by", duration(p.lag_seconds)],
+    ["lag", `${num(p.lag_records)} records`],
+    ["throughput", `${num(p.throughput_per_s)} records/s`],
+    ["last batch", p.last_batch_at ? ago(p.last_batch_at, overview.read_at) : "none yet"],
+    ["records processed", num(p.records_total)],
+    ["errors", String(p.errors_total)],
+    ["dead letters", `${p.dead_letters} open, ${p.dead_letters_total} ever`],
+    ["key", esc(p.key ? p.key.join(", ") : "-")],
+    ["reads", p.inputs.map(inputOf).join("<br>") || "-"],
+    ["read by", readers.map((r) => `${esc(r.style)} ${projectionLink(r.name)}`)
+      .join("<br>") || "-"],
+    ["target", `${esc(p.target_spec)} <span class="muted">(generation ${p.generation})` +
+      "</span>"],
+  ];
+  if (p.watermark !== null || p.late_events) {
+    rows.push(["watermark", esc(p.watermark ?? "-")], ["late events", String(p.late_events)]);
+  }
+  const actions = (p.paused
+    ? `<button data-action="resume" data-name="${esc(p.name)}">resume</button>`
+    : `<button data-action="pause" data-name="${esc(p.name)}">pause</button>`) +
+    (consoleInfo.can_rebuild
+      ? `<button data-action="rebuild" data-name="${esc(p.name)}">rebuild</button>` : "");
+  const sources = p.sources.map((x) => `<tr><td>${esc(x.source)}</td>
+    <td class="num">${num(x.position)}</td><td class="num">${num(x.head)}</td>
+    <td class="num">${num(x.lag_records)}</td><td class="num">${duration(x.lag_seconds)}</td>
+    </tr>`).join("") || '<tr><td colspan="5" class="muted">not started yet</td></tr>';
+  const batches = detail.batches === null ? '<tr><td colspan="5" class="muted">reading…</td></tr>'
+    : detail.batches.map((b) => `<tr><td class="num">${b.generation}</td>
+      <td class="num">${b.batch_id}</td><td>${ago(b.committed_at, overview.read_at)}</td>
+      <td class="num">${num(b.rows)}</td><td>${esc(Object.entries(b.end_position)
+        .map(([k, v]) => `${k}: ${v}`).join(", "))}</td></tr>`).join("") ||
+      '<tr><td colspan="5" class="muted">no batch yet</td></tr>';
+  const letters = detail.letters === null ? '<tr><td colspan="7" class="muted">reading…</td></tr>'
+    : detail.letters.map((d) => `<tr data-letter="${d.id}"><td>${d.id}</td>
+      <td>${esc(d.stage)}</td><td>${esc(d.source)}</td><td class="num">${d.position}</td>
+      <td class="num">${d.attempts}</td><td class="status">${esc(d.status)}</td>
+      <td class="error-text">${esc(d.error)}</td><td>
+      <button data-action="show-letter" data-id="${d.id}">show</button>${d.status === "open"
+        ? `<button data-action="retry" data-id="${d.id}">retry</button>
+           <button data-action="drop" data-id="${d.id}">drop</button>` : ""}</td></tr>`)
+      .join("") || '<tr><td colspan="8" class="muted">no dead letters</td></tr>';
+  return `<h2>${esc(p.style)} ${esc(p.name)} ${actions}</h2>${facts(rows)}
+    <h3>Last error</h3>${p.last_error ? `<pre class="error-text last-error">${
+      esc(p.last_error)}</pre>` : '<p class="muted">none</p>'}
+    <h3>Inputs</h3><div class="scroll"><table class="inputs"><thead><tr><th>input</th>
+      <th>applied up to</th><th>head</th><th>lag (records)</th><th>behind by</th></tr></thead>
+      <tbody>${sources}</tbody></table></div>
+    <h3>Last batches</h3><div class="scroll"><table class="batches"><thead><tr>
+      <th>generation</th><th>batch</th><th>committed</th><th>records</th><th>end position</th>
+      </tr></thead><tbody>${batches}</tbody></table></div>
+    <h3>Dead letters</h3><div class="scroll"><table class="letters"><thead><tr><th>id</th>
+      <th>stage</th><th>source</th><th>position</th><th>attempts</th><th>status</th>
+      <th>error</th><th>actions</th></tr></thead><tbody>${letters}</tbody></table></div>
+    <pre id="detail-letter" hidden></pre>
+    <h3>History</h3><div class="detail-charts">${charts(`projection:${p.name}`) ||
+      '<p class="muted">no samples yet</p>'}</div>`;
+}
+
+function capturePage(overview) {
+  const c = overview.captures.find((x) => x.slot === detail.name);
+  if (!c) {
+    return `<h2>capture ${esc(detail.name)}</h2><p class="health-failed">no capture with ` +
+      `slot ${esc(detail.name)}</p>`;
+  }
+  const health = captureHealth(c);
+  const rows = [
+    ["health", healthCell(health, c.status) + (c.problems.length
+      ? `<div class="error-text">${esc(c.problems.join("; "))}</div>` : "")],
+    ["streaming", c.paused ? "paused" : c.active ? "active" : "no process streams it now"],
+    ["wal_status", esc(c.wal_status ?? "-")],
+    ["safe_wal_size", c.safe_wal_size === null ? "unlimited" : bytes(c.safe_wal_size)],
+    ["lag", c.lag_bytes === null ? "-" : `${bytes(c.lag_bytes)} of WAL`],
+    ["behind by", c.lag_seconds === null ? "-" : duration(c.lag_seconds)],
+    ["WAL kept for it", c.retained_bytes === null ? "-" : bytes(c.retained_bytes)],
+    ["changes", `${num(c.changes_per_s)}/s, ${num(c.records)} stored`],
+  ];
+  const snapshots = c.snapshots.map((x) => `<li>${esc(x.kind)} snapshot ${x.snapshot_id}: ` +
+    `${x.tables_done}/${x.tables} tables, ${num(x.rows)} rows` +
+    (x.last_error ? ` <span class="error-text">${esc(x.last_error)}</span>` : "") + "</li>")
+    .join("");
+  const actions = (c.paused
+    ? `<button data-action="capture-resume" data-slot="${esc(c.slot)}">resume</button>`
+    : `<button data-action="capture-pause" data-slot="${esc(c.slot)}">pause</button>`) +
+    `<button data-action="resnapshot" data-slot="${esc(c.slot)}">re-snapshot</button>`;
+  const info = Object.fromEntries((detail.streams || []).map((x) => [x.name, x]));
+  const streams = c.streams.map((name) => {
+    const x = info[name];
+    const readers = overview.projections.filter((p) =>
+      p.inputs.some((i) => i.kind === "changelog" && i.name === name));
+    return `<tr><td>${esc(name)}</td><td class="num">${x ? num(x.head) : "…"}</td>
+      <td class="num">${x ? x.schema_version : "…"}</td>
+      <td>${x && x.last_commit_ts ? ago(x.last_commit_ts, overview.read_at) : "-"}</td>
+      <td>${readers.map((p) => projectionLink(p.name)).join(", ") || "-"}</td>
+      <td><button data-action="peek" data-kind="stream" data-subject="${esc(name)}"
+        data-into="#detail-inside">latest records</button></td></tr>`;
+  }).join("") || '<tr><td colspan="6" class="muted">no streams</td></tr>';
+  return `<h2>capture ${esc(c.slot)} ${actions}</h2>${facts(rows)}
+    <h3>Last error</h3>${c.last_error ? `<pre class="error-text last-error">${
+      esc(c.last_error)}</pre>` : '<p class="muted">none</p>'}
+    <h3>Snapshots running</h3>${snapshots ? `<ul>${snapshots}</ul>` : '<p class="muted">none</p>'}
+    <h3>Streams</h3><div class="scroll"><table class="streams"><thead><tr><th>stream</th>
+      <th>head</th><th>schema version</th><th>last commit</th><th>read by</th><th></th></tr>
+      </thead><tbody>${streams}</tbody></table></div>
+    <div id="detail-inside" class="scroll"></div>
+    <h3>History</h3><div class="detail-charts">${charts(`capture:${c.slot}`) ||
+      '<p class="muted">no samples yet</p>'}</div>`;
+}
+
+function renderDetail() {
+  const box = $("#detail");
+  if (!detail.kind) {
+    box.hidden = true;
+    return;
+  }
+  box.hidden = false;
+  // Parts the page fetched itself (a dead letter shown, a stream's records) survive a redraw.
+  const kept = ["#detail-letter", "#detail-inside"].map((id) => [id, $(id)]);
+  const back = '<p><a href="#" class="back">← overview</a></p>';
+  const body = !latest ? '<p class="muted">reading…</p>'
+    : detail.kind === "projection" ? projectionPage(latest) : capturePage(latest);
+  box.innerHTML = back + (detail.error ? `<p class="health-failed">${esc(detail.error)}</p>`
+    : "") + body;
+  for (const [id, old] of kept) {
+    const now = $(id);
+    if (old && now) { now.innerHTML = old.innerHTML; now.hidden = old.hidden; }
+  }
 }
 
 // ------------------------------------------------------------------ history
@@ -307,17 +550,25 @@ async function loadHistory() {
       metrics[metric] = points.filter((p) => Date.parse(p[0]) >= oldest);
     }
   }
-  const charts = [];
-  for (const [subject, metrics] of Object.entries(history.series).sort()) {
-    for (const [metric, label, format, threshold] of CHARTS) {
-      if (metrics[metric] && metrics[metric].length) {
-        charts.push(`<div class="chart" data-subject="${esc(subject)}"
-          data-metric="${esc(metric)}"><h3>${esc(subject)}: ${esc(label)}</h3>
-          ${lineChart(metrics[metric], { format, threshold })}</div>`);
-      }
-    }
-  }
-  $("#charts").innerHTML = charts.join("") || '<p class="muted">no samples yet</p>';
+  $("#charts").innerHTML = Object.keys(history.series).sort().map((subject) =>
+    charts(subject, subject === "eventstore" ? ["events_per_s"] : ["lag_seconds"])).join("") ||
+    '<p class="muted">no samples yet</p>';
+  renderDetail();
+}
+
+// The charts of one subject (projection:NAME, capture:SLOT, eventstore), of the metrics
+// asked (all that it has by default); the title links to the subject's page.
+function charts(subject, metrics = null) {
+  const series = history.series[subject] || {};
+  const [kind, ...rest] = subject.split(":");
+  const name = rest.join(":");
+  const title = kind === "projection" ? projectionLink(name)
+    : kind === "capture" ? captureLink(name) : esc(subject);
+  return CHARTS.filter(([metric]) => (!metrics || metrics.includes(metric)) &&
+    series[metric] && series[metric].length).map(([metric, label, format, threshold]) =>
+    `<div class="chart" data-subject="${esc(subject)}" data-metric="${esc(metric)}">
+      <h3>${title}: ${esc(label)}</h3>${lineChart(series[metric], { format, threshold })}
+    </div>`).join("");
 }
 
 // ------------------------------------------------------------------ look inside
@@ -331,25 +582,27 @@ function tableOf(rows) {
       `<td>${cell(r[c])}</td>`).join("")}</tr>`).join("")}</tbody></table>`;
 }
 
-async function peek(kind, subject, before) {
+async function peek(kind, subject, before, into = "#inside") {
   const enc = encodeURIComponent;
+  const where = into || "#inside";
   const page = before ? `&before=${enc(before)}` : "";
   try {
     if (kind === "stream") {
       const data = await api(`/api/streams/${enc(subject)}/records?limit=20${page}`);
-      $("#inside").innerHTML = `<p>stream <b>${esc(subject)}</b>, head ${data.head}, schema
+      $(where).innerHTML = `<p>stream <b>${esc(subject)}</b>, head ${data.head}, schema
         version ${data.schema_version}; newest first</p>${tableOf(data.records)}` +
         (data.next_before ? `<button data-action="older" data-kind="stream"
-          data-subject="${esc(subject)}" data-before="${data.next_before}">older</button>` : "");
+          data-subject="${esc(subject)}" data-before="${data.next_before}"
+          data-into="${esc(where)}">older</button>` : "");
     } else {
       const data = await api(`/api/categories/${enc(subject)}/events?limit=20${page}`);
-      $("#inside").innerHTML = `<p>category <b>${esc(subject)}</b>, head ${data.head};
+      $(where).innerHTML = `<p>category <b>${esc(subject)}</b>, head ${data.head};
         newest first</p>${tableOf(data.events)}` + (data.next_before ? `<button
           data-action="older" data-kind="category" data-subject="${esc(subject)}"
-          data-before="${data.next_before}">older</button>` : "");
+          data-before="${data.next_before}" data-into="${esc(where)}">older</button>` : "");
     }
   } catch (error) {
-    $("#inside").textContent = error.message;
+    $(where).textContent = error.message;
   }
 }
 
@@ -380,7 +633,7 @@ async function loadDeadLetters() {
   $("#dead-letters tbody").innerHTML = letters.map((d) => `<tr data-letter="${d.id}">
     <td>${d.id}</td><td>${esc(d.name)}</td><td>${esc(d.stage)}</td><td>${esc(d.source)}</td>
     <td class="num">${d.position}</td><td class="num">${d.attempts}</td>
-    <td class="status">${esc(d.status)}</td><td>${esc(d.error.slice(0, 100))}</td>
+    <td class="status">${esc(d.status)}</td><td class="error-text">${esc(d.error)}</td>
     <td><button data-action="show-letter" data-id="${d.id}">show</button>${d.status === "open"
       ? `<button data-action="retry" data-id="${d.id}">retry</button>
          <button data-action="drop" data-id="${d.id}">drop</button>` : ""}</td></tr>`)
@@ -401,11 +654,28 @@ async function loadAudit() {
 $("#operator").value = localStorage.getItem("lakefold-operator") || "";
 $("#operator").addEventListener("change", () =>
   localStorage.setItem("lakefold-operator", $("#operator").value));
-$("#stream-pick").addEventListener("change", (e) => e.target.value && peek("stream",
-  e.target.value));
-$("#category-pick").addEventListener("change", (e) => e.target.value && peek("category",
-  e.target.value));
+// One picker at a time: choosing in one clears the others, so what the pickers show is what
+// is shown below them.
+function pickOnly(kept) {
+  for (const id of ["#stream-pick", "#category-pick", "#view-pick"]) {
+    if (id !== kept) $(id).value = "";
+  }
+  if (kept !== "#view-pick") $("#view-key").value = "";
+}
+$("#stream-pick").addEventListener("change", (e) => {
+  pickOnly("#stream-pick");
+  if (e.target.value) peek("stream", e.target.value); else $("#inside").innerHTML = "";
+});
+$("#category-pick").addEventListener("change", (e) => {
+  pickOnly("#category-pick");
+  if (e.target.value) peek("category", e.target.value); else $("#inside").innerHTML = "";
+});
+$("#view-pick").addEventListener("change", () => {
+  pickOnly("#view-pick");
+  $("#inside").innerHTML = "";
+});
 $("#view-go").addEventListener("click", viewRows);
+window.addEventListener("hashchange", route);
 $("#history-minutes").addEventListener("change", loadHistory);
 $("#logout").addEventListener("click", async () => {
   await api("/logout", { method: "POST" }).catch(() => null);
@@ -417,6 +687,7 @@ api("/api/console").then((info) => {
   if (latest) render(latest);
 }).catch(() => null);
 connect();
+route();
 loadHistory();
 loadCategories();
 loadDeadLetters();
@@ -425,3 +696,4 @@ setInterval(loadHistory, 10000);
 setInterval(loadDeadLetters, 3000);
 setInterval(loadCategories, 15000);
 setInterval(loadAudit, 10000);
+setInterval(loadDetail, 3000);
