@@ -96,6 +96,18 @@ def _unreadable(monitor: Monitor) -> JSONResponse:
                       "retries every interval and recovers by itself", "store_unavailable")
 
 
+def _one(monitor: Monitor, part: str, field: str, value: str, missing: str) -> Any:
+    """The entry of the overview's ``part`` whose ``field`` is ``value`` (503 while the store
+    cannot be read; 404 saying ``missing`` when there is none)."""
+    found = monitor.reading.overview
+    if found is None:
+        return _unreadable(monitor)
+    for entry in found[part]:
+        if entry[field] == value:
+            return entry
+    raise ConsoleNotFoundError(f"{missing} {value!r}; GET /api/overview lists them")
+
+
 def _rfc3339(text: str) -> dt.datetime | None:
     """``text`` as an aware time, or None when it is not an RFC 3339 time."""
     found = RFC3339.fullmatch(text)
@@ -188,14 +200,7 @@ def state_routes(served: Served) -> APIRouter:
     @router.get("/api/projections/{name}", response_model=ProjectionState,
                 summary="One projection or view, as in the overview")
     def projection(name: Name) -> Any:
-        found = monitor.reading.overview
-        if found is None:
-            return _unreadable(monitor)
-        for entry in found["projections"]:
-            if entry["name"] == name:
-                return entry
-        raise ConsoleNotFoundError(f"no projection or view named {name!r}; "
-                                   "GET /api/overview lists them")
+        return _one(monitor, "projections", "name", name, "no projection or view named")
 
     @router.get("/api/projections/{name}/batches", response_model=list[Batch],
                 summary="The last committed batches of a projection or view, newest first")
@@ -207,14 +212,7 @@ def state_routes(served: Served) -> APIRouter:
     @router.get("/api/captures/{slot}", response_model=CaptureState,
                 summary="One capture, as in the overview")
     def capture(slot: Name) -> Any:
-        found = monitor.reading.overview
-        if found is None:
-            return _unreadable(monitor)
-        for entry in found["captures"]:
-            if entry["slot"] == slot:
-                return entry
-        raise ConsoleNotFoundError(f"no capture with slot {slot!r}; "
-                                   "GET /api/overview lists them")
+        return _one(monitor, "captures", "slot", slot, "no capture with slot")
 
     return router
 

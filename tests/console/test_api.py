@@ -62,7 +62,10 @@ def test_changes_flow_into_the_overview_and_its_rates(system: System) -> None:
 def test_one_capture_and_the_last_batches_of_a_projection_and_a_view(system: System) -> None:
     """What an item's page reads: the capture as in the overview, and the last batches of a
     projection and of a view (each a record of what it applied), newest first."""
+    stored = system.overview()["captures"][0]["records"]
     system.write_customers(5)
+    wait_until(lambda: system.overview()["captures"][0]["records"] >= stored + 5,
+               what="the capture to store the new customers")
     wait_until(lambda: system.projection("city_counts")["lag_records"] == 0
                and system.projection("customer_cache")["lag_records"] == 0,
                what="the views to catch up")

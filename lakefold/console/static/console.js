@@ -150,6 +150,35 @@ function rebuildBar(p) {
     ${pct}% (switches when caught up)</div>`;
 }
 
+// What can be done to a projection or view: pause or resume, and rebuild when this console
+// can.
+function projectionActions(p) {
+  return (p.paused
+    ? `<button data-action="resume" data-name="${esc(p.name)}">resume</button>`
+    : `<button data-action="pause" data-name="${esc(p.name)}">pause</button>`) +
+    (consoleInfo.can_rebuild
+      ? `<button data-action="rebuild" data-name="${esc(p.name)}">rebuild</button>` : "");
+}
+
+// What can be done to a capture: pause or resume its streaming, re-snapshot tables.
+function captureActions(c) {
+  return (c.paused
+    ? `<button data-action="capture-resume" data-slot="${esc(c.slot)}">resume</button>`
+    : `<button data-action="capture-pause" data-slot="${esc(c.slot)}">pause</button>`) +
+    `<button data-action="resnapshot" data-slot="${esc(c.slot)}">re-snapshot</button>`;
+}
+
+// A dead letter's row (with the projection's name on the overview, without on its page).
+function letterRow(d, { withName = true } = {}) {
+  return `<tr data-letter="${d.id}"><td>${d.id}</td>${withName ? `<td>${esc(d.name)}</td>`
+    : ""}<td>${esc(d.stage)}</td><td>${esc(d.source)}</td><td class="num">${d.position}</td>
+    <td class="num">${d.attempts}</td><td class="status">${esc(d.status)}</td>
+    <td class="error-text">${esc(d.error)}</td><td>
+    <button data-action="show-letter" data-id="${d.id}">show</button>${d.status === "open"
+      ? `<button data-action="retry" data-id="${d.id}">retry</button>
+         <button data-action="drop" data-id="${d.id}">drop</button>` : ""}</td></tr>`;
+}
+
 function renderProjections(projections) {
   $("#projections tbody").innerHTML = projections.map((p) => `
     <tr data-projection="${esc(p.name)}">
@@ -162,12 +191,7 @@ function renderProjections(projections) {
       <td class="num">${num(p.throughput_per_s)}</td>
       <td class="num dead">${p.dead_letters}</td>
       <td class="error-text">${esc(p.last_error || "")}</td>
-      <td>${p.paused
-        ? `<button data-action="resume" data-name="${esc(p.name)}">resume</button>`
-        : `<button data-action="pause" data-name="${esc(p.name)}">pause</button>`}
-        ${consoleInfo.can_rebuild
-          ? `<button data-action="rebuild" data-name="${esc(p.name)}">rebuild</button>` : ""}
-      </td>
+      <td>${projectionActions(p)}</td>
     </tr>`).join("") || '<tr><td colspan="10" class="muted">no projections yet</td></tr>';
 }
 
@@ -234,10 +258,7 @@ function renderCaptures(captures) {
       <td class="num">${c.lag_bytes === null ? "-" : bytes(c.lag_bytes)}</td>
       <td class="num">${c.lag_seconds === null ? "-" : duration(c.lag_seconds)}</td>
       <td class="num">${num(c.changes_per_s)}</td><td>${snap || "-"}</td>
-      <td>${c.paused
-        ? `<button data-action="capture-resume" data-slot="${esc(c.slot)}">resume</button>`
-        : `<button data-action="capture-pause" data-slot="${esc(c.slot)}">pause</button>`}
-        <button data-action="resnapshot" data-slot="${esc(c.slot)}">re-snapshot</button></td>
+      <td>${captureActions(c)}</td>
     </tr>`;
   }).join("") || '<tr><td colspan="9" class="muted">no captures</td></tr>';
 }
@@ -402,11 +423,7 @@ function projectionPage(overview) {
   if (p.watermark !== null || p.late_events) {
     rows.push(["watermark", esc(p.watermark ?? "-")], ["late events", String(p.late_events)]);
   }
-  const actions = (p.paused
-    ? `<button data-action="resume" data-name="${esc(p.name)}">resume</button>`
-    : `<button data-action="pause" data-name="${esc(p.name)}">pause</button>`) +
-    (consoleInfo.can_rebuild
-      ? `<button data-action="rebuild" data-name="${esc(p.name)}">rebuild</button>` : "");
+  const actions = projectionActions(p);
   const sources = p.sources.map((x) => `<tr><td>${esc(x.source)}</td>
     <td class="num">${num(x.position)}</td><td class="num">${num(x.head)}</td>
     <td class="num">${num(x.lag_records)}</td><td class="num">${duration(x.lag_seconds)}</td>
@@ -418,14 +435,8 @@ function projectionPage(overview) {
         .map(([k, v]) => `${k}: ${v}`).join(", "))}</td></tr>`).join("") ||
       '<tr><td colspan="5" class="muted">no batch yet</td></tr>';
   const letters = detail.letters === null ? '<tr><td colspan="7" class="muted">reading…</td></tr>'
-    : detail.letters.map((d) => `<tr data-letter="${d.id}"><td>${d.id}</td>
-      <td>${esc(d.stage)}</td><td>${esc(d.source)}</td><td class="num">${d.position}</td>
-      <td class="num">${d.attempts}</td><td class="status">${esc(d.status)}</td>
-      <td class="error-text">${esc(d.error)}</td><td>
-      <button data-action="show-letter" data-id="${d.id}">show</button>${d.status === "open"
-        ? `<button data-action="retry" data-id="${d.id}">retry</button>
-           <button data-action="drop" data-id="${d.id}">drop</button>` : ""}</td></tr>`)
-      .join("") || '<tr><td colspan="8" class="muted">no dead letters</td></tr>';
+    : detail.letters.map((d) => letterRow(d, { withName: false })).join("") ||
+      '<tr><td colspan="8" class="muted">no dead letters</td></tr>';
   return `<h2>${esc(p.style)} ${esc(p.name)} ${actions}</h2>${facts(rows)}
     <h3>Last error</h3>${p.last_error ? `<pre class="error-text last-error">${
       esc(p.last_error)}</pre>` : '<p class="muted">none</p>'}
@@ -465,10 +476,7 @@ function capturePage(overview) {
     `${x.tables_done}/${x.tables} tables, ${num(x.rows)} rows` +
     (x.last_error ? ` <span class="error-text">${esc(x.last_error)}</span>` : "") + "</li>")
     .join("");
-  const actions = (c.paused
-    ? `<button data-action="capture-resume" data-slot="${esc(c.slot)}">resume</button>`
-    : `<button data-action="capture-pause" data-slot="${esc(c.slot)}">pause</button>`) +
-    `<button data-action="resnapshot" data-slot="${esc(c.slot)}">re-snapshot</button>`;
+  const actions = captureActions(c);
   const info = Object.fromEntries((detail.streams || []).map((x) => [x.name, x]));
   const streams = c.streams.map((name) => {
     const x = info[name];
@@ -630,14 +638,8 @@ async function loadCategories() {
 async function loadDeadLetters() {
   let letters;
   try { letters = await api("/api/dead-letters?limit=100"); } catch (error) { return; }
-  $("#dead-letters tbody").innerHTML = letters.map((d) => `<tr data-letter="${d.id}">
-    <td>${d.id}</td><td>${esc(d.name)}</td><td>${esc(d.stage)}</td><td>${esc(d.source)}</td>
-    <td class="num">${d.position}</td><td class="num">${d.attempts}</td>
-    <td class="status">${esc(d.status)}</td><td class="error-text">${esc(d.error)}</td>
-    <td><button data-action="show-letter" data-id="${d.id}">show</button>${d.status === "open"
-      ? `<button data-action="retry" data-id="${d.id}">retry</button>
-         <button data-action="drop" data-id="${d.id}">drop</button>` : ""}</td></tr>`)
-    .join("") || '<tr><td colspan="9" class="muted">no dead letters</td></tr>';
+  $("#dead-letters tbody").innerHTML = letters.map((d) => letterRow(d)).join("") ||
+    '<tr><td colspan="9" class="muted">no dead letters</td></tr>';
 }
 
 async function loadAudit() {
