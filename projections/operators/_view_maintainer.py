@@ -31,7 +31,7 @@ from lakefold.projections.operators._view_events import EventFeed, store_head
 from lakefold.projections.operators._window_fold import WindowFoldOperator
 from lakefold.projections.operators._windowed import WindowedOperator
 from lakefold.projections.plan._view_cuts import forget_cuts, install_view_cuts
-from lakefold.projections.plan._view_plan import Operator, analyze, view_frame
+from lakefold.projections.plan._view_plan import Operator, analyze, arrow_output, view_frame
 from lakefold.store.internals import ChangelogStore, row_schema, stream_meta
 
 if TYPE_CHECKING:
@@ -135,5 +135,5 @@ def open_view(spark: SparkSession, store_dsn: str, *, view: str, generation: int
     maintainer = ViewMaintainer(spark, store_dsn, ViewGeneration(
         view=view, generation=generation, inputs=inputs, query=query, plan=plan,
         engine=engine))
-    maintainer.install(view_frame(spark, schemas, query).toArrow().schema)
+    maintainer.install(arrow_output(view_frame(spark, schemas, query)))
     return maintainer

@@ -61,6 +61,7 @@ from lakefold.projections.plan._plan_trees import (
 )
 
 if TYPE_CHECKING:
+    import pyarrow as pa
     from pyspark.sql import DataFrame, SparkSession
     from pyspark.sql.types import StructType
 
@@ -507,6 +508,17 @@ def view_frame(spark: SparkSession, schemas: Mapping[str, StructType | str],
     if isinstance(query, str):
         return session.sql(query)
     return query(**{name: session.table(name) for name in schemas})
+
+
+def arrow_output(frame: DataFrame) -> pa.Schema:
+    """The Arrow schema of ``frame``'s rows as ``toArrow`` gives them, read off its analyzed
+    plan: no Spark job (``toArrow`` over empty inputs cost a job, ~1 s a view at start)."""
+    from pyspark.sql.pandas.types import to_arrow_schema
+
+    large = frame.sparkSession.conf.get("spark.sql.execution.arrow.useLargeVarTypes",
+                                        "false") == "true"
+    return to_arrow_schema(frame.schema, error_on_duplicated_field_names_in_struct=True,
+                           timezone="UTC", prefers_large_types=large)
 
 
 def analyze(spark: SparkSession, view: str, schemas: Mapping[str, StructType | str],

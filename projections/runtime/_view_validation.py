@@ -32,7 +32,7 @@ from lakefold.projections.operators._view_events import (
 )
 from lakefold.projections.operators._view_maintainer import input_schema
 from lakefold.projections.plan._plan_keys import WindowColumns
-from lakefold.projections.plan._view_plan import ViewPlan, analyze, view_frame
+from lakefold.projections.plan._view_plan import ViewPlan, analyze, arrow_output, view_frame
 from lakefold.spark.internals import no_duplicate_error_logs
 from lakefold.store.exceptions import CaptureValueError, UnknownStreamError
 from lakefold.store.internals import arrow_type, column_for, stream_meta
@@ -117,7 +117,7 @@ def plan_views(spark: SparkSession, views: Mapping[str, View], store_dsn: str,
                                _fixed_windows(view), keys,
                                None if view.window is None else
                                WindowColumns(view.window.input, view.window.by))
-                output = view_frame(spark, spark_schemas, view.query).toArrow().schema
+                output = arrow_output(view_frame(spark, spark_schemas, view.query))
         except (AnalysisException, PySparkTypeError, PySparkValueError) as e:
             if name in established and on_drift is not None:
                 on_drift(name, _drifted(store_dsn, view, str(e).splitlines()[0]))
