@@ -39,6 +39,10 @@ def dsn_fields(dsn: str) -> dict[str, str]:
         fields = conninfo_to_dict(dsn)
     except ProgrammingError as e:
         raise DsnError(_parse_failure(str(e))) from None
+    except UnicodeDecodeError:  # a %XX escape that decodes to no UTF-8 text
+        raise DsnError("it cannot be parsed (a %XX escape in it is not UTF-8 text); "
+                       "percent-encode the whole value (urllib.parse.quote) or write "
+                       "key=value pairs") from None
     return {k: str(v) for k, v in fields.items() if v is not None}
 
 

@@ -69,6 +69,7 @@ def test_no_password_survives_in_either_form(password: str) -> None:
 
 @given(PASSWORDS)
 @example("Zq%01Zq")  # a %XX in it: libpq decodes it (found by hypothesis)
+@example("Zq%80Zq")  # one that decodes to no UTF-8 text: psycopg raised (found by hypothesis)
 def test_an_unencoded_uri_password_is_refused_or_kept_out(password: str) -> None:
     dsn = f"postgresql://app:{password}@db:5432/x"
     shown = mask_dsn(dsn) + " " + dsn_address(dsn)
