@@ -1,0 +1,1 @@
+"""Tests of infra/: deployment files checked without the systems they deploy to."""
