@@ -59,6 +59,9 @@ class ViewProgress:
 
     batches: int = 0
     rows_written: int = 0
+    #: Seconds spent bringing the target up to date (the rest of a step is the view's own
+    #: batch: its output committed in the store).
+    target_seconds: float = 0.0
     error: str | None = None
     last_step_moved: bool = False
     applied: dict[str, int] = field(default_factory=dict)
@@ -157,9 +160,11 @@ class ViewRun:
                 self.progress.applied = self.applied()  # an event input's: the store's
                 self._dead_letters(batch.failed, batch.positions[1])
                 self._record_batch(self.progress.applied)
+            began = time.perf_counter()
             while (written := self.writer.step()) is not None:
                 moved = True
                 self.progress.rows_written += written.upserts + written.deletes
+            self.progress.target_seconds += time.perf_counter() - began
         except TerminalError as e:
             self.progress.error = str(e).splitlines()[0]
             self.catalog.set_state(self.name, "failed", error=self.progress.error)

@@ -89,7 +89,9 @@ def _lakefold(spark: Any, dsn: str, scratch: Path, query: Query, events: int,
         entry.update(error=run.error, correct=False, events_per_s=None)
         return entry
     entry.update(events_per_s=run.events_per_s, seconds=run.seconds,
-                 state_bytes=run.state_bytes, batches=run.batches)
+                 output_events_per_s=run.output_events_per_s,
+                 delta_seconds=run.target_seconds, state_bytes=run.state_bytes,
+                 batches=run.batches)
     views = query.lakefold_native if entry["form"] == "native" else query.lakefold
     entry.update(_compare(run.result, query, want, columns=views[-1].columns))
     return entry

@@ -4,27 +4,34 @@ py4j, so it cannot share lakefold's environment), never imported by lakefold.
     python flink_job.py SPEC.json
 
 SPEC: ``{"events": folder of the events' Parquet files, "jars": [jar paths], "parallelism": 2,
-"out": folder, "lateness_s": 4, "timeout_s": per job, "queries": [{"name", "sql",
-"collect"}]}``. For each query, in
-one local mini-cluster (started by the first job):
+"out": folder, "lateness_s": 4, "timeout_s": per job, "rest_port": the mini-clusters' REST
+port, "queries": [{"name", "sql", "collect"}]}``. For each query, in a local mini-cluster
+(one per job, started with it):
 
 1. throughput: ``INSERT INTO`` a ``blackhole`` table, timed from submission to the job's end
    (the filesystem source is bounded: the job ends when every file is read);
 2. with ``collect``: the query again into a filesystem sink as Debezium JSON (an insert's
    ``after`` adds a row, a retraction's ``before`` takes one back), the final rows (times as
-   milliseconds since the epoch) written to ``out/<name>.json``. Checkpoints every few
-   seconds: the streaming file sink commits its files at checkpoints (the last at the end of
-   the bounded input).
+   milliseconds since the epoch) written to ``out/<name>.json``. Checkpoints every 2 s into
+   ``out/checkpoints`` (the streaming file sink commits its files at checkpoints, the last
+   at the end of the bounded input). The query's ``state_bytes``: the largest checkpoint's
+   state size (a full snapshot of the hash-map state backend: the state held then), read
+   from the job's mini-cluster's REST API while it runs (``/jobs/<id>/checkpoints``,
+   ``state_size.max``). The mini-cluster goes with its job, and a finished job deletes its
+   checkpoints: a job shorter than the interval may end before its statistics are read
+   (null).
 
-Prints one JSON object: name → ``{"seconds"}`` or ``{"error"}``, and ``rows`` when collected
-(``result_error`` when the results' run failed).
+Prints one JSON object: name → ``{"seconds"}`` or ``{"error"}``, and ``rows`` and
+``state_bytes`` when collected (``result_error`` when the results' run failed).
 """
 
 from __future__ import annotations
 
 import json
 import sys
+import threading
 import time
+import urllib.request
 from collections import Counter
 from datetime import UTC, datetime
 from decimal import Decimal
@@ -63,6 +70,11 @@ def _environment(spec: dict[str, Any]) -> Any:
     config.set("pipeline.jars", ";".join(Path(j).resolve().as_uri() for j in spec["jars"]))
     config.set("parallelism.default", str(spec["parallelism"]))
     config.set("table.local-time-zone", "UTC")
+    # the REST API of the job's mini-cluster (one per job, gone with it), where the job's
+    # checkpoint statistics are read while it runs
+    config.set("rest.bind-port", str(spec["rest_port"]))
+    config.set("execution.checkpointing.dir",
+               (Path(spec["out"]) / "checkpoints").resolve().as_uri())
     # One scan of the files feeding both inputs of a join (Flink's source reuse, on by
     # default) left q7, q19 and q20 hanging at 100k events (idle, never ending); each view of
     # the events reads the files itself instead.
@@ -117,10 +129,35 @@ def _value(value: Any, is_time: bool) -> Any:
     return float(value) if isinstance(value, Decimal) else value
 
 
-def _collect(env: Any, name: str, sql: str, out: Path, timeout_s: float) -> int:
+class StateWatch(threading.Thread):
+    """Reads a running job's checkpoint statistics every 50 ms (its mini-cluster, and
+    with it the REST API, ends with the job); ``largest``: the largest completed checkpoint's
+    state size seen (None: none completed while it was read)."""
+
+    def __init__(self, port: int, job: str) -> None:
+        super().__init__(daemon=True)
+        self.url = f"http://127.0.0.1:{port}/jobs/{job}/checkpoints"
+        self.largest: int | None = None
+        self.done = threading.Event()
+
+    def run(self) -> None:
+        while not self.done.wait(0.05):
+            try:
+                with urllib.request.urlopen(self.url, timeout=5) as answer:  # noqa: S310
+                    stats = json.load(answer)
+            except (OSError, ValueError):  # not up yet, or gone with the job
+                continue
+            if stats.get("counts", {}).get("completed"):
+                size = int(stats["summary"]["state_size"]["max"])
+                self.largest = max(size, self.largest or 0)
+
+
+def _collect(env: Any, name: str, sql: str, out: Path, timeout_s: float,
+             rest_port: int) -> tuple[int, int | None]:
     """The query's final rows into ``out/<name>.json``: its changelog written by a filesystem
     sink as Debezium JSON (an insert has ``after``, a retraction ``before``), applied here.
-    Collecting through PyFlink instead goes row by row through Py4J: minutes for 100k rows."""
+    Collecting through PyFlink instead goes row by row through Py4J: minutes for 100k rows.
+    Returns the rows' count and the job's largest checkpointed state (bytes)."""
     from pyflink.table import Schema, TableDescriptor
 
     table = env.sql_query(sql)
@@ -136,7 +173,14 @@ def _collect(env: Any, name: str, sql: str, out: Path, timeout_s: float) -> int:
         "debezium-json.timestamp-format.standard", "ISO-8601").build())
     env.get_config().set("execution.checkpointing.interval", "2 s")
     try:
-        _run(table.execute_insert(sink), timeout_s)
+        submitted = table.execute_insert(sink)
+        watch = StateWatch(rest_port, str(submitted.get_job_client().get_job_id()))
+        watch.start()
+        try:
+            _run(submitted, timeout_s)
+        finally:
+            watch.done.set()
+            watch.join()
     finally:  # the throughput runs take no checkpoint (a bounded run of seconds)
         env.get_config().set("execution.checkpointing.interval", "30 min")
     rows: Counter[tuple[Any, ...]] = Counter()
@@ -155,7 +199,7 @@ def _collect(env: Any, name: str, sql: str, out: Path, timeout_s: float) -> int:
     for values, count in rows.items():
         listed += [dict(zip(fields, values, strict=True))] * max(count, 0)
     (out / f"{name}.json").write_text(json.dumps({"columns": fields, "rows": listed}))
-    return len(listed)
+    return len(listed), watch.largest
 
 
 def _reason(error: Exception) -> str:
@@ -183,7 +227,8 @@ def main() -> None:
             report[name] = {"error": _reason(e)}
         if query["collect"] and "seconds" in report[name]:
             try:
-                report[name]["rows"] = _collect(env, name, sql, out, timeout)
+                report[name]["rows"], report[name]["state_bytes"] = _collect(
+                    env, name, sql, out, timeout, int(spec["rest_port"]))
             except QueryTimeout as e:
                 report[name]["result_error"] = f"the results' run: {e}"
             except Exception as e:

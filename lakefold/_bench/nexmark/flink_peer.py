@@ -6,12 +6,14 @@ the Parquet format's jars through Maven; see the Makefile).
 ``events_per_s``: the events / seconds from a query's submission into a ``blackhole`` sink to
 the job's end (the source is bounded). The result: the same query again, its changelog
 collected and applied (only up to ``collect_limit`` events: collecting goes through Python).
-Flink's state size is not read (``state_bytes`` null).
+``state_bytes``: the largest checkpoint's state size of that second run (``flink_job.py``;
+null when the results are not collected).
 """
 
 from __future__ import annotations
 
 import json
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -26,6 +28,12 @@ from lakefold._bench.report import BenchmarkError
 #: Where ``make peers`` puts the jars (a cache the project controls).
 JARS = Path.home() / ".cache" / "lakefold" / "peers" / "flink"
 JOB = Path(__file__).with_name("flink_job.py")
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
 
 
 def default_python() -> Path:
@@ -47,6 +55,7 @@ def run_queries(queries: list[Query], *, folder: Path, scratch: Path, events: in
     out = scratch / "flink-out"
     spec = {"events": str(folder), "jars": [str(j) for j in jars], "parallelism": 2,
             "out": str(out), "lateness_s": LATENESS_S, "timeout_s": timeout_s,
+            "rest_port": _free_port(),
             "queries": [{"name": q.name, "sql": q.flink, "collect": collect}
                         for q in queries if q.flink is not None]}
     spec_path = scratch / "flink-spec.json"
@@ -69,7 +78,8 @@ def run_queries(queries: list[Query], *, folder: Path, scratch: Path, events: in
             runs[query.name] = PeerRun(error=got["error"])
             continue
         run = PeerRun(events_per_s=round(events / got["seconds"]), seconds=got["seconds"],
-                      result_error=got.get("result_error"))
+                      result_error=got.get("result_error"),
+                      state_bytes=got.get("state_bytes"))
         result = out / f"{query.name}.json"
         if result.exists():
             data = json.loads(result.read_text())

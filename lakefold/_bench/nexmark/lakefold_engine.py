@@ -3,7 +3,10 @@ over the events already in the store until caught up, each into a Delta upsert t
 
 ``events_per_s``: the events in the store / the seconds from the runner's creation until it is
 caught up (every view's batches committed, every Delta target written: the same end a user's
-``lakefold run --until-caught-up`` has). ``state_bytes``: how much the store's database grew
+``lakefold run --until-caught-up`` has). ``output_events_per_s``: the same run to the views'
+committed output streams alone, i.e. without the seconds spent writing the Delta targets (a
+view's step commits its batch, then writes its target: the two never overlap).
+``state_bytes``: how much the store's database grew
 while the query ran (the views' input states, event feeds, output streams and window
 aggregates: what lakefold keeps to maintain the query; nothing is deleted while events are
 only appended, so it is also the peak).
@@ -36,7 +39,9 @@ class LakefoldRun:
     """What one query's run gave: its figures, or the error that refused or failed it."""
 
     events_per_s: float | None = None
+    output_events_per_s: float | None = None
     seconds: float | None = None
+    target_seconds: float | None = None
     state_bytes: int | None = None
     batches: int | None = None
     result: pa.Table | None = None  # None: no row
@@ -102,6 +107,10 @@ def run_views(spark: Any, dsn: str, scratch: Path, views: tuple[LakefoldView, ..
         with Runner(spark, registered, config) as runner:
             reports = runner.run(until_caught_up=True, timeout=6 * 3600)
         elapsed = time.perf_counter() - began
+        view_runner = runner.views
+        writing = 0.0 if view_runner is None else sum(
+            run.progress.target_seconds for runs in view_runner.history.values()
+            for run in runs)
     except LakefoldError as e:
         outcome.error = str(e).splitlines()[0]
         return outcome
@@ -111,6 +120,8 @@ def run_views(spark: Any, dsn: str, scratch: Path, views: tuple[LakefoldView, ..
         return outcome
     outcome.seconds = round(elapsed, 3)
     outcome.events_per_s = round(events / elapsed)
+    outcome.target_seconds = round(writing, 3)
+    outcome.output_events_per_s = round(events / max(elapsed - writing, 1e-3))
     outcome.batches = sum(r.batches for r in reports)
     outcome.state_bytes = _database_bytes(dsn) - before
     with Catalog(dsn) as catalog:
