@@ -253,8 +253,12 @@ def read_events_range(dsn: str, start: int, end: int, *, category: str | None = 
         reader.execute("ROLLBACK")  # read only: nothing to keep
 
 
-def head_position(dsn: str) -> int:
+def head_position(dsn: str, conn: psycopg.Connection[Any] | None = None) -> int:
     """The last global position visible to readers (0 for an empty store), after a sequencing
-    round: every position up to it is final. Opens and closes one connection."""
-    with translate_errors(mask_dsn(dsn)), psycopg.connect(dsn, autocommit=True) as conn:
-        return sequence_once(conn).head
+    round: every position up to it is final. On ``conn`` (an autocommit connection with tuple
+    rows, outside a transaction) or on a connection opened and closed for it."""
+    with translate_errors(mask_dsn(dsn)):
+        if conn is not None:
+            return sequence_once(conn).head
+        with psycopg.connect(dsn, autocommit=True) as own:
+            return sequence_once(own).head

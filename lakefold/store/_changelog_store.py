@@ -301,14 +301,20 @@ def read_changelog_range(store_dsn: str, stream: str, start: int, end: int, *,
     connection.
     """
     with connect_store(store_dsn) as conn:
-        meta = stream_meta(conn, stream)
-        end = min(end, meta.info.head + 1)
-        position = max(start, 1)
-        while position < end:
-            upper = min(end, position + batch_rows)
-            table = typed(_copy_range(conn, meta, position, upper, None), meta)
-            yield from table.to_batches()
-            position = upper
+        yield from _read_range(conn, stream, start, end, batch_rows)
+
+
+def _read_range(conn: psycopg.Connection[Any], stream: str, start: int, end: int,
+                batch_rows: int) -> Iterator[pa.RecordBatch]:
+    """``read_changelog_range`` on ``conn``."""
+    meta = stream_meta(conn, stream)
+    end = min(end, meta.info.head + 1)
+    position = max(start, 1)
+    while position < end:
+        upper = min(end, position + batch_rows)
+        table = typed(_copy_range(conn, meta, position, upper, None), meta)
+        yield from table.to_batches()
+        position = upper
 
 
 def _segment_records(conn: psycopg.Connection[Any], meta: StreamMeta, start: int, end: int,
@@ -412,6 +418,11 @@ class ChangelogStore:
             raise StoreError(f"stream {stream!r} has no schema version {version}; versions: "
                              f"{', '.join(map(str, sorted(meta.versions)))}")
         return meta.versions[version]
+
+    def read_range(self, stream: str, start: int, end: int) -> pa.Table:
+        """``read_changelog_range`` on the store's connection, as one table."""
+        return pa.Table.from_batches(
+            _read_range(self.connection(), stream, start, end, _DEFAULT_CHUNK))
 
     def read(self, stream: str, from_position: int = 1, limit: int = 10_000) -> pa.Table:
         """Up to ``limit`` records with ``position >= from_position`` (and <= head), typed."""

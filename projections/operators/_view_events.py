@@ -791,11 +791,12 @@ def feed_position(conn: psycopg.Connection[Any], stream: str) -> int:
     return 1 if row is None else int(row[0])
 
 
-def store_head(store_dsn: str) -> int:
-    """The event store's head (0 when it holds nothing or is not installed)."""
+def store_head(store_dsn: str, conn: psycopg.Connection[Any] | None = None) -> int:
+    """The event store's head (0 when it holds nothing or is not installed); on ``conn`` when
+    given (see ``head_position``)."""
     from lakefold.eventstore import EventStoreNotInstalledError
 
     try:
-        return head_position(store_dsn)
+        return head_position(store_dsn, conn)
     except EventStoreNotInstalledError:
         return 0

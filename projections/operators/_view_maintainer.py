@@ -94,7 +94,7 @@ class ViewMaintainer(ViewCore):
     def step(self) -> BatchResult | None:
         """Apply everything up to the inputs' heads as one batch; None when nothing is new."""
         conn = self.connection()
-        head = store_head(self.dsn) if any(  # events are final up to here
+        head = store_head(self.dsn, conn) if any(  # events are final up to here
             isinstance(f, EventFeed) for f in self.feeds.values()) else 0
         operator = self.operator
         with conn.transaction():

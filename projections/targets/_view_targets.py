@@ -13,13 +13,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import pyarrow as pa
 import pyarrow.compute as pc
 
 from lakefold.core.arrow_tables import latest_per_key
 from lakefold.projections.definitions._model import DELETED_COLUMN
 from lakefold.projections.definitions._targets import GenerationTarget, TargetBatch
-from lakefold.store import ChangelogStore, read_changelog_range
+from lakefold.store import ChangelogStore
 from lakefold.store.internals import data_columns
 
 #: The most records one target batch applies.
@@ -59,7 +58,7 @@ class ViewTargetWriter:
         if head < start:
             return None
         end = min(head + 1, start + max_records)
-        records = pa.Table.from_batches(read_changelog_range(self.dsn, self.stream, start, end))
+        records = self.store.read_range(self.stream, start, end)
         rows = latest_per_key(records, self.target.keys)
         deleted = pc.equal(rows.column("_op"), "delete")
         # Every row reflects the range's end (the batch's position): a view's table holds its
