@@ -1,0 +1,192 @@
+"""Several source databases into one store: two captures from two PostgreSQL servers, each
+with its own slot and stream prefix, never collide; a second source using a slot or a prefix
+another source owns is refused in one line with nothing created; `capture streams`,
+`status` and the console list both captures' streams with their sources (never a password)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import psycopg
+import pytest
+from psycopg import sql
+
+from lakefold.capture import CaptureConfig, ChangelogStore, OwnershipError, slot_name_for
+from lakefold.capture.operations._capture import drop_capture
+from lakefold.console._overview import StoreAddresses, read_captures
+from lakefold.local import LocalPostgres
+from tests.capture.conftest import capture_now, execute, replayed_rows, source_rows
+from tests.fixtures.postgres import PostgresServer, TestDatabase, drop_database
+
+pytestmark = pytest.mark.timeout(180)
+CLI = Path(sys.executable).parent / "lakefold"
+#: B's DSN carries a password (the local server trusts loopback, so it is not needed): no
+#: listing may show it.
+PASSWORD = "s3cret-of-B"
+
+
+@dataclass(frozen=True)
+class TwoSources:
+    """Source A (a database of the session's server), source B (a database of the same name
+    on a second server, DSN with a password) and a store (another database of A's server)."""
+
+    a: str
+    b: str
+    store: str
+    database: str
+    port_a: int
+    port_b: int
+
+
+@pytest.fixture(scope="module")
+def second_server() -> Iterator[LocalPostgres]:
+    """A second PostgreSQL server, started the project's way (``lakefold.local``)."""
+    with LocalPostgres(durable=False) as server:
+        server.start()
+        yield server
+
+
+def two_sources(pg: TestDatabase, store_db: TestDatabase,
+                second_server: LocalPostgres) -> Iterator[TwoSources]:
+    """The databases of ``TwoSources``, each with a ``public.orders`` table; B's database is
+    dropped (with its slots) afterwards."""
+    with psycopg.connect(second_server.dsn(), autocommit=True) as conn:
+        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(pg.name)))
+    b = second_server.dsn(pg.name) + f" password={PASSWORD}"
+    try:
+        for dsn in (pg.dsn, b):
+            execute(dsn, "CREATE TABLE orders (id int PRIMARY KEY, amount int NOT NULL)")
+        yield TwoSources(a=pg.dsn, b=b, store=store_db.dsn, database=pg.name,
+                         port_a=int(psycopg.conninfo.conninfo_to_dict(pg.dsn)["port"] or 0),
+                         port_b=second_server.port)
+    finally:
+        drop_database(PostgresServer(admin_dsn=second_server.dsn()), pg.name)
+
+
+@pytest.fixture
+def sources(pg: TestDatabase, store_db: TestDatabase,
+            second_server: LocalPostgres) -> Iterator[TwoSources]:
+    yield from two_sources(pg, store_db, second_server)
+
+
+def _config(dsn: str, store: str, *, slot: str, prefix: str = "") -> CaptureConfig:
+    return CaptureConfig(source_dsn=dsn, store_dsn=store, slot=slot, publication="lakefold",
+                         tables=("public.orders",), stream_prefix=prefix)
+
+
+def _nothing_on(dsn: str) -> tuple[list[str], list[str]]:
+    """The slots and publications of ``dsn``'s database."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        slots = [r[0] for r in conn.execute("SELECT slot_name FROM pg_replication_slots "
+                                            "WHERE database = current_database()")]
+        publications = [r[0] for r in conn.execute("SELECT pubname FROM pg_publication")]
+    return slots, publications
+
+
+def _store_rows(store: str) -> tuple[list[tuple[str, str | None]], list[str]]:
+    with psycopg.connect(store, autocommit=True) as conn:
+        slots = [(str(r[0]), r[1]) for r in conn.execute(
+            "SELECT slot_name, stream_prefix FROM lakefold.capture_slots ORDER BY 1")]
+        streams = [r[0] for r in conn.execute(
+            "SELECT name FROM lakefold.changelog_streams ORDER BY 1")]
+    return slots, streams
+
+
+def _cli(*args: str, env: dict[str, str] | None = None) -> str:
+    done = subprocess.run([str(CLI), *args], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, **(env or {})}, check=False)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert PASSWORD not in done.stdout + done.stderr
+    return done.stdout
+
+
+def test_two_servers_into_one_store_each_slot_and_prefix_its_own(sources: TwoSources) -> None:
+    default_slot = slot_name_for(sources.database)  # the same on both servers
+    execute(sources.a, "INSERT INTO orders SELECT g, g FROM generate_series(1, 5) g")
+    execute(sources.b, "INSERT INTO orders SELECT g, 100 + g FROM generate_series(1, 3) g")
+    capture_now(_config(sources.a, sources.store, slot=default_slot))
+
+    # B with A's slot name: refused in one line, before anything is created
+    with pytest.raises(OwnershipError) as refused:
+        capture_now(_config(sources.b, sources.store, slot=default_slot, prefix="b."))
+    message = str(refused.value)
+    assert "\n" not in message and "another source" in message and "--slot" in message
+    assert f"127.0.0.1:{sources.port_a}/{sources.database}" in message
+    assert PASSWORD not in message
+    # B with its own slot but A's prefix (none): both have public.orders
+    with pytest.raises(OwnershipError) as refused:
+        capture_now(_config(sources.b, sources.store, slot="lakefold_b"))
+    message = str(refused.value)
+    assert "\n" not in message and "stream prefix '' (none)" in message
+    assert f"slot {default_slot!r}" in message and "--stream-prefix" in message
+    for _ in range(2):  # nothing half-made on B, nothing new in the store
+        assert _nothing_on(sources.b) == ([], [])
+        assert _store_rows(sources.store) == ([(default_slot, "")], ["public.orders"])
+
+    # with a slot and a prefix of its own, B captures beside A
+    b_config = _config(sources.b, sources.store, slot="lakefold_b", prefix="b.")
+    capture_now(b_config)
+    execute(sources.a, "UPDATE orders SET amount = -1 WHERE id = 2", "DELETE FROM orders "
+            "WHERE id = 5")
+    execute(sources.b, "UPDATE orders SET amount = -2 WHERE id = 2",
+            "INSERT INTO orders VALUES (9, 9)")
+    capture_now(_config(sources.a, sources.store, slot=default_slot))
+    capture_now(b_config)
+    both = sorted([(default_slot, ""), ("lakefold_b", "b.")])
+    assert _store_rows(sources.store) == (both, ["b.public.orders", "public.orders"])
+    with ChangelogStore(sources.store) as store:
+        assert replayed_rows(store, "public.orders") == source_rows(sources.a, "public.orders")
+        assert replayed_rows(store, "b.public.orders") == source_rows(sources.b,
+                                                                      "public.orders")
+    # a prefix of B's is B's: A cannot take it either
+    with pytest.raises(OwnershipError, match="stream prefix 'b.' is used by slot 'lakefold_b'"):
+        capture_now(_config(sources.a, sources.store, slot="lakefold_a2", prefix="b."))
+    assert _nothing_on(sources.a)[0] == [default_slot]
+
+    # dropping through the wrong source is refused: A's capture stays whole
+    with pytest.raises(OwnershipError, match="another source"):
+        drop_capture(sources.b, sources.store, slot=default_slot, publication="lakefold")
+    assert _nothing_on(sources.a)[0] == [default_slot]
+    assert _store_rows(sources.store)[0] == both
+
+
+def test_streams_status_and_console_list_both_sources(sources: TwoSources) -> None:
+    execute(sources.a, "INSERT INTO orders VALUES (1, 1)")
+    execute(sources.b, "INSERT INTO orders VALUES (1, 2)")
+    capture_now(_config(sources.a, sources.store, slot="lakefold_a"))
+    capture_now(_config(sources.b, sources.store, slot="lakefold_b", prefix="b."))
+    where_a = f"127.0.0.1:{sources.port_a}/{sources.database}"
+    where_b = f"127.0.0.1:{sources.port_b}/{sources.database}"
+
+    listed = json.loads(_cli("capture", "streams", "--store-dsn", sources.store, "--json"))
+    assert [(s["name"], s["slot"], s["source"], s["head"]) for s in listed] == [
+        ("b.public.orders", "lakefold_b", where_b, 1),
+        ("public.orders", "lakefold_a", where_a, 1)]
+    table = _cli("capture", "streams", "--store-dsn", sources.store)
+    assert where_a in table and where_b in table
+
+    env = {"LAKEFOLD_STORE_DSN": sources.store, "LAKEFOLD_DSN": sources.a,
+           "COLUMNS": "200"}
+    status = json.loads(_cli("status", "--json", env=env))
+    assert [(c["slot"], c["source"], c["stream_prefix"], c["streams"], c["records"])
+            for c in status["captures"]] == [
+        ("lakefold_a", where_a, "", ["public.orders"], 1),
+        ("lakefold_b", where_b, "b.", ["b.public.orders"], 1)]
+    text = _cli("status", env=env)
+    assert where_a in text and where_b in text and "b.public.orders" in text
+
+    # the console: both captures; the health of A's (its source), B's unknown (not missing)
+    captures = read_captures(StoreAddresses(store_dsn=sources.store, source_dsn=sources.a))
+    assert [(c["slot"], c["source"], c["stream_prefix"], c["streams"]) for c in captures] == [
+        ("lakefold_a", where_a, "", ["public.orders"]),
+        ("lakefold_b", where_b, "b.", ["b.public.orders"])]
+    assert captures[0]["status"] != "missing"
+    assert captures[1]["status"] == "unknown" and captures[1]["records"] == 1
+    assert where_b in captures[1]["problems"][0]
+    assert PASSWORD not in json.dumps(captures)
