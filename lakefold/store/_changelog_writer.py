@@ -306,7 +306,7 @@ class ChangelogWriter:
             raise OwnershipError(
                 f"stream {name!r} is written by the capture of slot {row[1]!r}; one table can "
                 "only be captured into a store once. Use another store, or a stream prefix "
-                "(CaptureConfig.stream_prefix) for this capture"
+                "of this capture's own (--stream-prefix, CaptureConfig.stream_prefix)"
             )
         return int(row[0])
 

@@ -143,3 +143,25 @@ def test_streams_status_and_console_list_both_sources(sources: TwoSources) -> No
     assert captures[1]["status"] == "unknown" and captures[1]["records"] == 1
     assert where_b in captures[1]["problems"][0]
     assert PASSWORD not in json.dumps(captures)
+
+
+def test_the_cli_refuses_a_second_source_in_one_line_and_creates_nothing(
+        sources: TwoSources) -> None:
+    execute(sources.b, "INSERT INTO orders VALUES (1, 2)")
+    _cli("capture", "run", "--dsn", sources.a, "--store-dsn", sources.store, "--table",
+         "public.orders", "--until-current", "--json")
+    base = ["capture", "run", "--dsn", sources.b, "--store-dsn", sources.store, "--table",
+            "public.orders", "--until-current"]
+    for extra, what in (([], "--slot"), (["--slot", "lakefold_b"], "--stream-prefix")):
+        done = subprocess.run([str(CLI), *base, *extra], capture_output=True, text=True,
+                              timeout=120, check=False)
+        assert done.returncode != 0
+        lines = [line for line in (done.stdout + done.stderr).splitlines() if line.strip()]
+        assert len(lines) == 1 and what in lines[0], lines
+        assert "another source" in lines[0] or "is used by slot" in lines[0], lines
+        assert PASSWORD not in done.stdout + done.stderr
+        assert _nothing_on(sources.b) == ([], [])
+    _cli(*base, "--slot", "lakefold_b", "--stream-prefix", "b.", "--json")
+    assert [s["name"] for s in json.loads(_cli("capture", "streams", "--store-dsn",
+                                               sources.store, "--json"))] == [
+        "b.public.orders", "public.orders"]

@@ -105,7 +105,7 @@ def _workload(sources: TwoSources, seed: int, next_id: list[int], errors: list[B
 def _oracle(sources: TwoSources) -> dict[int, tuple[int, str | None]]:
     """The view computed on the sources' rows, read once both are quiet."""
     with psycopg.connect(sources.a) as a, psycopg.connect(sources.b) as b:
-        owners = dict(b.execute("SELECT id, name FROM owners").fetchall())
+        owners: dict[int, str] = dict(b.execute("SELECT id, name FROM owners").fetchall())
         return {int(i): (int(balance), owners.get(owner))
                 for i, owner, balance in a.execute("SELECT id, owner_id, balance FROM accounts")}
 
