@@ -463,6 +463,8 @@ function capturePage(overview) {
   }
   const health = captureHealth(c);
   const rows = [
+    ["source", esc(c.source) + (c.stream_prefix
+      ? ` (streams prefixed <code>${esc(c.stream_prefix)}</code>)` : "")],
     ["health", healthCell(health, c.status) + (c.problems.length
       ? `<div class="error-text">${esc(c.problems.join("; "))}</div>` : "")],
     ["streaming", c.paused ? "paused" : c.active ? "active" : "no process streams it now"],
