@@ -237,6 +237,8 @@ class Capture:
                     "lakefold; lakefold only captures through a publication it owns. Choose "
                     "another publication name, or drop that publication if it is unused")
             ddl.install(store)
+            if record is None:  # a new slot: checked and registered under the prefix lock
+                _sources.claim_prefix(store)  # (released once registered, or with `store`)
             # A prefix of another source's capture would mix two tables in one stream.
             _sources.check_prefix(store, slot=cfg.slot, prefix=cfg.stream_prefix,
                                   system_id=self._system_id, database=self._database)
@@ -317,6 +319,7 @@ class Capture:
                                      consistent_point=created.consistent_point,
                                      source=self._source, stream_prefix=cfg.stream_prefix)
                 _slot_intent.forget(store, cfg.slot)
+            _sources.release_prefix(store)  # registered: the next set-up sees the prefix
             log.info("created slot %s at %s", cfg.slot, format_lsn(created.consistent_point))
         except BaseException:
             repl.close()

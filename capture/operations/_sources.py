@@ -11,7 +11,9 @@ captures of different sources apart, checked by the set-up before anything is cr
 - a stream prefix belongs to one source: a capture of another source with a prefix some slot of
   the store already uses is refused (two sources that both have ``public.orders`` would write
   one stream). Captures of the *same* source may share a prefix (they capture different
-  tables; the stream itself still has one slot, ``ChangelogWriter.ensure_stream``).
+  tables; the stream itself still has one slot, ``ChangelogWriter.ensure_stream``). A new slot's
+set-up checks and registers under one advisory lock of the store, so two first starts of two
+sources with one prefix cannot both pass (``claim_prefix``).
 
 The default prefix is ``""``, so a single source keeps its stream names; the second source
 into a store chooses its own (``--stream-prefix sales.``). A store whose slots were recorded
@@ -23,11 +25,17 @@ role or a password (``source_label``).
 
 from __future__ import annotations
 
-from typing import Any
+import hashlib
+from typing import Any, Final
 
 import psycopg
 
 from lakefold.capture.exceptions import OwnershipError
+
+#: The store's advisory lock under which a new slot's set-up checks its prefix and registers
+#: the slot (``claim_prefix``): two sources starting at once cannot both pass the check.
+_CLAIM_LOCK: Final = int.from_bytes(hashlib.blake2b(
+    b"lakefold.capture-prefixes", digest_size=8).digest(), "big", signed=True)
 
 _PREFIX_OWNER = """
 SELECT c.slot_name, c.source_database, c.source FROM lakefold.capture_slots c
@@ -82,6 +90,17 @@ def check_prefix(store: psycopg.Connection[Any], *, slot: str, prefix: str, syst
         f"{describe(row[1], row[2])}; two sources in one store need different stream "
         "prefixes: start this capture with one of its own, e.g. --stream-prefix sales. "
         "(and its own --slot)")
+
+
+def claim_prefix(store: psycopg.Connection[Any]) -> None:
+    """Hold the store's prefix lock on this session (a new slot's set-up, from before
+    ``check_prefix`` until its slot is registered: ``release_prefix``, or the session's end)."""
+    store.execute("SELECT pg_advisory_lock(%s)", (_CLAIM_LOCK,))
+
+
+def release_prefix(store: psycopg.Connection[Any]) -> None:
+    """Release the prefix lock ``claim_prefix`` took on this session."""
+    store.execute("SELECT pg_advisory_unlock(%s)", (_CLAIM_LOCK,))
 
 
 def record_source(store: psycopg.Connection[Any], *, slot: str, prefix: str,

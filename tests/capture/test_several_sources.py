@@ -10,12 +10,19 @@ import os
 import re
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import psycopg
 import pytest
 
-from lakefold.capture import CaptureConfig, ChangelogStore, OwnershipError, slot_name_for
+from lakefold.capture import (
+    Capture,
+    CaptureConfig,
+    ChangelogStore,
+    OwnershipError,
+    slot_name_for,
+)
 from lakefold.capture.operations._capture import drop_capture
 from lakefold.console._overview import StoreAddresses, read_captures
 from tests.capture.conftest import capture_now, execute, replayed_rows, source_rows
@@ -165,3 +172,32 @@ def test_the_cli_refuses_a_second_source_in_one_line_and_creates_nothing(
     assert [s["name"] for s in json.loads(_cli("capture", "streams", "--store-dsn",
                                                sources.store, "--json"))] == [
         "b.public.orders", "public.orders"]
+
+
+def test_two_first_starts_at_once_with_one_prefix_one_is_refused(sources: TwoSources) -> None:
+    """The prefix is checked and the slot registered under one lock of the store: of two new
+    captures of two sources started together with the same prefix, exactly one gets it."""
+    configs = [_config(sources.a, sources.store, slot="lakefold_a"),
+               _config(sources.b, sources.store, slot="lakefold_b")]
+    barrier = threading.Barrier(2)
+    outcomes: list[BaseException | None] = [None, None]
+
+    def set_up(index: int) -> None:
+        barrier.wait()
+        try:
+            Capture(configs[index]).setup()
+        except BaseException as e:  # reported by the test
+            outcomes[index] = e
+
+    threads = [threading.Thread(target=set_up, args=(i,)) for i in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    refused = [e for e in outcomes if e is not None]
+    assert len(refused) == 1 and isinstance(refused[0], OwnershipError), outcomes
+    assert "stream prefix '' (none)" in str(refused[0])
+    loser = sources.a if outcomes[0] is not None else sources.b
+    assert _nothing_on(loser) == ([], [])
+    assert [slot for slot, _ in _store_rows(sources.store)[0]] == [
+        "lakefold_b" if loser == sources.a else "lakefold_a"]
