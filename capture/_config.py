@@ -66,7 +66,9 @@ class CaptureConfig:
     included), or the listed ``schema.table`` names. Exactly one of them. Only tables with a
     key PostgreSQL can use as replica identity are published (``_publishable``); a schema
     capture needs a superuser (``_publication_guard``).
-    ``stream_prefix``: streams are named ``<prefix><schema>.<table>``.
+    ``stream_prefix``: streams are named ``<prefix><schema>.<table>``. A prefix belongs to
+    one source: the capture of a second source into the same store needs a prefix (and a
+    slot) of its own, or its set-up refuses before creating anything (``_sources``).
     ``streaming``: protocol v2 with streaming of large in-progress transactions: the server
     sends them while they run instead of spilling them to disk on the source first; lakefold
     stages them in the store and moves them into the changelog at commit. Off by default:

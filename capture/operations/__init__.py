@@ -4,8 +4,9 @@ Inside: ``Capture`` (set-up, the capture loop, reconnects; ``_capture``), its si
 (heartbeats, pause and resume, unfinished snapshots, the publication; ``_control``), slot
 health (``_slot_health``) and recovery after an invalidated slot (``_recovery``), one live
 capture per slot (``_slot_ownership``), recoverable slot creation (``_slot_intent``), the
-publication guard in the source (``_publication_guard``) and the checks and set-up of the source
-database (``_source_setup``).
+publication guard in the source (``_publication_guard``), the checks and set-up of the source
+database (``_source_setup``) and which source a slot and a stream prefix belong to when several
+sources share a store (``_sources``).
 """
 
 from lakefold.capture.operations._capture import Capture, CaptureStats, drop_capture

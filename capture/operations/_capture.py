@@ -54,6 +54,7 @@ from lakefold.capture.operations import (
     _slot_intent,
     _slot_ownership,
     _source_setup,
+    _sources,
 )
 from lakefold.capture.operations._control import CaptureControl
 from lakefold.capture.snapshots import _incremental_snapshot, _initial_snapshot
@@ -137,6 +138,12 @@ def drop_capture(source_dsn: str, store_dsn: str, *, slot: str, publication: str
             store_dsn, slot, refusal="Stop that capture first, then drop its slot"), \
             _connect(store_dsn, what="store", setup=True) as store, \
             _connect(source_dsn, what="source database", setup=True) as source:
+        record = ChangelogWriter(store, slot).slot_record() if ddl.is_installed(store) else None
+        if record is not None:  # never drop (nor forget) another source's capture
+            system_id, database = _source_setup.system_identity(source)
+            _sources.check_slot_source(slot, record, system_id=system_id, database=database,
+                                       remedy="pass that source's DSN to drop it, or --slot "
+                                              "of this source's capture")
         info = _source_setup.slot_info(source, slot)
         if info is not None:
             if _source_setup.terminate_stale_walsender(source, info, f"lakefold-capture:{slot}"):
@@ -165,6 +172,7 @@ class Capture:
         self.config = config
         self._database = ""
         self._system_id = ""
+        self._source = ""  # host:port/database, as shown (_sources.source_label)
         self._listener = listener  # progress of snapshots (the CLI's progress bar)
         self._ownership: _slot_ownership.SlotOwnership | None = None  # held by setup() and run()
 
@@ -213,6 +221,7 @@ class Capture:
                                          require_keys=existing is None)
             guard = _source_setup.check_guard(source, schema=cfg.schema)
             self._system_id, self._database = _source_setup.system_identity(source)
+            self._source = _sources.source_label(source)
             writer = ChangelogWriter(store, cfg.slot)
             record = writer.slot_record() if ddl.is_installed(store) else None
             intent = _slot_intent.load(store, cfg.slot) if record is None else None
@@ -228,8 +237,16 @@ class Capture:
                     "lakefold; lakefold only captures through a publication it owns. Choose "
                     "another publication name, or drop that publication if it is unused")
             ddl.install(store)
+            if record is None:  # a new slot: checked and registered under the prefix lock
+                _sources.claim_prefix(store)  # (released once registered, or with `store`)
+            # A prefix of another source's capture would mix two tables in one stream.
+            _sources.check_prefix(store, slot=cfg.slot, prefix=cfg.stream_prefix,
+                                  system_id=self._system_id, database=self._database)
             capture_state.install(store)
             self._owner().record()
+            if record is not None:
+                _sources.record_source(store, slot=cfg.slot, prefix=cfg.stream_prefix,
+                                       label=self._source)
             if intent is not None:
                 _slot_intent.discard_orphan(source, store, intent,
                                             application_name=cfg.application_name)
@@ -251,6 +268,9 @@ class Capture:
     def _check_ownership(self, slot: _source_setup.SlotInfo | None,
                          record: dict[str, Any] | None) -> None:
         cfg = self.config
+        if record is not None:  # first: a slot of another server is not "lost" on this one
+            _sources.check_slot_source(cfg.slot, record, system_id=self._system_id,
+                                       database=self._database)
         if slot is not None and record is None:
             raise OwnershipError(
                 f"replication slot {cfg.slot!r} already exists on the source but this store has "
@@ -270,11 +290,6 @@ class Capture:
             raise OwnershipError(
                 f"slot {cfg.slot!r} captures publication {record['publication']!r}, not "
                 f"{cfg.publication!r}; use the same publication, or another slot name")
-        if (record["source_system_id"], record["source_database"]) != (self._system_id,
-                                                                       self._database):
-            raise OwnershipError(
-                f"slot {cfg.slot!r} in this store belongs to database "
-                f"{record['source_database']!r} of another server; use another slot name")
 
     def _create_slot(self, source: psycopg.Connection[Any], writer: ChangelogWriter, *,
                      drop_publication: bool) -> None:
@@ -301,8 +316,10 @@ class Capture:
             with store.transaction():
                 writer.register_slot(publication=cfg.publication, system_id=self._system_id,
                                      database=self._database,
-                                     consistent_point=created.consistent_point)
+                                     consistent_point=created.consistent_point,
+                                     source=self._source, stream_prefix=cfg.stream_prefix)
                 _slot_intent.forget(store, cfg.slot)
+            _sources.release_prefix(store)  # registered: the next set-up sees the prefix
             log.info("created slot %s at %s", cfg.slot, format_lsn(created.consistent_point))
         except BaseException:
             repl.close()

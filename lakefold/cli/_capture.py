@@ -172,7 +172,10 @@ def run(
     table: Annotated[list[str] | None, typer.Option(
         "--table", help="Capture this table (schema.table); repeat for more.",
         show_default=False)] = None,
-    stream_prefix: Annotated[str, typer.Option(help="Prefix of the stream names.")] = "",
+    stream_prefix: Annotated[str, typer.Option(
+        help="Prefix of the stream names (<prefix><schema>.<table>). A prefix belongs to one "
+             "source: a second source captured into the same store needs its own, e.g. "
+             "sales., and its own --slot.")] = "",
     streaming: Annotated[bool, typer.Option(
         help="Receive large transactions while they run (protocol v2) instead of after the "
              "server spilled them.")] = False,
@@ -252,7 +255,8 @@ def _current_lsn(dsn: str) -> int:
 
 @capture_app.command("streams")
 def streams(store_dsn: StoreOption = None, as_json: JsonOption = False) -> None:
-    """List the changelog streams with their heads and schema versions, how far each is
+    """List the changelog streams of every capture in the store (each with its slot and
+    source, host:port/database) with their heads and schema versions, how far each is
     compacted and what holds its compaction (the durable reader with the lowest position)."""
     from lakefold.capture import ChangelogStore
 
@@ -261,17 +265,20 @@ def streams(store_dsn: StoreOption = None, as_json: JsonOption = False) -> None:
         compaction = {s.name: store.compaction_state(s.name) for s in infos}
     if as_json:
         typer.echo(json.dumps([{
-            "name": s.name, "slot": s.slot, "database": s.database, "schema": s.schema,
+            "name": s.name, "slot": s.slot, "source": s.source, "database": s.database,
+            "schema": s.schema,
             "table": s.table, "head": s.head, "schema_version": s.schema_version,
             "last_commit_ts": s.last_commit_ts.isoformat() if s.last_commit_ts else None,
             "compaction": compaction[s.name].as_dict(),
         } for s in infos]))
         return
     table = Table(title="changelog streams")
-    for column in ("stream", "slot", "head", "schema", "last commit", "compacted to"):
+    for column in ("stream", "slot", "source", "head", "schema", "last commit",
+                   "compacted to"):
         table.add_column(column)
     for s in infos:
-        table.add_row(escape(s.name), escape(s.slot), f"{s.head:,}", f"v{s.schema_version}",
+        table.add_row(escape(s.name), escape(s.slot), escape(s.source or "-"), f"{s.head:,}",
+                      f"v{s.schema_version}",
                       str(s.last_commit_ts or "-"), f"{compaction[s.name].compacted_to:,}")
     print_table(_out, table)
     for name, state in compaction.items():  # what holds each stream's compaction

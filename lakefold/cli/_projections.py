@@ -256,18 +256,24 @@ def resume(name: Annotated[str, typer.Argument(help="The projection to resume.")
 @app.command("status")
 def status(as_json: JsonOption = False) -> None:
     """Per projection: generation, position, lag, throughput, state, last error; per view
-    input: applied position, head and lag; per capture slot: its health."""
+    input: applied position, head and lag; every capture of the store (each source's slot,
+    source, stream prefix, streams, records); per slot of the configured source: its
+    health."""
     from lakefold.projections.operations import projection_status, slot_status
+    from lakefold.store import ChangelogStore
 
     settings = _settings()
     statuses = []
     if _catalog_installed(settings):  # a fresh store has none, and a read writes nothing
         with _catalog(settings, install=False) as catalog:
             statuses = projection_status(catalog, _store_dsn(settings))
+    with ChangelogStore(_store_dsn(settings)) as store:
+        captures = store.captures()
     source_dsn = settings.source_dsn()
     slots = slot_status(source_dsn) if source_dsn else []
     if as_json:
         typer.echo(json.dumps({"projections": [s.as_json() for s in statuses],
+                               "captures": [c.as_json() for c in captures],
                                "slots": [vars(s) for s in slots]}, default=str))
         return
     table = Table(title="projections")
@@ -299,6 +305,17 @@ def status(as_json: JsonOption = False) -> None:
         for stream, position in s.holds_compaction.items():
             _out.print(f"{escape(s.name)} ({s.state}) holds the compaction of {escape(stream)} "
                        f"at position {position:,}", soft_wrap=True)
+    if captures:  # every source's capture, read from the store
+        capture_table = Table(title="captures")
+        for column in ("slot", "source", "prefix", "streams", "records", "last commit"):
+            capture_table.add_column(column)
+        for c in captures:
+            capture_table.add_row(escape(c.slot), escape(c.shown_source),
+                                  escape("-" if c.stream_prefix is None else
+                                         repr(c.stream_prefix)),
+                                  escape(", ".join(c.streams) or "-"), f"{c.records:,}",
+                                  str(c.last_commit_ts or "-"))
+        print_table(_out, capture_table)
     if slots:
         slot_table = Table(title="capture slots")
         for column in ("slot", "active", "wal_status", "retained", "healthy"):

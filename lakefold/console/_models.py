@@ -87,7 +87,12 @@ class CaptureState(Answer):
     """One capture slot that has streams in the store, with its health."""
 
     slot: str
-    status: str = Field(description="ok, warning, critical, lost or missing")
+    source: str = Field(description="where the capture reads: host:port/database (never a "
+                                    "role or password), or the database's name")
+    stream_prefix: str | None = Field(description="the prefix of its stream names (null: "
+                                                  "not recorded yet)")
+    status: str = Field(description="ok, warning, critical, lost or missing; unknown for "
+                                    "a capture of another source than the console's")
     active: bool
     paused: bool
     wal_status: str | None
@@ -257,6 +262,8 @@ class StreamInfo(Answer):
     head: int
     schema_version: int
     last_commit_ts: IsoTime | None
+    source: str = Field(description="the source of its capture, host:port/database (empty "
+                                    "for a view's output stream)")
 
 
 class StreamRecords(Answer):

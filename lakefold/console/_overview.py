@@ -1,6 +1,7 @@
 """The overview: one JSON-ready picture of the whole system, read from the stores.
 
-Captures (``slot_health`` of every slot that has changelog streams), the event store (head,
+Captures (every slot that has changelog streams, with its source; ``slot_health`` of those
+of the console's source database), the event store (head,
 the transaction holding the visibility watermark, durable subscriptions and their lag),
 every projection and view (``projection_status``, what ``lakefold status`` shows) and the
 DAG that joins them: sources → projections → views → targets, each node with a health.
@@ -46,31 +47,50 @@ def _iso(value: dt.datetime | None) -> str | None:
     return value.isoformat() if value is not None else None
 
 
+def _source_identity(dsn: str) -> tuple[str, str]:
+    """(system identifier, database) of the console's source."""
+    with psycopg.connect(dsn, autocommit=True, connect_timeout=10) as conn:
+        row = conn.execute("SELECT system_identifier::text, current_database() "
+                           "FROM pg_control_system()").fetchone()
+    return (str(row[0]), str(row[1])) if row else ("", "")
+
+
 def read_captures(addresses: StoreAddresses) -> list[dict[str, Any]]:
-    """Every capture slot that has streams in the store, with its health."""
+    """Every capture slot that has streams in the store, with its source and stream prefix;
+    the health of those whose source is the console's source database (a capture of another
+    source is listed with status ``unknown``: its slot lives on a server the console does not
+    connect to, and is not "missing" from this one)."""
     with ChangelogStore(addresses.store_dsn) as store:
-        streams = store.streams()
-    slots: dict[str, list[str]] = {}
-    for stream in streams:
-        if stream.slot == DERIVED_SLOT:  # a view's output, not a captured table
-            continue
-        slots.setdefault(stream.slot, []).append(stream.name)
+        recorded = [c for c in store.captures() if c.streams and c.slot != DERIVED_SLOT]
+    source_dsn = addresses.source_dsn or addresses.store_dsn
+    here = _source_identity(source_dsn) if recorded else ("", "")
     captures = []
-    for slot, names in sorted(slots.items()):
-        config = CaptureConfig(source_dsn=addresses.source_dsn or addresses.store_dsn,
-                               store_dsn=addresses.store_dsn, slot=slot,
-                               tables=("public.unused",))
+    for capture in recorded:
+        entry: dict[str, Any] = {"slot": capture.slot, "source": capture.shown_source,
+                                 "stream_prefix": capture.stream_prefix,
+                                 "streams": sorted(capture.streams), "changes_per_s": 0.0}
+        if (capture.system_id, capture.database) != here:
+            captures.append(entry | {
+                "status": "unknown", "active": False, "paused": False, "wal_status": None,
+                "safe_wal_size": None, "lag_bytes": None, "lag_seconds": None,
+                "retained_bytes": None, "records": capture.records, "snapshots": [],
+                "last_error": None,
+                "problems": [f"its source {capture.shown_source} is not the console's source "
+                             "database: read its health there (lakefold capture status "
+                             "--dsn ...)"]})
+            continue
+        config = CaptureConfig(source_dsn=source_dsn, store_dsn=addresses.store_dsn,
+                               slot=capture.slot, tables=("public.unused",))
         health = slot_health(config)
-        captures.append({
-            "slot": slot, "status": health.status, "active": health.active,
+        captures.append(entry | {
+            "status": health.status, "active": health.active,
             "paused": health.paused, "wal_status": health.wal_status,
             "safe_wal_size": health.safe_wal_size, "lag_bytes": health.lag_bytes,
             "lag_seconds": health.lag_seconds, "retained_bytes": health.retained_bytes,
-            "records": health.records, "changes_per_s": 0.0,
+            "records": health.records,
             # the running snapshot runs: tables done of all, rows copied so far
             "snapshots": [dict(s) for s in health.snapshots],
             "last_error": health.last_error, "problems": list(health.problems),
-            "streams": sorted(names),
         })
     return captures
 

@@ -6,8 +6,9 @@ writes tables' changes, views write their output streams, everyone reads): it im
 reader load it without the replication, decoding, snapshot and operations code. Moved out of
 ``lakefold.capture`` in round three; ``lakefold.capture.store`` is a deprecated alias.
 
-Read side: ``ChangelogStore(store_dsn)`` (``streams``, ``head``, ``read``, ``read_events``,
-``follow``, ``stream_schema``, ``compact``) and ``read_changelog_range`` for Spark workers.
+Read side: ``ChangelogStore(store_dsn)`` (``streams``, ``captures``, ``head``, ``read``,
+``read_events``, ``follow``, ``stream_schema``, ``compact``) and ``read_changelog_range`` for
+Spark workers.
 Durable readers (``commit_reader``, ``release_reader``, ``readers``) hold compaction back at
 the position they have processed; ``compaction_state`` says what holds a stream, and
 ``keep_history`` keeps a stream's full history (no compaction) for history readers.
@@ -31,6 +32,7 @@ from typing import TYPE_CHECKING
 from lakefold.core.lazy import lazy_getattr
 
 if TYPE_CHECKING:
+    from lakefold.store._captures import CaptureInfo
     from lakefold.store._changelog_store import (
         META_SCHEMA,
         ChangelogStore,
@@ -56,6 +58,7 @@ _EXPORTS: dict[str, str] = {
     "ChangelogStore": "lakefold.store._changelog_store",
     "ChangelogStreamInfo": "lakefold.store._changelog_store",
     "read_changelog_range": "lakefold.store._changelog_store",
+    "CaptureInfo": "lakefold.store._captures",
     "CompactionPolicy": "lakefold.store._compaction",
     "DERIVED_SLOT": "lakefold.store._derived_streams",
     "commit_at": "lakefold.store._commit_points",
@@ -75,6 +78,7 @@ _EXPORTS: dict[str, str] = {
 __all__ = [
     "DERIVED_SLOT",
     "META_SCHEMA",
+    "CaptureInfo",
     "ChangelogStore",
     "ChangelogStreamInfo",
     "ColumnSchema",

@@ -44,6 +44,7 @@ from lakefold.core.dsn import error_text, mask_dsn
 from lakefold.schemas.change import ChangeEvent, ChangeSource, Operation
 from lakefold.store import _ddl, _reader_registry, _snapshot_segments
 from lakefold.store._arrow_columns import arrow_type, typed_array
+from lakefold.store._captures import CaptureInfo, list_captures
 from lakefold.store._changelog_writer import NOTIFY_CHANNEL, split_key
 from lakefold.store._reader_registry import CompactionState, ReaderPosition
 from lakefold.store._stream_schema import StreamSchema
@@ -70,6 +71,9 @@ _CSV_META_TYPES: Final = {
     "_schema_version": pa.int32(),
 }
 _DEFAULT_CHUNK: Final = 65_536
+#: The source of a stream's capture (``c``: its capture_slots row), read through to_jsonb so
+#: that a store not yet migrated to the column answers too.
+_SOURCE: Final = "coalesce(to_jsonb(c) ->> 'source', '') "
 _EPOCH: Final = datetime(1970, 1, 1, tzinfo=UTC)
 
 
@@ -87,6 +91,9 @@ class ChangelogStreamInfo:
     head: int
     schema_version: int
     last_commit_ts: datetime | None
+    #: The source of the capture writing it, ``host:port/database`` (no role, no password);
+    #: empty for a view's output stream and for a capture recorded before sources were.
+    source: str = ""
 
 
 def connect_store(dsn: str) -> psycopg.Connection[Any]:
@@ -118,9 +125,10 @@ class StreamMeta:
 def stream_meta(conn: psycopg.Connection[Any], stream: str) -> StreamMeta:
     try:
         row = conn.execute(
-            "SELECT stream_id, slot_name, source_database, source_schema, source_table, head, "
-            "schema_version, last_commit_ts FROM lakefold.changelog_streams WHERE name = %s",
-            (stream,),
+            "SELECT stream_id, s.slot_name, s.source_database, source_schema, source_table, "
+            "head, schema_version, s.last_commit_ts, " + _SOURCE
+            + "FROM lakefold.changelog_streams s LEFT JOIN lakefold.capture_slots c "
+            "USING (slot_name) WHERE name = %s", (stream,),
         ).fetchone()
     except psycopg.errors.UndefinedTable as e:
         raise StoreError("the changelog store is not installed in this database; run a "
@@ -132,7 +140,7 @@ def stream_meta(conn: psycopg.Connection[Any], stream: str) -> StreamMeta:
             f"no changelog stream {stream!r}; known streams: "
             f"{', '.join(known) if known else '(none yet: is a capture running?)'}")
     info = ChangelogStreamInfo(stream, int(row[0]), row[1], row[2], row[3], row[4], int(row[5]),
-                      int(row[6]), row[7])
+                      int(row[6]), row[7], row[8])
     versions = {}
     for version, oid, identity, schema, table, columns, keyless in conn.execute(
         "SELECT version, relation_oid, replica_identity, source_schema, source_table, columns, "
@@ -379,11 +387,18 @@ class ChangelogStore:
         if not _ddl.is_installed(conn):
             return []
         rows = conn.execute(
-            "SELECT name, stream_id, slot_name, source_database, source_schema, source_table, "
-            "head, schema_version, last_commit_ts FROM lakefold.changelog_streams ORDER BY name"
+            "SELECT name, stream_id, s.slot_name, s.source_database, source_schema, "
+            "source_table, head, schema_version, s.last_commit_ts, " + _SOURCE
+            + "FROM lakefold.changelog_streams s LEFT JOIN lakefold.capture_slots c "
+            "USING (slot_name) ORDER BY name"
         ).fetchall()
         return [ChangelogStreamInfo(r[0], int(r[1]), r[2], r[3], r[4], r[5], int(r[6]),
-                                    int(r[7]), r[8]) for r in rows]
+                                    int(r[7]), r[8], r[9]) for r in rows]
+
+    def captures(self) -> list[CaptureInfo]:
+        """Every capture the store records (each source's slot), with its source, stream
+        prefix and streams, by slot; read from the store alone."""
+        return list_captures(self.connection())
 
     def stream(self, stream: str) -> ChangelogStreamInfo:
         """One stream; UnknownStreamError (listing the known ones) when missing."""

@@ -220,25 +220,30 @@ class ChangelogWriter:
     def slot_record(self) -> dict[str, Any] | None:
         """The store's row for this slot, or None when the store does not know it."""
         cur = self._conn.execute(
+            # source: read through to_jsonb, so that a store not yet migrated to it answers
             "SELECT publication, source_system_id, source_database, commit_lsn, ordinal, "
-            "complete, flush_lsn FROM lakefold.capture_slots WHERE slot_name = %s",
+            "complete, flush_lsn, coalesce(to_jsonb(c) ->> 'source', '') "
+            "FROM lakefold.capture_slots c WHERE slot_name = %s",
             (self._slot,),
         )
         row = cur.fetchone()
         if row is None:
             return None
         names = ("publication", "source_system_id", "source_database", "commit_lsn",
-                 "ordinal", "complete", "flush_lsn")
+                 "ordinal", "complete", "flush_lsn", "source")
         return dict(zip(names, row, strict=True))
 
     def register_slot(self, *, publication: str, system_id: str, database: str,
-                      consistent_point: int) -> None:
-        """Record that this capture owns the slot (called right after creating it)."""
+                      consistent_point: int, source: str = "", stream_prefix: str = "") -> None:
+        """Record that this capture owns the slot (called right after creating it), with its
+        source as shown (``host:port/database``) and its stream prefix."""
         with self._conn.transaction():
             self._conn.execute(
                 "INSERT INTO lakefold.capture_slots (slot_name, publication, source_system_id, "
-                "source_database, flush_lsn) VALUES (%s, %s, %s, %s, %s)",
-                (self._slot, publication, system_id, database, consistent_point),
+                "source_database, flush_lsn, source, stream_prefix) "
+                "VALUES (%s, %s, %s, %s, %s, %s, %s)",
+                (self._slot, publication, system_id, database, consistent_point, source,
+                 stream_prefix),
             )
             _ddl.create_staging(self._conn, self._slot)
 
@@ -301,7 +306,7 @@ class ChangelogWriter:
             raise OwnershipError(
                 f"stream {name!r} is written by the capture of slot {row[1]!r}; one table can "
                 "only be captured into a store once. Use another store, or a stream prefix "
-                "(CaptureConfig.stream_prefix) for this capture"
+                "of this capture's own (--stream-prefix, CaptureConfig.stream_prefix)"
             )
         return int(row[0])
 

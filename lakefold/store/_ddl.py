@@ -2,7 +2,9 @@
 
 ``capture_slots``       one row per replication slot a capture owns: the de-duplication
                         checkpoint ``(commit_lsn, ordinal, complete)`` and the flush LSN,
-                        written in the same transaction as the records they describe.
+                        written in the same transaction as the records they describe; the
+                        source (server identity, database, ``host:port/database``) and the
+                        stream prefix, which belongs to one source (``_sources``).
 ``changelog_streams``   one row per stream (captured table): ``head`` is the last position
                         readers may see; it only moves at source transaction boundaries.
 ``changelog_schemas``   the columns of each stream, per schema version.
@@ -252,11 +254,21 @@ DO $$ BEGIN
 END $$;
 """
 
+#: Where each capture reads and how it names its streams (after the first release).
+_CAPTURE_SOURCE: Final = """
+-- Added after the first release: the capture's source as it may be shown (host:port/database,
+-- never a role or a password) and its stream prefix (null: recorded before this version; the
+-- prefix is then read off the slot's streams, see capture.operations._sources).
+ALTER TABLE lakefold.capture_slots ADD COLUMN IF NOT EXISTS source text NOT NULL DEFAULT '',
+    ADD COLUMN IF NOT EXISTS stream_prefix text;
+"""
+
 COMPONENT: Final = migrations.register(
     "changelog",
     Migration(1, "changelog store and capture slots", _DDL),
     Migration(2, "changelog_schemas.keyless", _KEYLESS),
     Migration(3, "changelog_compaction: removed_to, expired_to, keep_history", _COMPACTION_EXTENT),
+    Migration(4, "capture_slots: source, stream_prefix", _CAPTURE_SOURCE),
 )
 
 _STAGING_DDL: Final = """

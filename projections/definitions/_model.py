@@ -70,14 +70,17 @@ def check_name(kind: str, name: str) -> str:
 def changelog(table: str, *, alias: str | None = None) -> ChangelogSource:
     """A changelog stream as a source: ``changelog("public.orders")`` or ``changelog("orders")``.
 
+    A capture with a stream prefix names its streams ``<prefix><schema>.<table>``: pass the
+    whole name, ``changelog("sales.public.orders")``.
+
     ``alias`` names the source for transforms (keyword argument) and fold records
-    (``record.source``); it defaults to the table name without its schema.
+    (``record.source``); it defaults to the table name without its schema (and prefix).
     """
     if not isinstance(table, str) or not table.strip():
         raise ProjectionDefinitionError("changelog() needs a table name such as 'public.orders'")
     qualified = table if "." in table else f"public.{table}"
     return ChangelogSource(
-        table=qualified, alias=check_name("source alias", alias or qualified.split(".", 1)[1])
+        table=qualified, alias=check_name("source alias", alias or qualified.rsplit(".", 1)[1])
     )
 
 

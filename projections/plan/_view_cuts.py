@@ -21,7 +21,8 @@ the output: the output at this position is the source's view for every frontier 
 ``[frontier, valid_until)``), and, on the latest row, ``reflects``: the newest frontier the
 view has applied without its output changing. Views whose inputs come from no capture slot or
 from several (event inputs, two databases) have no frontier: there is no commit order to align
-on, and such a chain gives what its inputs' heads give (see README, several databases).
+on, and such a chain gives what its inputs' heads give (docs/views.md, inputs from several
+sources).
 """
 
 from __future__ import annotations

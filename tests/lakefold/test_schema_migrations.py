@@ -63,7 +63,7 @@ def install_all(dsn):
     FoldKeys(dsn).install()
     install_console_tables(dsn)
 """
-COMPONENTS = {"changelog": 3, "capture_state": 1, "dead_letters": 1, "late_events": 1,
+COMPONENTS = {"changelog": 4, "capture_state": 1, "dead_letters": 1, "late_events": 1,
               "deleted_event_times": 1, "view_open_windows": 1, "stream_states": 1,
               "view_cuts": 1, "event_feeds": 1, "commit_cuts": 1, "event_store": 1,
               "catalog": 2, "fold_keys": 1, "console": 1}
@@ -123,7 +123,7 @@ def test_a_changelog_store_at_version_1_migrates_to_the_newest(pg: TestDatabase)
         with ChangelogStore(pg.dsn) as store:
             store.install()
             assert [s.name for s in store.streams()] == ["public.t"]
-        assert versions(conn)["changelog"] == ddl.COMPONENT.latest == 3
+        assert versions(conn)["changelog"] == ddl.COMPONENT.latest == 4
         assert conn.execute(  # version 2's column, version 3's carried-over extent
             "SELECT s.keyless, c.removed_to, c.expired_to FROM lakefold.changelog_compaction c "
             "LEFT JOIN lakefold.changelog_schemas s USING (stream_id)").fetchall() == [

@@ -252,6 +252,7 @@ function renderCaptures(captures) {
     const why = c.status === "ok" ? "" : `<div class="muted error-text">${
       esc(c.problems.join("; ") || "no reason given")}</div>`;
     return `<tr data-slot="${esc(c.slot)}"><td>${captureLink(c.slot)}</td>
+      <td>${esc(c.source)}</td>
       <td>${healthCell(health, c.status + (c.paused ? " (paused)" : ""))}${why}</td>
       <td>${esc(c.wal_status ?? "-")}</td>
       <td class="num">${c.safe_wal_size === null ? "unlimited" : bytes(c.safe_wal_size)}</td>
@@ -260,7 +261,7 @@ function renderCaptures(captures) {
       <td class="num">${num(c.changes_per_s)}</td><td>${snap || "-"}</td>
       <td>${captureActions(c)}</td>
     </tr>`;
-  }).join("") || '<tr><td colspan="9" class="muted">no captures</td></tr>';
+  }).join("") || '<tr><td colspan="10" class="muted">no captures</td></tr>';
 }
 
 function renderEventStore(store) {
@@ -462,6 +463,8 @@ function capturePage(overview) {
   }
   const health = captureHealth(c);
   const rows = [
+    ["source", esc(c.source) + (c.stream_prefix
+      ? ` (streams prefixed <code>${esc(c.stream_prefix)}</code>)` : "")],
     ["health", healthCell(health, c.status) + (c.problems.length
       ? `<div class="error-text">${esc(c.problems.join("; "))}</div>` : "")],
     ["streaming", c.paused ? "paused" : c.active ? "active" : "no process streams it now"],
