@@ -18,8 +18,8 @@ port, "queries": [{"name", "sql", "collect"}]}``. For each query, in a local min
    state size (a full snapshot of the hash-map state backend: the state held then), read
    from the job's mini-cluster's REST API while it runs (``/jobs/<id>/checkpoints``,
    ``state_size.max``). The mini-cluster goes with its job, and a finished job deletes its
-   checkpoints: a job shorter than the interval may end before its statistics are read
-   (null).
+   checkpoints, so what is read is a floor: a job of a few seconds completes one early
+   checkpoint or none before it ends (null), never one at its end.
 
 Prints one JSON object: name → ``{"seconds"}`` or ``{"error"}``, and ``rows`` and
 ``state_bytes`` when collected (``result_error`` when the results' run failed).

@@ -6,8 +6,9 @@ the Parquet format's jars through Maven; see the Makefile).
 ``events_per_s``: the events / seconds from a query's submission into a ``blackhole`` sink to
 the job's end (the source is bounded). The result: the same query again, its changelog
 collected and applied (only up to ``collect_limit`` events: collecting goes through Python).
-``state_bytes``: the largest checkpoint's state size of that second run (``flink_job.py``;
-null when the results are not collected).
+``state_bytes``: the largest checkpoint's state size seen in that second run (``flink_job.py``:
+a floor, not the peak, since a run of seconds completes one early checkpoint or none; null
+when none was seen or the results are not collected).
 """
 
 from __future__ import annotations
