@@ -7,7 +7,8 @@ Set-up (local Spark with delta-spark on, as ``LAKEFOLD_DELTA_SPARK=true`` starts
   by lakefold's append target (``DeltaViewWriter.append_arrow``) in ``--commits`` commits;
 - ``keyed``: ``--keyed-rows`` rows written by lakefold's upsert target (``write_arrow``), then
   ``--small-commits`` live-sized batches of 100 changed keys (one commit each: the log a live
-  projection's table has).
+  projection's table has), then vacuumed (each merge rewrote the files its keys were in: some
+  30 MB a merge at the defaults, kept until a vacuum).
 
 Each figure is the best of ``--rounds`` (seconds; after one untimed round):
 
@@ -117,7 +118,7 @@ def run(rows: int, commits: int, keyed_rows: int, small_commits: int, merge_keys
 
     from lakefold.projections import delta_table
     from lakefold.projections.operations import DeltaViewWriter
-    from lakefold.spark import optimize_table, read_delta, spark_session
+    from lakefold.spark import optimize_table, read_delta, spark_session, vacuum_table
     from lakefold.spark.operations import DELTA_SPARK_VERSION, with_delta_spark
 
     report = Report("delta-spark", {
@@ -143,6 +144,8 @@ def run(rows: int, commits: int, keyed_rows: int, small_commits: int, merge_keys
             keyed.write_arrow(_rows(position, 100, ids=ids), batch)
             position += 100
         next_batch = small_commits + 1
+        # Each merge rewrote the files its keys were in; the copies below take the live ones.
+        vacuum_table(keyed.path, retention_hours=0, enforce_retention=False)
 
         spark = spark_session(conf=with_delta_spark({"spark.sql.shuffle.partitions": "4"}),
                               app_name="lakefold-bench-delta-spark")
@@ -213,12 +216,21 @@ def run(rows: int, commits: int, keyed_rows: int, small_commits: int, merge_keys
             # OPTIMIZE, once each, on copies of the many-small-files table.
             for copy in ("optimize-rs", "optimize-spark"):
                 shutil.copytree(keyed.path, scratch / copy)
+            files = len(DeltaTable(keyed.path).file_uris())
             began = time.perf_counter()
-            optimize_table(str(scratch / "optimize-rs"))
+            compacted = optimize_table(str(scratch / "optimize-rs"))
             report.results["optimize_s"] = round(time.perf_counter() - began, 4)
             began = time.perf_counter()
-            spark.sql(f"OPTIMIZE delta.`{scratch / 'optimize-spark'}`").collect()
+            metrics = spark.sql(f"OPTIMIZE delta.`{scratch / 'optimize-spark'}`").collect()[
+                0]["metrics"]
             report.baseline["optimize_s"] = round(time.perf_counter() - began, 4)
+            # Not like for like: delta-rs aims at the table's delta.targetFileSize (lakefold
+            # sets it when it creates a keyed table), delta-spark at its own 1 GB default.
+            report.params["optimize_files"] = {
+                "before": files,
+                "delta_rs_removed_added": [compacted.files_removed, compacted.files_added],
+                "delta_spark_removed_added": [int(metrics["numFilesRemoved"]),
+                                              int(metrics["numFilesAdded"])]}
         finally:
             spark.stop()
         for metric in ("open_s", "scan_s", "time_travel_scan_s", "keyed_open_s",
@@ -247,7 +259,7 @@ def delta_spark(
     keyed_rows: Annotated[int, typer.Option(help="Rows of the keyed upsert table.")]
     = 1_000_000,
     small_commits: Annotated[int, typer.Option(help="Live-sized upserts (100 keys) into "
-                                                    "the keyed table.")] = 300,
+                                                    "the keyed table.")] = 100,
     merge_keys: Annotated[int, typer.Option(help="Changed keys per measured merge.")] = 1_000,
     rounds: Annotated[int, typer.Option(help="Timed rounds per figure (best kept).")] = 3,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
