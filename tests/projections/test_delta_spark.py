@@ -16,7 +16,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
@@ -44,7 +44,9 @@ pytestmark = pytest.mark.timeout(600)
 
 ROOT = Path(__file__).resolve().parents[2]
 DAY = 86_400_000_000  # µs
-BATCHES = 120  # per writer, while delta-spark's OPTIMIZE and VACUUM run
+#: Each table is compacted this many times by delta-spark while lakefold writes to it.
+MIN_OPTIMIZES = 3
+MAX_BATCHES = 2_000  # per writer: a bound, should delta-spark's maintenance stall
 
 
 class Peer:
@@ -229,62 +231,91 @@ def test_a_views_delta_target_reads_the_same_in_delta_spark(
             target.close()
 
 
-def _write_while(stop: threading.Event, writer: DeltaViewWriter, changes: list[pa.Table],
-                 retries: list[str], *, spark: Any = None) -> None:
-    """Write each batch in turn as the runner does: a batch whose commit lost to another
-    writer (TargetUnavailableError) is written again, exactly once by its batch id."""
-    for batch_id, rows_ in enumerate(changes):
-        while True:
-            try:
-                if writer.spec.mode == "append":
-                    if spark is not None and batch_id % 3 == 2:
-                        writer.write(spark.createDataFrame(rows_), batch_id)
-                    else:
-                        writer.append_arrow(rows_, batch_id)
+def _optimizes(path: str) -> int:
+    """OPTIMIZE commits in the table's history."""
+    return sum(1 for commit in DeltaTable(path).history()
+               if commit.get("operation") == "OPTIMIZE")
+
+
+def _write_one(writer: DeltaViewWriter, make: Callable[[int], pa.Table],
+               written: list[pa.Table], retries: list[str], *, spark: Any = None) -> None:
+    """Write the next batch (``make(batch_id)``) as the runner does: a batch whose commit lost
+    to another writer (TargetUnavailableError) is written again, exactly once by its batch
+    id. Every third append goes through the Spark sink when ``spark`` is given."""
+    batch_id = len(written)
+    rows_ = make(batch_id)
+    while True:
+        try:
+            if writer.spec.mode == "append":
+                if spark is not None and batch_id % 3 == 2:
+                    writer.write(spark.createDataFrame(rows_), batch_id)
                 else:
-                    writer.write_arrow(rows_, batch_id)
-                break
-            except TargetUnavailableError as e:
-                retries.append(str(e))
-                time.sleep(0.01)
-        if stop.is_set():
-            return
+                    writer.append_arrow(rows_, batch_id)
+            else:
+                writer.write_arrow(rows_, batch_id)
+            break
+        except TargetUnavailableError as e:
+            retries.append(str(e))
+            time.sleep(0.01)
+    written.append(rows_)
+
+
+def _write_while(stop: threading.Event, writer: DeltaViewWriter,
+                 make: Callable[[int], pa.Table], written: list[pa.Table], retries: list[str],
+                 *, spark: Any = None) -> None:
+    """Write batches until ``stop`` is set (at most MAX_BATCHES)."""
+    while not stop.is_set() and len(written) < MAX_BATCHES:
+        _write_one(writer, make, written, retries, spark=spark)
 
 
 def test_optimize_and_vacuum_while_lakefold_writes(spark: Any, peer: Peer,
                                                    tmp_path: Path) -> None:
-    rng = random.Random(7)
     upsert = DeltaViewWriter(delta_table("upsert", keys=["id"]), str(tmp_path / "upsert"),
                              app_id="up@1", name="up")
     append = DeltaViewWriter(delta_table("append"), str(tmp_path / "append"),
                              app_id="ap@1", name="ap")
-    upserts = [batch(rng, 1 + 30 * i, 30, keys=200, deletes=0.1) for i in range(BATCHES)]
-    appends = [batch(rng, 100_000 + 30 * i, 30, keys=10**9).drop(["_deleted"])
-               for i in range(BATCHES)]
-    upsert.write_arrow(upserts[0], 0)  # the tables exist before the maintenance starts
-    append.append_arrow(appends[0], 0)
+
+    def upserts(batch_id: int) -> pa.Table:
+        return batch(random.Random(batch_id), 1 + 30 * batch_id, 30, keys=200, deletes=0.1)
+
+    def appends(batch_id: int) -> pa.Table:
+        return batch(random.Random(-batch_id), 10**6 + 30 * batch_id, 30,
+                     keys=10**9).drop(["_deleted"])
+
+    written: dict[str, list[pa.Table]] = {"up": [], "ap": []}
+    retries: list[str] = []
+    # The tables exist before the maintenance starts.
+    _write_one(upsert, upserts, written["up"], retries)
+    _write_one(append, appends, written["ap"], retries)
+    stop = threading.Event()
     stop_file = tmp_path / "stop"
     peer.send(op="maintain", paths=[upsert.path, append.path], stop=str(stop_file))
-    time.sleep(3)  # the first OPTIMIZE has started
-    retries: list[str] = []
-    stop = threading.Event()
-    # The append writer in a thread of its own: two lakefold writers and the maintenance.
-    appender = threading.Thread(target=_write_while, args=(stop, append, appends, retries),
-                                kwargs={"spark": spark})
+    # The append writer in a thread of its own: two lakefold writers and the maintenance,
+    # until delta-spark has compacted each table MIN_OPTIMIZES times while they wrote.
+    appender = threading.Thread(target=_write_while, args=(
+        stop, append, appends, written["ap"], retries), kwargs={"spark": spark})
     appender.start()
     try:
-        _write_while(stop, upsert, upserts, retries)
+        def enough() -> bool:
+            return min(_optimizes(upsert.path), _optimizes(append.path)) >= MIN_OPTIMIZES
+
+        while not enough() and len(written["up"]) < MAX_BATCHES:
+            for _ in range(10):
+                _write_one(upsert, upserts, written["up"], retries)
     finally:
+        stop.set()
         appender.join()
         stop_file.touch()
     maintenance = peer._answer()
     assert "error" not in maintenance, maintenance
-    assert maintenance["optimize"] > 0 and maintenance["vacuum"] > 0, maintenance
-    assert maintenance["files_removed"] > 0, maintenance
+    assert min(_optimizes(upsert.path), _optimizes(append.path)) >= MIN_OPTIMIZES, (
+        maintenance, len(written["up"]))
+    assert maintenance["vacuum"] >= MIN_OPTIMIZES and maintenance["files_removed"] > 0, \
+        maintenance
 
     # The oracle: the batches applied in order in Python (latest position per key wins).
     expected: dict[int, dict[str, Any]] = {}
-    for rows_ in upserts:
+    for rows_ in written["up"]:
         for row in sorted(rows_.to_pylist(), key=lambda r: r["_position"]):
             if row.pop("_deleted"):
                 expected.pop(row["id"], None)
@@ -292,16 +323,19 @@ def test_optimize_and_vacuum_while_lakefold_writes(spark: Any, peer: Peer,
                 expected[row["id"]] = row
     want_upsert = pa.Table.from_pylist(list(expected.values()),
                                        schema=SCHEMA.remove(SCHEMA.get_field_index("_deleted")))
-    want_append = pa.concat_tables(appends)
-    for writer, want in ((upsert, want_upsert), (append, want_append)):
+    want_append = pa.concat_tables(written["ap"])
+    for writer, want, batches in ((upsert, want_upsert, written["up"]),
+                                  (append, want_append, written["ap"])):
         same(want, DeltaTable(writer.path).to_pyarrow_table(), peer.read(writer.path),
              read_delta(spark, writer.path).toArrow())
-        assert DeltaTable(writer.path).transaction_version(writer.app_id) == BATCHES - 1
+        assert DeltaTable(writer.path).transaction_version(writer.app_id) == len(batches) - 1
     # Nothing doubled: each appended position is there once.
     positions = DeltaTable(append.path).to_pyarrow_table().column("_position").to_pylist()
-    assert len(positions) == len(set(positions)) == BATCHES * 30
-    print(f"maintenance {maintenance['optimize']} OPTIMIZE, {maintenance['vacuum']} VACUUM, "
-          f"{len(maintenance['conflicts'])} conflicts; lakefold retries {len(retries)}")
+    assert len(positions) == len(set(positions)) == len(written["ap"]) * 30
+    print(f"batches {len(written['up'])} upsert, {len(written['ap'])} append; "
+          f"maintenance {maintenance['optimize']} OPTIMIZE, {maintenance['vacuum']} VACUUM, "
+          f"{maintenance['files_removed']} files compacted, {len(maintenance['conflicts'])} "
+          f"conflicts {maintenance['conflicts'][:3]}; lakefold retries {len(retries)}")
 
 
 def test_lakefold_reads_the_tables_delta_spark_writes(spark: Any, peer: Peer,
