@@ -28,7 +28,8 @@ demo: $(STAMP)
 test: $(STAMP) browser peers
 	$(BIN)/python -m pytest
 
-peers: $(FLINK_STAMP) $(PEER_JARS)/flink/.fetched $(PEER_JARS)/debezium/.fetched
+peers: $(FLINK_STAMP) $(PEER_JARS)/flink/.fetched $(PEER_JARS)/debezium/.fetched \
+	$(PEER_JARS)/delta-spark/.fetched
 
 $(FLINK_STAMP): infra/peers/flink/requirements.lock $(STAMP)
 	@test -x $(FLINK_VENV)/bin/python || $(BIN)/uv venv -q --python $(PY) $(FLINK_VENV)

@@ -58,12 +58,17 @@ def settings_driver_log(settings: Settings) -> Path:
 def session_from_settings(settings: Settings, *, app_name: str = "lakefold",
                           conf: Mapping[str, str] | None = None) -> SparkSession:
     """The session for ``settings``: ``spark_master`` (``local[*]`` by default), ``conf`` and
-    then ``spark_conf`` on top of lakefold's defaults; the driver's own output goes to
-    ``settings_driver_log(settings)``."""
+    then ``spark_conf`` on top of lakefold's defaults, and delta-spark's jars, extension and
+    catalog with ``delta_spark`` on (DeltaSparkJarsError, one line naming `make peers`, when
+    its jars are missing); the driver's own output goes to ``settings_driver_log(settings)``."""
     from lakefold.spark import spark_session
+    from lakefold.spark.operations import with_delta_spark
 
-    return spark_session(settings.spark_master, conf={**(conf or {}), **settings.spark_conf},
-                         app_name=app_name, log_path=settings_driver_log(settings))
+    merged = {**(conf or {}), **settings.spark_conf}
+    if settings.delta_spark:
+        merged = with_delta_spark(merged, settings.delta_spark_jars)
+    return spark_session(settings.spark_master, conf=merged, app_name=app_name,
+                         log_path=settings_driver_log(settings))
 
 
 def checked_lake(settings: Settings) -> str | Path:

@@ -83,6 +83,17 @@ class Settings(BaseSettings):
     )
     spark_master: str = Field(default="local[*]", description="Spark master URL.")
     spark_conf: dict[str, str] = Field(default_factory=dict, description="Extra Spark config.")
+    delta_spark: bool = Field(
+        default=False,
+        description="Start Spark with delta-spark (its jars, Delta SQL, format('delta')); "
+                    "lakefold then reads tables with deletion vectors or column mapping "
+                    "through it. Writes stay with delta-rs. Needs the jars: `make peers`.",
+    )
+    delta_spark_jars: Path | None = Field(
+        default=None,
+        description="Directory of delta-spark's jars. Unset: ~/.cache/lakefold/peers/"
+                    "delta-spark, where `make peers` puts them.",
+    )
     projections: str | None = Field(
         default=None, description="Python file or module that defines the projections."
     )

@@ -2,8 +2,8 @@
 defining and running them: the catalog of generations and where their sinks live, status
 reports, the runner's Spark settings, asking for a rebuild (``request_rebuild``, no Spark
 needed), releasing retired generations' changelog positions, the registry context, the query
-catalog of projection tables, and a view's parts (maintainer, target writer) for the views
-bench. Loaded lazily, like the package."""
+catalog of projection tables, a view's parts (maintainer, target writer) for the views
+bench, and the Delta target's writer for the delta-spark bench. Loaded lazily, like the package."""
 
 from __future__ import annotations
 
@@ -22,6 +22,7 @@ if TYPE_CHECKING:
     from lakefold.projections.state._catalog import Catalog, Generation, SinkRoots
     from lakefold.projections.state._late_events import LateEvent, late_events, replay_late_events
     from lakefold.projections.state._readers import release_gone
+    from lakefold.projections.targets._delta import DeltaViewWriter
     from lakefold.projections.targets._redis import drop_prefix
     from lakefold.projections.targets._tables import ProjectionTableCatalog
     from lakefold.projections.targets._view_targets import ViewTargetWriter
@@ -32,7 +33,8 @@ _EXPORTS: dict[str, str] = {
     "LateEvent": "state._late_events", "late_events": "state._late_events",
     "replay_late_events": "state._late_events",
     "release_gone": "state._readers", "request_rebuild": "runtime._rebuild_request",
-    "drop_prefix": "targets._redis", "RUNNER_SPARK_CONF": "runtime._runner",
+    "drop_prefix": "targets._redis", "DeltaViewWriter": "targets._delta",
+    "RUNNER_SPARK_CONF": "runtime._runner",
     "projection_status": "runtime._status", "slot_status": "runtime._status",
     "ProjectionTableCatalog": "targets._tables", "TargetContext": "definitions._targets",
     "ViewMaintainer": "operators._view_maintainer", "open_view": "operators._view_maintainer",
@@ -42,6 +44,7 @@ _EXPORTS: dict[str, str] = {
 __all__ = [
     "RUNNER_SPARK_CONF",
     "Catalog",
+    "DeltaViewWriter",
     "Generation",
     "LateEvent",
     "ProjectionTableCatalog",

@@ -1,9 +1,15 @@
 """Reading a Delta table into Spark without delta-spark: the delta-rs snapshot picks the files.
 
-The JVM Delta reader is not available (no Maven), so the snapshot's file list (delta-rs) goes to
-Spark's own Parquet reader with ``basePath`` set to the table root, so that Hive-style partition
-directories become columns, and with the table's schema given explicitly, so that partition
-columns keep their Delta types and columns missing from older files read as null.
+The snapshot's file list (delta-rs) goes to Spark's own Parquet reader with ``basePath`` set to
+the table root, so that Hive-style partition directories become columns, and with the table's
+schema given explicitly, so that partition columns keep their Delta types and columns missing
+from older files read as null.
+
+This reader needs no JVM library, so it works on every session, and it is what lakefold uses
+(measured against delta-spark in ARCHITECTURE.md, "delta-spark and delta-rs"). It refuses a
+table that needs a reader feature it does not implement (deletion vectors, column mapping);
+a session started with delta-spark (``LAKEFOLD_DELTA_SPARK``, ``_delta_spark``) reads such a
+table with ``spark.read.format("delta")`` instead.
 
 Partition pruning happens twice: ``partition_filters`` prune the file list from the Delta log
 before Spark sees it, and filters on partition columns in the query become Spark
@@ -23,6 +29,7 @@ from deltalake.exceptions import DeltaError
 
 from lakefold.core.object_store import storage_options_for
 from lakefold.spark._delta_commit import require_table
+from lakefold.spark._delta_spark import delta_spark_dataframe, has_delta_spark
 from lakefold.spark._delta_target import normalize_table_uri
 from lakefold.spark.exceptions import SparkTerminalError
 
@@ -69,12 +76,12 @@ def load_snapshot(path: str, *, version: int | None = None, as_of: dt.datetime |
             f"cannot load {uri} at {version if version is not None else as_of}: {e}; "
             f"the table's versions are listed by `DeltaTable(path).history()`"
         ) from e
-    features = set(table.protocol().reader_features or [])
-    unsupported = features - _READABLE_FEATURES
+    unsupported = _unsupported_features(table)
     if unsupported:
         raise SparkTerminalError(
             f"{uri} uses Delta reader feature(s) {sorted(unsupported)} that lakefold's reader "
-            "does not support; read it with delta-spark, or rewrite it without them"
+            "does not support; read it with delta-spark (LAKEFOLD_DELTA_SPARK=true), or "
+            "rewrite it without them"
         )
     try:
         if not partition_filters:
@@ -95,6 +102,31 @@ def load_snapshot(path: str, *, version: int | None = None, as_of: dt.datetime |
     )
 
 
+def _unsupported_features(table: DeltaTable) -> set[str]:
+    """The table's reader features that lakefold's file-list reader does not implement.
+
+    Reader version 2 lists no features: it implies column mapping, which delta-spark writes
+    that way (``delta.columnMapping.mode`` set, protocol 2/5); files then hold physical
+    column names, which this reader would read as nulls. A reader version above 3 is unknown
+    to it."""
+    protocol = table.protocol()
+    features = set(protocol.reader_features or [])
+    if protocol.min_reader_version == 2 and table.metadata().configuration.get(
+            "delta.columnMapping.mode", "none") != "none":
+        features.add("columnMapping")
+    if protocol.min_reader_version > 3:
+        features.add(f"readerVersion{protocol.min_reader_version}")
+    return features - _READABLE_FEATURES
+
+
+def needs_delta_spark(spark: SparkSession, path: str) -> bool:
+    """Whether ``path`` is a local table that only delta-spark can read here: the session has
+    delta-spark, and the table uses a reader feature the file-list reader refuses."""
+    uri = normalize_table_uri(path)
+    return "://" not in uri and has_delta_spark(spark) \
+        and bool(_unsupported_features(require_table(uri)))
+
+
 def spark_schema_of(schema: pa.Schema) -> Any:
     """The Spark StructType for a Delta table's Arrow schema."""
     from pyspark.sql.pandas.types import from_arrow_schema
@@ -110,8 +142,12 @@ def read_delta(spark: SparkSession, path: str, *, version: int | None = None,
     The DataFrame reads exactly the files of that snapshot: later commits, and files that were
     written but never committed, are invisible to it. ``partition_filters`` (tuples, or a SQL
     predicate) prune the file list with the log's partition values and column statistics; they
-    select files, not rows, so filter the DataFrame too for an exact result.
+    select files, not rows, so filter the DataFrame too for an exact result. A table that
+    needs delta-spark (``needs_delta_spark``) is read by delta-spark, without file pruning.
     """
+    if needs_delta_spark(spark, path):
+        return delta_spark_dataframe(spark, normalize_table_uri(path), version=version,
+                                     as_of=as_of)
     snapshot = load_snapshot(path, version=version, as_of=as_of,
                              partition_filters=partition_filters)
     return snapshot_dataframe(spark, snapshot)

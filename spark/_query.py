@@ -21,7 +21,7 @@ import pyarrow as pa
 
 from lakefold.core.object_store import storage_options_for
 from lakefold.spark._catalog import TableCatalog
-from lakefold.spark._delta_read import load_snapshot, snapshot_dataframe
+from lakefold.spark._delta_read import load_snapshot, read_delta
 from lakefold.spark.exceptions import QueryError, SparkTerminalError, UnknownTableError
 
 if TYPE_CHECKING:
@@ -66,11 +66,11 @@ def no_duplicate_error_logs() -> Iterator[None]:
 
 
 def register_tables(spark: SparkSession, catalog: TableCatalog) -> dict[str, str]:
-    """Register every catalog table as a temporary view; return name → path."""
+    """Register every catalog table as a temporary view; return name → path (``read_delta``:
+    delta-spark reads the tables only it can read, when the session has it)."""
     tables = dict(catalog.tables())
     for name, path in tables.items():
-        frame = snapshot_dataframe(spark, load_snapshot(path))
-        frame.createOrReplaceTempView(_quote(name))
+        read_delta(spark, path).createOrReplaceTempView(_quote(name))
     return tables
 
 

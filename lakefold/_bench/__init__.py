@@ -16,8 +16,8 @@ bench_app = typer.Typer(
 )
 
 #: The benchmark modules; each adds its command to ``bench_app`` when imported.
-BENCHMARKS = ("aggregates", "append", "capture", "console", "latency", "nexmark", "rebuild",
-              "replay", "snapshot", "views", "windows")
+BENCHMARKS = ("aggregates", "append", "capture", "console", "delta_spark", "latency", "nexmark",
+              "rebuild", "replay", "snapshot", "views", "windows")
 
 
 def register_benchmarks() -> None:
