@@ -4,9 +4,7 @@ standard input, one answer a line (prefixed ``ANSWER``) on standard output.
 
 Commands: ``read`` (a table, optionally ``version``, through ``spark.read.format("delta")``,
 written to ``out`` as Parquet), ``lakefold_read`` (the same through lakefold's ``read_delta`` on
-this delta-spark session), ``sql`` (statements; the rows of the last one), ``maintain``
-(OPTIMIZE and VACUUM RETAIN ``retain_hours`` HOURS on ``paths`` in a loop until the file
-``stop`` exists), ``quit``.
+this delta-spark session), ``sql`` (statements; the rows of the last one), ``quit``.
 """
 
 from __future__ import annotations
@@ -14,7 +12,6 @@ from __future__ import annotations
 import json
 import os
 import sys
-import time
 import traceback
 from pathlib import Path
 from typing import Any
@@ -29,40 +26,6 @@ from lakefold.spark import read_delta
 def answer(value: dict[str, Any]) -> None:
     sys.stdout.write("ANSWER " + json.dumps(value, default=str) + "\n")
     sys.stdout.flush()
-
-
-def maintain(spark: Any, paths: list[str], stop: Path, retain_hours: float) -> dict[str, Any]:
-    """OPTIMIZE then VACUUM (``retain_hours``) on each of ``paths`` until ``stop`` exists; a step
-    that a concurrent commit made fail is kept, as delta-spark says it, and the loop goes on.
-    The tallies so far, per path, are rewritten to ``<stop>.progress`` after each step."""
-    done: dict[str, Any] = {"optimize": 0, "vacuum": 0, "files_removed": 0, "conflicts": [],
-                            "tables": {p: {"optimized": 0, "vacuumed": 0, "conflicts": 0}
-                                       for p in paths}}
-    progress = stop.with_name(stop.name + ".progress")
-    while not stop.exists():
-        for path, step in [(p, s) for p in paths for s in ("optimize", "vacuum")]:
-            table = "delta.`" + path.replace("`", "``") + "`"
-            statement = f"OPTIMIZE {table}" if step == "optimize" \
-                else f"VACUUM {table} RETAIN {float(retain_hours)} HOURS"
-            tally = done["tables"][path]
-            try:
-                rows = spark.sql(statement).collect()  # a path the test owns
-            except Exception as e:  # delta-spark's ConcurrentModification family
-                lines = str(e).splitlines()
-                cause = next((line for line in lines if "Exception" in line
-                              or "DELTA_" in line), lines[0] if lines else repr(e))
-                done["conflicts"].append(f"{step}: {cause.strip()[:300]}")
-                tally["conflicts"] += 1
-            else:
-                done[step] += 1
-                tally["optimized" if step == "optimize" else "vacuumed"] += 1
-                if step == "optimize":
-                    done["files_removed"] += int(rows[0]["metrics"]["numFilesRemoved"])
-            scratch = progress.with_suffix(".tmp")
-            scratch.write_text(json.dumps(done))
-            scratch.replace(progress)
-        time.sleep(0.02)
-    return done
 
 
 def main() -> None:
@@ -100,9 +63,6 @@ def main() -> None:
                 for statement in command["statements"]:
                     rows = spark.sql(statement).collect()
                 answer({"rows": [row.asDict(recursive=True) for row in rows]})
-            elif op == "maintain":
-                answer(maintain(spark, command["paths"], Path(command["stop"]),
-                                command["retain_hours"]))
             else:
                 answer({"error": f"unknown op {op}"})
         except Exception as e:
