@@ -71,9 +71,13 @@ _CSV_META_TYPES: Final = {
     "_schema_version": pa.int32(),
 }
 _DEFAULT_CHUNK: Final = 65_536
-#: The source of a stream's capture (``c``: its capture_slots row), read through to_jsonb so
-#: that a store not yet migrated to the column answers too.
-_SOURCE: Final = "coalesce(to_jsonb(c) ->> 'source', '') "
+#: The streams as the store lists them, each with the source of its capture (``c``: its
+#: capture_slots row; the source read through to_jsonb so that a store not yet migrated to the
+#: column answers too). Not what the readers' ``stream_meta`` reads: they need no source.
+_LISTED: Final = (
+    "SELECT name, stream_id, s.slot_name, s.source_database, source_schema, source_table, "
+    "head, schema_version, s.last_commit_ts, coalesce(to_jsonb(c) ->> 'source', '') "
+    "FROM lakefold.changelog_streams s LEFT JOIN lakefold.capture_slots c USING (slot_name) ")
 _EPOCH: Final = datetime(1970, 1, 1, tzinfo=UTC)
 
 
@@ -92,8 +96,15 @@ class ChangelogStreamInfo:
     schema_version: int
     last_commit_ts: datetime | None
     #: The source of the capture writing it, ``host:port/database`` (no role, no password);
-    #: empty for a view's output stream and for a capture recorded before sources were.
+    #: empty for a view's output stream, for a capture recorded before sources were, and in
+    #: the readers' ``stream_meta`` (filled by the store's listings: ``streams``, ``stream``).
     source: str = ""
+
+
+def _listed(row: Any) -> ChangelogStreamInfo:
+    """A stream of ``_LISTED``."""
+    return ChangelogStreamInfo(row[0], int(row[1]), row[2], row[3], row[4], row[5],
+                               int(row[6]), int(row[7]), row[8], row[9])
 
 
 def connect_store(dsn: str) -> psycopg.Connection[Any]:
@@ -125,10 +136,9 @@ class StreamMeta:
 def stream_meta(conn: psycopg.Connection[Any], stream: str) -> StreamMeta:
     try:
         row = conn.execute(
-            "SELECT stream_id, s.slot_name, s.source_database, source_schema, source_table, "
-            "head, schema_version, s.last_commit_ts, " + _SOURCE
-            + "FROM lakefold.changelog_streams s LEFT JOIN lakefold.capture_slots c "
-            "USING (slot_name) WHERE name = %s", (stream,),
+            "SELECT stream_id, slot_name, source_database, source_schema, source_table, head, "
+            "schema_version, last_commit_ts FROM lakefold.changelog_streams WHERE name = %s",
+            (stream,),
         ).fetchone()
     except psycopg.errors.UndefinedTable as e:
         raise StoreError("the changelog store is not installed in this database; run a "
@@ -140,7 +150,7 @@ def stream_meta(conn: psycopg.Connection[Any], stream: str) -> StreamMeta:
             f"no changelog stream {stream!r}; known streams: "
             f"{', '.join(known) if known else '(none yet: is a capture running?)'}")
     info = ChangelogStreamInfo(stream, int(row[0]), row[1], row[2], row[3], row[4], int(row[5]),
-                      int(row[6]), row[7], row[8])
+                      int(row[6]), row[7])
     versions = {}
     for version, oid, identity, schema, table, columns, keyless in conn.execute(
         "SELECT version, relation_oid, replica_identity, source_schema, source_table, columns, "
@@ -386,14 +396,7 @@ class ChangelogStore:
         conn = self.connection()
         if not _ddl.is_installed(conn):
             return []
-        rows = conn.execute(
-            "SELECT name, stream_id, s.slot_name, s.source_database, source_schema, "
-            "source_table, head, schema_version, s.last_commit_ts, " + _SOURCE
-            + "FROM lakefold.changelog_streams s LEFT JOIN lakefold.capture_slots c "
-            "USING (slot_name) ORDER BY name"
-        ).fetchall()
-        return [ChangelogStreamInfo(r[0], int(r[1]), r[2], r[3], r[4], r[5], int(r[6]),
-                                    int(r[7]), r[8], r[9]) for r in rows]
+        return [_listed(r) for r in conn.execute(_LISTED + "ORDER BY name").fetchall()]
 
     def captures(self) -> list[CaptureInfo]:
         """Every capture the store records (each source's slot), with its source, stream
@@ -401,12 +404,16 @@ class ChangelogStore:
         return list_captures(self.connection())
 
     def stream(self, stream: str) -> ChangelogStreamInfo:
-        """One stream; UnknownStreamError (listing the known ones) when missing."""
-        return stream_meta(self.connection(), stream).info
+        """One stream, as ``streams`` lists it; UnknownStreamError (listing the known ones)
+        when missing."""
+        conn = self.connection()
+        info = stream_meta(conn, stream).info  # raises for a missing stream or store
+        row = conn.execute(_LISTED + "WHERE name = %s", (stream,)).fetchone()
+        return _listed(row) if row is not None else info
 
     def head(self, stream: str) -> int:
         """The last position readers may see (0 for an empty stream)."""
-        return self.stream(stream).head
+        return stream_meta(self.connection(), stream).info.head
 
     def truncates(self, stream: str, start: int, end: int) -> list[tuple[int, datetime]]:
         """The truncate records of ``stream`` at positions ``[start, end)`` (up to the head)
