@@ -97,7 +97,12 @@ class Settings(BaseSettings):
     projections: str | None = Field(
         default=None, description="Python file or module that defines the projections."
     )
-    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field(
+        default="WARNING",
+        description="The least severe of lakefold's log lines that are written (the CLI "
+                    "writes them to stderr): INFO adds snapshot progress, compaction and "
+                    "resumptions.",
+    )
     console_token: SecretStr | None = Field(
         default=None, description="Token every request to `lakefold console` must carry.",
     )
@@ -179,6 +184,8 @@ def load_settings(**overrides: object) -> Settings:
     # The lake's object store, for every Delta reader and writer of this process (the lower
     # layers look a table URI's bucket up there: lakefold.core.object_store).
     use_object_store(settings.object_store())
+    if "log_level" in settings.model_fields_set:  # unset: the process's own logging rules
+        logging.getLogger("lakefold").setLevel(settings.log_level)
     return settings
 
 

@@ -40,8 +40,9 @@ def _log_to_stderr() -> None:
     """Route the ``lakefold`` loggers' warnings and errors to stderr (once)."""
     logger = logging.getLogger("lakefold")
     if not any(isinstance(h, _StderrLines) for h in logger.handlers):
-        handler = _StderrLines(logging.WARNING)
-        logger.addHandler(handler)
+        # WARNING until a command loads its settings, which set LAKEFOLD_LOG_LEVEL's level.
+        logger.setLevel(logging.WARNING)
+        logger.addHandler(_StderrLines())
 
 
 def _with_driver_log(message: str) -> str:

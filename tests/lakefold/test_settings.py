@@ -159,3 +159,29 @@ def test_object_store_settings_move_the_lake_and_keep_the_secret(
     monkeypatch.setenv("LAKEFOLD_S3_ENDPOINT", "127.0.0.1:9")
     with pytest.raises(ConfigurationError, match="LAKEFOLD_S3_ENDPOINT"):
         load_settings()
+
+
+def test_the_log_level_setting_decides_which_lines_are_written(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    lakefold_logger = logging.getLogger("lakefold")
+    before = lakefold_logger.level
+    compaction = logging.getLogger("lakefold.store._compaction")
+    caplog.set_level(logging.DEBUG)  # every line lakefold's loggers let through is seen
+    try:
+        lakefold_logger.setLevel(logging.WARNING)  # as the CLI starts
+        load_settings()  # unset: the level stays
+        compaction.info("unset")
+        monkeypatch.setenv("LAKEFOLD_LOG_LEVEL", "INFO")
+        load_settings()
+        compaction.info("info")
+        compaction.debug("debug")
+        monkeypatch.setenv("LAKEFOLD_LOG_LEVEL", "ERROR")
+        load_settings()
+        compaction.warning("warning")
+        compaction.error("error")
+    finally:
+        lakefold_logger.setLevel(before)
+    assert [r.getMessage() for r in caplog.records
+            if r.name.startswith("lakefold.store")] == ["info", "error"]
