@@ -102,6 +102,11 @@ def vacuum_table(path: str, *, retention_hours: float = DEFAULT_RETENTION_HOURS,
     table = require_table(uri)
     if retention_hours < 0:
         raise SparkTerminalError(f"retention must be 0 hours or more, got {retention_hours}")
+    if retention_hours != int(retention_hours):
+        # delta-rs counts whole hours: 1.5 would keep one hour, less than asked.
+        raise SparkTerminalError(
+            f"retention is counted in whole hours, got {retention_hours}; pass "
+            f"{int(retention_hours) + 1} to keep at least that long")
     try:
         removed = table.vacuum(
             retention_hours=int(retention_hours),

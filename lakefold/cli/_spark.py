@@ -139,7 +139,7 @@ def optimize(
 def vacuum(
     table: Annotated[str, typer.Argument(help="Table name (from the catalog) or Delta path.")],
     retention_hours: Annotated[float, typer.Option(
-        help="Keep files needed by versions this young.")] = 168,
+        help="Keep files needed by versions this young (whole hours).")] = 168,
     dry_run: Annotated[bool, typer.Option(
         "--dry-run", help="List the files, delete nothing.")] = False,
     force: Annotated[bool, typer.Option(

@@ -4,7 +4,9 @@ standard input, one answer a line (prefixed ``ANSWER``) on standard output.
 
 Commands: ``read`` (a table, optionally ``version``, through ``spark.read.format("delta")``,
 written to ``out`` as Parquet), ``lakefold_read`` (the same through lakefold's ``read_delta`` on
-this delta-spark session), ``sql`` (statements; the rows of the last one), ``quit``.
+this delta-spark session), ``sql`` (statements; the rows of the last one), ``maintain``
+(OPTIMIZE and VACUUM RETAIN ``retain_hours`` HOURS on ``paths`` in a loop until the file
+``stop`` exists; whole hours, as delta-spark rounds them), ``quit``.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import time
 import traceback
 from pathlib import Path
 from typing import Any
@@ -28,6 +31,40 @@ def answer(value: dict[str, Any]) -> None:
     sys.stdout.flush()
 
 
+def maintain(spark: Any, paths: list[str], stop: Path, retain_hours: int) -> dict[str, Any]:
+    """OPTIMIZE then VACUUM (``retain_hours``) on each of ``paths`` until ``stop`` exists; a step
+    that a concurrent commit made fail is kept, as delta-spark says it, and the loop goes on.
+    The tallies so far, per path, are rewritten to ``<stop>.progress`` after each step."""
+    done: dict[str, Any] = {"optimize": 0, "vacuum": 0, "files_removed": 0, "conflicts": [],
+                            "tables": {p: {"optimized": 0, "vacuumed": 0, "conflicts": 0}
+                                       for p in paths}}
+    progress = stop.with_name(stop.name + ".progress")
+    while not stop.exists():
+        for path, step in [(p, s) for p in paths for s in ("optimize", "vacuum")]:
+            table = "delta.`" + path.replace("`", "``") + "`"
+            statement = f"OPTIMIZE {table}" if step == "optimize" \
+                else f"VACUUM {table} RETAIN {int(retain_hours)} HOURS"
+            tally = done["tables"][path]
+            try:
+                rows = spark.sql(statement).collect()  # a path the test owns
+            except Exception as e:  # delta-spark's ConcurrentModification family
+                lines = str(e).splitlines()
+                cause = next((line for line in lines if "Exception" in line
+                              or "DELTA_" in line), lines[0] if lines else repr(e))
+                done["conflicts"].append(f"{step}: {cause.strip()[:300]}")
+                tally["conflicts"] += 1
+            else:
+                done[step] += 1
+                tally["optimized" if step == "optimize" else "vacuumed"] += 1
+                if step == "optimize":
+                    done["files_removed"] += int(rows[0]["metrics"]["numFilesRemoved"])
+            scratch = progress.with_suffix(".tmp")
+            scratch.write_text(json.dumps(done))
+            scratch.replace(progress)
+        time.sleep(0.02)
+    return done
+
+
 def main() -> None:
     # The way a user turns delta-spark on: the settings (LAKEFOLD_DELTA_SPARK=true).
     settings = load_settings(
@@ -35,7 +72,11 @@ def main() -> None:
         delta_spark_jars=Path(os.environ["DELTA_SPARK_JARS"])
         if os.environ.get("DELTA_SPARK_JARS") else None,
         spark_conf={"spark.sql.shuffle.partitions": "2",
-                    # The tests vacuum with a retention of seconds while lakefold writes.
+                    # delta-spark's defaults for a cluster: 50 tasks to rebuild a snapshot's
+                    # state, 10,000 to list a table's files for VACUUM. Two cores here.
+                    "spark.databricks.delta.snapshotPartitions": "2",
+                    "spark.sql.sources.parallelPartitionDiscovery.parallelism": "2",
+                    # The tests vacuum with retentions below delta-spark's 7-day minimum.
                     "spark.databricks.delta.retentionDurationCheck.enabled": "false"})
     spark = session_from_settings(settings, app_name="lakefold-delta-spark-peer")
     spark.range(1).collect()  # the first action's cost is not a test's
@@ -63,6 +104,9 @@ def main() -> None:
                 for statement in command["statements"]:
                     rows = spark.sql(statement).collect()
                 answer({"rows": [row.asDict(recursive=True) for row in rows]})
+            elif op == "maintain":
+                answer(maintain(spark, command["paths"], Path(command["stop"]),
+                                command["retain_hours"]))
             else:
                 answer({"error": f"unknown op {op}"})
         except Exception as e:

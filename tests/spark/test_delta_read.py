@@ -81,6 +81,10 @@ def test_optimize_compacts_and_vacuum_removes_orphans(spark, tmp_path):
     (staging / "part-x.parquet").write_bytes(b"x")
     with pytest.raises(SparkLayerError, match="refused"):
         vacuum_table(target.path, retention_hours=0)
+    # delta-rs counts whole hours: 0.5 would be zero, so a fraction is refused, nothing deleted.
+    with pytest.raises(SparkLayerError, match=r"whole hours, got 0.5; pass 1"):
+        vacuum_table(target.path, retention_hours=0.5, enforce_retention=False)
+    assert orphan.exists()
     dry = vacuum_table(target.path, retention_hours=0, dry_run=True, enforce_retention=False)
     assert orphan.exists() and staging.exists()
     assert "part-orphan.c000.snappy.parquet" in dry.files
