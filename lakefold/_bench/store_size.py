@@ -41,6 +41,20 @@ def schema_bytes(dsn: str, schemas: Iterable[str]) -> int:
     return int(row[0]) if row else 0
 
 
+def state_tables(dsn: str, owner: str) -> dict[str, int]:
+    """The state tables ``owner`` (a view's generation, ``view_owner``) keeps, by the stream
+    each holds the latest rows of (its inputs, and its own output), with their indexes."""
+    import psycopg
+
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        rows = conn.execute(
+            "SELECT stream, pg_total_relation_size(format('%%I.%%I', %s::text, table_name)"
+            "::regclass) "
+            "FROM lakefold.stream_states WHERE owner = %s ORDER BY stream",
+            (STATE_SCHEMA, owner)).fetchall()
+    return {str(stream): int(size) for stream, size in rows}
+
+
 @dataclass(frozen=True)
 class StoreSize:
     """The store at one moment: the database, the views' state tables (``lakefold_state``)

@@ -23,7 +23,8 @@ into the changelog by an initial snapshot; the views of the user story: ``order_
   the views' state tables and lakefold's schema). ``changelog_bytes`` (and per source row):
   the captured tables' changelog after the initial snapshot. ``views.<view>``: what the view's
   build from nothing kept (``store_bytes``; of it ``state_table_bytes``, its inputs' latest
-  rows, its own rows and aggregates, and ``stream_bytes``, its output stream), per row of
+  rows, its own rows and aggregates, and ``stream_bytes``, its output stream; ``state_tables``:
+  each of its latest-rows tables by stream, with indexes), per row of
   its input (``bytes_per_input_row``: the three tables' rows for ``order_lines``, its lines
   for ``revenue_by_city``); ``views_bytes_per_input_row``: both views over the source's rows.
   ``bytes_per_change_under_load``: the store's growth (the source's tables left out) during
@@ -121,17 +122,18 @@ class _Chain:
                 reader="bench:revenue_by_city"),
         ]
 
-    def build(self) -> dict[str, dict[str, int]]:
+    def build(self) -> dict[str, dict[str, Any]]:
         """The chain's first step (each view built from nothing, then its target), with what
         each view's build kept in the store (``StoreSize.growth_since``; its target's reader
         checkpoint left out)."""
-        from lakefold._bench.store_size import StoreSize
+        from lakefold._bench.store_size import StoreSize, state_tables
 
-        kept = {}
+        kept: dict[str, dict[str, Any]] = {}
         for view, writer in zip((self.lines, self.revenue), self.writers, strict=True):
             before = StoreSize.of(self.dsn)
             view.step()
-            kept[view.view] = StoreSize.of(self.dsn).growth_since(before)
+            kept[view.view] = {**StoreSize.of(self.dsn).growth_since(before),
+                               "state_tables": state_tables(self.dsn, view.owner)}
             while writer.step() is not None:
                 pass
         return kept
@@ -260,7 +262,7 @@ def _application_main(dsn: str, path: str, shape: _Shape) -> dict[str, Any]:
 
 
 def _store_figures(shape: _Shape, captured: int,
-                   kept: dict[str, dict[str, int]]) -> dict[str, Any]:
+                   kept: dict[str, dict[str, Any]]) -> dict[str, Any]:
     """``results.store``: what the store keeps for the chain after its build (see the module
     docstring), per view and per input row."""
     rows = shape.orders + shape.customers + shape.products

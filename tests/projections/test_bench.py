@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 pytestmark = pytest.mark.timeout(300)
+TABLES = ("public.orders", "public.customers", "public.products")
 
 
 def bench(*args: str) -> dict[str, object]:
@@ -59,6 +60,11 @@ def test_views_bench_shape():
         assert view["state_table_bytes"] > 0 and view["stream_bytes"] >= 0, (name, view)
         assert view["store_bytes"] >= view["state_table_bytes"], (name, view)
         assert view["bytes_per_input_row"] == round(view["store_bytes"] / inputs, 1), name
+        # its latest-rows tables by stream: its inputs' and its own output's
+        assert all(size > 0 for size in view["state_tables"].values()), (name, view)
+    assert set(store["views"]["order_lines"]["state_tables"]) == {
+        *TABLES, "lakefold_views.order_lines_g1"}
+    assert "lakefold_views.order_lines_g1" in store["views"]["revenue_by_city"]["state_tables"]
     assert store["views"]["order_lines"]["stream_bytes"] > 0  # 2,000 lines
     assert store["views_bytes"] == sum(v["store_bytes"] for v in store["views"].values())
     assert store["views_bytes_per_input_row"] == round(store["views_bytes"] / rows, 1)
