@@ -19,6 +19,16 @@ into the changelog by an initial snapshot; the views of the user story: ``order_
   inserts, some customers moving city), with the capture in a process of its own as in a
   deployment. Probes: ``--probes`` times per second a new customer in a city of its own places
   one order; the probe is visible when its city's row is in the table.
+- ``results.store``: what the store keeps (``store_size``: the database's growth, split into
+  the views' state tables and lakefold's schema). ``changelog_bytes`` (and per source row):
+  the captured tables' changelog after the initial snapshot. ``views.<view>``: what the view's
+  build from nothing kept (``store_bytes``; of it ``state_table_bytes``, its inputs' latest
+  rows, its own rows and aggregates, and ``stream_bytes``, its output stream; ``state_tables``:
+  each of its latest-rows tables by stream, with indexes), per row of
+  its input (``bytes_per_input_row``: the three tables' rows for ``order_lines``, its lines
+  for ``revenue_by_city``); ``views_bytes_per_input_row``: both views over the source's rows.
+  ``bytes_per_change_under_load``: the store's growth (the source's tables left out) during
+  the steady load, per source change (changelog, states and both output streams).
 """
 
 from __future__ import annotations
@@ -95,6 +105,7 @@ class _Chain:
 
         tables = {"orders": "public.orders", "customers": "public.customers",
                   "products": "public.products"}
+        self.dsn = dsn
         self.lines = open_view(spark, dsn, view="order_lines", generation=1, inputs=tables,
                                query=ORDER_LINES, key=["order_id"])
         self.revenue = open_view(spark, dsn, view="revenue_by_city", generation=1,
@@ -110,6 +121,22 @@ class _Chain:
                 "upsert", keys=["city"]).open(self.path, TargetContext("revenue_by_city", 1)),
                 reader="bench:revenue_by_city"),
         ]
+
+    def build(self) -> dict[str, dict[str, Any]]:
+        """The chain's first step (each view built from nothing, then its target), with what
+        each view's build kept in the store (``StoreSize.growth_since``; its target's reader
+        checkpoint left out)."""
+        from lakefold._bench.store_size import StoreSize, state_tables
+
+        kept: dict[str, dict[str, Any]] = {}
+        for view, writer in zip((self.lines, self.revenue), self.writers, strict=True):
+            before = StoreSize.of(self.dsn)
+            view.step()
+            kept[view.view] = {**StoreSize.of(self.dsn).growth_since(before),
+                               "state_tables": state_tables(self.dsn, view.owner)}
+            while writer.step() is not None:
+                pass
+        return kept
 
     def step(self) -> bool:
         moved = False
@@ -229,14 +256,50 @@ def _application_main(dsn: str, path: str, shape: _Shape) -> dict[str, Any]:
     poller.join(timeout=10)
     counted = [n for n, at in committed.items() if at >= began + shape.warmup]
     latencies = [(seen[n] - committed[n]) * 1000 for n in counted if n in seen]
-    return {"achieved_rate": round(changes / elapsed), "probes": len(counted),
+    return {"achieved_rate": round(changes / elapsed), "changes": changes,
+            "probes": len(counted),
             "missed": len(counted) - len(latencies), "latencies": latencies}
+
+
+def _store_figures(shape: _Shape, captured: int,
+                   kept: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """``results.store``: what the store keeps for the chain after its build (see the module
+    docstring), per view and per input row."""
+    rows = shape.orders + shape.customers + shape.products
+    # order_lines reads the three tables; revenue_by_city reads order_lines (a line per order)
+    inputs = {"order_lines": rows, "revenue_by_city": shape.orders}
+    views = {name: {**kept[name], "input_rows": inputs[name],
+                    "bytes_per_input_row": round(kept[name]["store_bytes"] / inputs[name], 1)}
+             for name in ("order_lines", "revenue_by_city")}
+    total = sum(view["store_bytes"] for view in views.values())
+    return {"changelog_bytes": captured, "changelog_bytes_per_row": round(captured / rows, 1),
+            "views": views, "views_bytes": total,
+            "views_bytes_per_input_row": round(total / rows, 1)}
+
+
+@dataclass(frozen=True)
+class _StoreApart:
+    """The store's database without the source's tables (this bench's source database is
+    also its store)."""
+
+    database: int
+    source: int
+
+    @classmethod
+    def of(cls, dsn: str) -> _StoreApart:
+        from lakefold._bench.store_size import database_bytes, schema_bytes
+
+        return cls(database_bytes(dsn), schema_bytes(dsn, ["public"]))
+
+    def growth_since(self, before: _StoreApart) -> int:
+        return (self.database - before.database) - (self.source - before.source)
 
 
 def run(shape: _Shape) -> Report:
     """Run the benchmark on throwaway services; see the module docstring."""
     import psycopg
 
+    from lakefold._bench.store_size import StoreSize
     from lakefold.capture import Capture
     from lakefold.local import LocalPostgres
     from lakefold.projections.operations import RUNNER_SPARK_CONF
@@ -257,16 +320,19 @@ def run(shape: _Shape) -> Report:
                 for statement in _SETUP:
                     conn.execute(statement)
             _load(dsn, shape)
+            rows = shape.orders + shape.customers + shape.products
+            before = StoreSize.of(dsn)
             Capture(_config(dsn)).setup()  # the initial snapshot
             _capture(dsn)
+            captured = StoreSize.of(dsn).growth_since(before)["store_bytes"]
             spark = spark_session("local[2]", conf={**RUNNER_SPARK_CONF,
                                                     "spark.sql.shuffle.partitions": "2"},
                                   app_name="lakefold-bench-views")
             began = time.perf_counter()
             chain = _Chain(spark, dsn, scratch)
-            chain.step()
-            rows = shape.orders + shape.customers + shape.products
+            kept = chain.build()
             report.results["rebuild_rows_per_s"] = round(rows / (time.perf_counter() - began))
+            report.results["store"] = _store_figures(shape, captured, kept)
             chain.step()  # warm: the first incremental batch plans Spark's jobs
 
             with psycopg.connect(dsn, autocommit=True) as conn:
@@ -306,11 +372,15 @@ def run(shape: _Shape) -> Report:
             runner.start()
             from concurrent.futures import ProcessPoolExecutor
 
+            loaded = _StoreApart.of(dsn)
             with ProcessPoolExecutor(1, mp_context=spawn) as application:
                 outcome = application.submit(_application_main, dsn, chain.path,
                                              shape).result()
             stop.set()
             runner.join(timeout=60)
+            grown = _StoreApart.of(dsn).growth_since(loaded)
+            report.results["store"]["bytes_per_change_under_load"] = round(
+                grown / max(outcome["changes"], 1), 1)
             if errors:
                 raise BenchmarkError(f"the views failed under load: {errors[0]}") from errors[0]
             latencies = outcome["latencies"]

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 pytestmark = pytest.mark.timeout(300)
+TABLES = ("public.orders", "public.customers", "public.products")
 
 
 def bench(*args: str) -> dict[str, object]:
@@ -48,3 +49,23 @@ def test_views_bench_shape():
         assert results[metric] > 0, metric
     assert report["baseline"]["full_recompute_s"] > 0  # type: ignore[index]
     assert report["params"]["probes_missed"] == 0  # type: ignore[index]
+    store = results["store"]  # what the store keeps, per view and per input row
+    assert store["changelog_bytes"] > 0 and store["changelog_bytes_per_row"] > 0
+    rows = 2000 + 200 + 100
+    for name, inputs in (("order_lines", rows), ("revenue_by_city", 2000)):
+        view = store["views"][name]
+        assert view["input_rows"] == inputs, name
+        # every view keeps its inputs' rows in state tables and writes an output stream
+        # (revenue_by_city's 50 rows may fit in the changelog's last page: no growth)
+        assert view["state_table_bytes"] > 0 and view["stream_bytes"] >= 0, (name, view)
+        assert view["store_bytes"] >= view["state_table_bytes"], (name, view)
+        assert view["bytes_per_input_row"] == round(view["store_bytes"] / inputs, 1), name
+        # its latest-rows tables by stream: its inputs' and its own output's
+        assert all(size > 0 for size in view["state_tables"].values()), (name, view)
+    assert set(store["views"]["order_lines"]["state_tables"]) == {
+        *TABLES, "lakefold_views.order_lines_g1"}
+    assert "lakefold_views.order_lines_g1" in store["views"]["revenue_by_city"]["state_tables"]
+    assert store["views"]["order_lines"]["stream_bytes"] > 0  # 2,000 lines
+    assert store["views_bytes"] == sum(v["store_bytes"] for v in store["views"].values())
+    assert store["views_bytes_per_input_row"] == round(store["views_bytes"] / rows, 1)
+    assert store["bytes_per_change_under_load"] > 0

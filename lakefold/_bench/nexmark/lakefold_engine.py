@@ -6,7 +6,7 @@ caught up (every view's batches committed, every Delta target written: the same 
 ``lakefold run --until-caught-up`` has). ``output_events_per_s``: the same run to the views'
 committed output streams alone, i.e. without the seconds spent writing the Delta targets (a
 view's step commits its batch, then writes its target: the two never overlap).
-``state_bytes``: how much the store's database grew
+``state_bytes``: how much the store's database grew (``store_size.database_bytes``)
 while the query ran (the views' input states, event feeds, output streams and window
 aggregates: what lakefold keeps to maintain the query; nothing is deleted while events are
 only appended, so it is also the peak).
@@ -30,6 +30,7 @@ from lakefold._bench.nexmark.queries import (
     PERSON_TYPE,
     LakefoldView,
 )
+from lakefold._bench.store_size import database_bytes
 
 _TYPES = {"person": PERSON_TYPE, "auction": AUCTION_TYPE, "bid": BID_TYPE}
 
@@ -78,14 +79,6 @@ def register(views: tuple[LakefoldView, ...]) -> Any:
     return registered
 
 
-def _database_bytes(dsn: str) -> int:
-    import psycopg
-
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        row = conn.execute("SELECT pg_database_size(current_database())").fetchone()
-    return int(row[0]) if row else 0
-
-
 def run_views(spark: Any, dsn: str, scratch: Path, views: tuple[LakefoldView, ...],
               events: int) -> LakefoldRun:
     """Run a chain of ``views`` over the ``events`` in the store at ``dsn`` (see the module
@@ -98,7 +91,7 @@ def run_views(spark: Any, dsn: str, scratch: Path, views: tuple[LakefoldView, ..
     from lakefold.projections.operations import Catalog, SinkRoots
 
     outcome = LakefoldRun()
-    before = _database_bytes(dsn)
+    before = database_bytes(dsn)
     config = RunnerConfig(store_dsn=dsn, roots=SinkRoots.under(scratch / views[-1].name),
                           poll_seconds=0.05)
     try:
@@ -123,7 +116,7 @@ def run_views(spark: Any, dsn: str, scratch: Path, views: tuple[LakefoldView, ..
     outcome.target_seconds = round(writing, 3)
     outcome.output_events_per_s = round(events / max(elapsed - writing, 1e-3))
     outcome.batches = sum(r.batches for r in reports)
-    outcome.state_bytes = _database_bytes(dsn) - before
+    outcome.state_bytes = database_bytes(dsn) - before
     with Catalog(dsn) as catalog:
         path = catalog.current(views[-1].name).location("delta")
     # a view whose output is still empty has not created its table
