@@ -76,7 +76,8 @@ def with_s3a(conf: Mapping[str, str], store: ObjectStore,
         merged[key] = os.pathsep.join([*present, *(j for j in jars if j not in present)])
     hadoop = {"fs.s3a.path.style.access": "true" if store.path_style else "false",
               "fs.s3a.endpoint.region": store.region,
-              # Spark's checkpoint files are small: no multipart uploads, no buffering on disk
+              # Spark's checkpoint files are small: buffer uploads in memory, not in temporary
+              # files on the local disk
               "fs.s3a.fast.upload.buffer": "bytebuffer"}
     if store.endpoint:
         hadoop["fs.s3a.endpoint"] = store.endpoint
