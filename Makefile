@@ -29,7 +29,7 @@ test: $(STAMP) browser peers
 	$(BIN)/python -m pytest
 
 peers: $(FLINK_STAMP) $(PEER_JARS)/flink/.fetched $(PEER_JARS)/debezium/.fetched \
-	$(PEER_JARS)/delta-spark/.fetched
+	$(PEER_JARS)/delta-spark/.fetched $(PEER_JARS)/hadoop-aws/.fetched
 
 $(FLINK_STAMP): infra/peers/flink/requirements.lock $(STAMP)
 	@test -x $(FLINK_VENV)/bin/python || $(BIN)/uv venv -q --python $(PY) $(FLINK_VENV)

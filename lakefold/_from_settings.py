@@ -60,7 +60,9 @@ def session_from_settings(settings: Settings, *, app_name: str = "lakefold",
     """The session for ``settings``: ``spark_master`` (``local[*]`` by default), ``conf`` and
     then ``spark_conf`` on top of lakefold's defaults, and delta-spark's jars, extension and
     catalog with ``delta_spark`` on (DeltaSparkJarsError, one line naming `make peers`, when
-    its jars are missing); the driver's own output goes to ``settings_driver_log(settings)``."""
+    its jars are missing); with the lake on a bucket, hadoop-aws for the Spark checkpoints
+    there (HadoopAwsJarsError naming `make peers` when missing); the driver's own output goes
+    to ``settings_driver_log(settings)``."""
     from lakefold.spark import spark_session
     from lakefold.spark.operations import with_delta_spark
 
@@ -68,7 +70,9 @@ def session_from_settings(settings: Settings, *, app_name: str = "lakefold",
     if settings.delta_spark:
         merged = with_delta_spark(merged, settings.delta_spark_jars)
     return spark_session(settings.spark_master, conf=merged, app_name=app_name,
-                         log_path=settings_driver_log(settings))
+                         log_path=settings_driver_log(settings),
+                         object_store=settings.object_store(),
+                         hadoop_aws_jars=settings.hadoop_aws_jars)
 
 
 def checked_lake(settings: Settings) -> str | Path:

@@ -94,6 +94,11 @@ class Settings(BaseSettings):
         description="Directory of delta-spark's jars. Unset: ~/.cache/lakefold/peers/"
                     "delta-spark, where `make peers` puts them.",
     )
+    hadoop_aws_jars: Path | None = Field(
+        default=None,
+        description="Directory of hadoop-aws's jars (Spark checkpoints on the S3 bucket). "
+                    "Unset: ~/.cache/lakefold/peers/hadoop-aws, where `make peers` puts them.",
+    )
     projections: str | None = Field(
         default=None, description="Python file or module that defines the projections."
     )

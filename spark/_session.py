@@ -13,6 +13,8 @@ from typing import TYPE_CHECKING, BinaryIO
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
+    from lakefold.core.object_store import ObjectStore
+
 # Measured on a 2-core machine (../shared/FIELD-NOTES.md): the UI and console progress cost
 # start-up time and print noise; the default 200 shuffle partitions make small local jobs slow.
 DEFAULT_CONF: dict[str, str] = {
@@ -139,6 +141,8 @@ def spark_session(
     conf: Mapping[str, str] | None = None,
     app_name: str = "lakefold",
     log_path: Path | None = None,
+    object_store: ObjectStore | None = None,
+    hadoop_aws_jars: Path | None = None,
 ) -> SparkSession:
     """Get or create the Spark session, with lakefold's defaults under ``conf``.
 
@@ -146,6 +150,11 @@ def spark_session(
     (sources and sinks must be importable there). A new driver JVM writes its own output
     (start-up notices, log lines, stack traces) to ``log_path`` (default:
     ``default_driver_log()``), never to this process's terminal; ``driver_log()`` says where.
+
+    With ``object_store`` (the lake's bucket), Spark reaches it through Hadoop's S3A for its
+    checkpoints: hadoop-aws's jars from ``hadoop_aws_jars`` (HadoopAwsJarsError, one line
+    naming `make peers`, when they are missing), the store's endpoint as conf, its credentials
+    on the driver's Hadoop configuration (``lakefold.spark._s3a``).
     """
     from pyspark import SparkContext
     from pyspark.sql import SparkSession
@@ -159,6 +168,10 @@ def spark_session(
     builder = SparkSession.builder.master(master or "local[*]").appName(app_name)
     settings = {**DEFAULT_CONF, "spark.pyspark.python": sys.executable,
                 "spark.pyspark.driver.python": sys.executable, **(conf or {})}
+    if object_store is not None:
+        from lakefold.spark._s3a import with_s3a
+
+        settings = with_s3a(settings, object_store, hadoop_aws_jars)
     if SparkContext._active_spark_context is None:  # a new driver JVM: its options count
         settings["spark.driver.extraJavaOptions"] = driver_java_options(master, settings)
     if SparkContext._gateway is None:
@@ -168,5 +181,9 @@ def spark_session(
         builder = builder.config(key, value)
     session = builder.getOrCreate()
     session.sparkContext.setLogLevel("ERROR")
+    if object_store is not None:
+        from lakefold.spark._s3a import use_s3a_credentials
+
+        use_s3a_credentials(session, object_store)
     return session
 

@@ -8,6 +8,7 @@ pytest_plugins = [
     "tests.fixtures.redis",
     "tests.fixtures.s3",
     "tests.fixtures.spark",
+    "tests.fixtures.spark_cluster",
 ]
 
 

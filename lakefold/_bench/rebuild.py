@@ -17,6 +17,14 @@ into Delta. A runner runs it in the background, as ``lakefold run`` does.
 - ``baseline.batch_aggregate_events_per_s``: the same aggregate as one plain Spark batch job
   over the ``lakefold_events`` source (no streaming, state store, checkpoints or Delta), same
   run, same data: what Spark itself costs.
+
+With ``--master spark://...`` and/or ``--lake s3://BUCKET/PREFIX`` (the store's endpoint and
+credentials from the ``LAKEFOLD_S3_*`` settings), the same three figures are measured again,
+after the local ones and on the same history, with the driver's jobs on that cluster and the
+generations' tables and Spark checkpoints in that bucket: ``results.<where>``,
+``baseline.<where>`` and ``params.<where>_initial_build_events_per_s``, ``<where>`` being
+``cluster``, ``s3`` or ``cluster+s3`` (``params.master`` and ``params.lake`` say which). The
+local figures stay at the top level, so one JSON has both.
 """
 
 from __future__ import annotations
@@ -31,6 +39,14 @@ import typer
 
 from lakefold._bench import bench_app
 from lakefold._bench._background import BackgroundRunner
+from lakefold._bench._elsewhere import (
+    LakeOption,
+    MasterOption,
+    elsewhere,
+    lake_store,
+    remove_run_root,
+    run_root,
+)
 from lakefold._bench.history import (
     CATEGORY,
     DEFAULT_CUSTOMERS,
@@ -79,13 +95,14 @@ def _registry(batch: int) -> Any:
     return registry
 
 
-def _build_and_rebuild(report: Report, spark: Any, dsn: str, scratch: Path, events: int,
-                       batch: int) -> str:
-    """Generation 1 from nothing, then a rebuild into generation 2; the new table's path."""
+def _build_and_rebuild(results: dict[str, Any], spark: Any, dsn: str, scratch: Path,
+                       events: int, batch: int, lake: str | None = None) -> str:
+    """Generation 1 from nothing, then a rebuild into generation 2 (in ``lake``, default
+    under ``scratch``); the new table's location."""
     from lakefold.projections import Runner, RunnerConfig
     from lakefold.projections.operations import Catalog, SinkRoots
 
-    roots = SinkRoots.under(scratch)
+    roots = SinkRoots.under(scratch, lake)
     catalog = Catalog(dsn, roots)  # what a `lakefold rebuild` process opens
     try:
         catalog.install()
@@ -96,13 +113,13 @@ def _build_and_rebuild(report: Report, spark: Any, dsn: str, scratch: Path, even
         background = BackgroundRunner(runner)
         try:
             background.wait(lambda: _caught_up(catalog, events), "generation 1 caught up")
-            report.params["initial_build_events_per_s"] = round(
+            results["initial_build_events_per_s"] = round(
                 events / (time.perf_counter() - began))
             began = time.perf_counter()
             generation = catalog.begin_rebuild(NAME).generation
             background.wait(lambda: catalog.current(NAME).generation == generation,
                             "the switch")
-            report.results["rebuild_events_per_s"] = round(
+            results["rebuild_events_per_s"] = round(
                 events / (time.perf_counter() - began))
         finally:
             background.close()
@@ -119,35 +136,74 @@ def _caught_up(catalog: Any, events: int) -> bool:
         return False
 
 
-def run(events: int, customers: int, batch: int, store_dsn: str | None = None) -> Report:
-    """Run the benchmark on throwaway services; see the module docstring."""
+def _measure(spark: Any, dsn: str, scratch: Path, events: int, customers: int, batch: int,
+             lake: str | None) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The build, the rebuild (checked) and the batch baseline on ``spark`` with the tables in
+    ``lake``: (results, baseline)."""
     from deltalake import DeltaTable
     from pyspark.sql import functions as F
 
+    from lakefold.core.object_store import storage_options_for
+    from lakefold.spark import register_sources
+
+    results: dict[str, Any] = {}
+    path = _build_and_rebuild(results, spark, dsn, scratch, events, batch, lake)
+    rows = DeltaTable(path, storage_options=storage_options_for(path)).to_pyarrow_table()
+    got = {r["customer"]: (r["amount"], r["events"]) for r in rows.to_pylist()}
+    if got != expected_sums(events, customers):
+        raise BenchmarkError("the rebuilt aggregate differs from the expected sums")
+    register_sources(spark)
+    frame = spark.read.format("lakefold_events").option("dsn", dsn).load()
+    began = time.perf_counter()
+    (frame.select(F.get_json_object("data", "$.customer").alias("customer"),
+                  F.get_json_object("data", "$.amount").cast("long").alias("amount"))
+     .groupBy("customer").agg(F.sum("amount"), F.count(F.lit(1))).collect())
+    return results, {"batch_aggregate_events_per_s": round(
+        events / (time.perf_counter() - began))}
+
+
+def run(events: int, customers: int, batch: int, store_dsn: str | None = None,
+        master: str | None = None, lake: str | None = None) -> Report:
+    """Run the benchmark on throwaway services; see the module docstring."""
     from lakefold.projections.operations import RUNNER_SPARK_CONF
-    from lakefold.spark import register_sources, spark_session
+    from lakefold.spark import spark_session
 
     report = Report("rebuild", {"events": events, "customers": customers, "batch": batch})
+    where = elsewhere(master, lake)
+    if where is not None:
+        report.params |= {"master": master or "local[*]", "lake": lake or "local disk"}
+    store = lake_store(lake)
+    conf = {**RUNNER_SPARK_CONF, "spark.sql.shuffle.partitions": "2"}
     scratch = Path(tempfile.mkdtemp(prefix="lakefold-bench-rebuild-"))
     try:
         with history_store(report, events=events, per_stream=DEFAULT_PER_STREAM,
                            customers=customers, store_dsn=store_dsn) as dsn:
-            spark = spark_session(conf={**RUNNER_SPARK_CONF,
-                                        "spark.sql.shuffle.partitions": "2"},
-                                  app_name="lakefold-bench-rebuild")
-            path = _build_and_rebuild(report, spark, dsn, scratch, events, batch)
-            rows = DeltaTable(path).to_pyarrow_table().to_pylist()
-            got = {r["customer"]: (r["amount"], r["events"]) for r in rows}
-            if got != expected_sums(events, customers):
-                raise BenchmarkError("the rebuilt aggregate differs from the expected sums")
-            register_sources(spark)
-            frame = spark.read.format("lakefold_events").option("dsn", dsn).load()
-            began = time.perf_counter()
-            (frame.select(F.get_json_object("data", "$.customer").alias("customer"),
-                          F.get_json_object("data", "$.amount").cast("long").alias("amount"))
-             .groupBy("customer").agg(F.sum("amount"), F.count(F.lit(1))).collect())
-            report.baseline["batch_aggregate_events_per_s"] = round(
-                events / (time.perf_counter() - began))
+            # One driver JVM for both: with --lake, hadoop-aws is on its class path from the
+            # start (the local figures' session carries it too, unused).
+            spark = spark_session(conf=conf, app_name="lakefold-bench-rebuild",
+                                  object_store=store)
+            results, baseline = _measure(spark, dsn, scratch / "local", events, customers,
+                                         batch, None)
+            report.params["initial_build_events_per_s"] = results.pop(
+                "initial_build_events_per_s")
+            report.results |= results
+            report.baseline |= baseline
+            if where is not None:
+                spark.stop()
+                spark = spark_session(master, conf=conf, app_name="lakefold-bench-rebuild",
+                                      object_store=store)
+                root = run_root(lake, scratch) if lake else None
+                try:
+                    results, baseline = _measure(spark, dsn, scratch / where, events,
+                                                 customers, batch, root)
+                finally:
+                    spark.stop()
+                    if root is not None:
+                        remove_run_root(root)
+                report.params[f"{where}_initial_build_events_per_s"] = results.pop(
+                    "initial_build_events_per_s")
+                report.results[where] = results
+                report.baseline[where] = baseline
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     return report
@@ -159,9 +215,11 @@ def rebuild(
     customers: Annotated[int, typer.Option(help="Distinct aggregate keys.")] = DEFAULT_CUSTOMERS,
     batch: Annotated[int, typer.Option(help="Records per rebuild micro-batch.")] = 2_000_000,
     store_dsn: StoreDsnOption = None,
+    master: MasterOption = None,
+    lake: LakeOption = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
 ) -> None:
     """Rebuild a Delta aggregate from the whole event history (events/s)."""
     if events < 1 or customers < 1 or batch < 1:
         raise BenchmarkError("need --events >= 1, --customers >= 1 and --batch >= 1")
-    run(events, customers, batch, store_dsn).emit(as_json=as_json)
+    run(events, customers, batch, store_dsn, master, lake).emit(as_json=as_json)

@@ -24,6 +24,12 @@ session (``local[*]``):
   uses) over the store's tables, through the same ``noop`` sink. The PostgreSQL JDBC driver
   jar comes from the ``wbjdbc`` wheel (a dev dependency), Debian's ``libpostgresql-jdbc-java``,
   or ``--jdbc-jar``.
+
+With ``--master spark://...`` and/or ``--lake s3://BUCKET/PREFIX`` (endpoint and credentials
+from the ``LAKEFOLD_S3_*`` settings), everything is measured again after the local figures, on
+the same history, in a new session on that master with the replays' tables and checkpoints in
+that bucket: ``results.<where>``, ``baseline.<where>`` and ``params.<where>``, ``<where>``
+being ``cluster``, ``s3`` or ``cluster+s3``; the local figures stay at the top level.
 """
 
 from __future__ import annotations
@@ -39,6 +45,14 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from lakefold._bench import bench_app
+from lakefold._bench._elsewhere import (
+    LakeOption,
+    MasterOption,
+    elsewhere,
+    lake_store,
+    remove_run_root,
+    run_root,
+)
 from lakefold._bench.history import (
     DEFAULT_CUSTOMERS,
     REGISTRY_PATH,
@@ -156,15 +170,17 @@ def _measure_reads(report: Report, spark: SparkSession, dsn: str, events: int,
 def _fold(spark: SparkSession, target: DeltaTarget) -> Callable[[DataFrame, int], None]:
     """The replayed projection: fold a batch of events into the per-stream totals of
     ``target`` (its events, amounts and last position), upserted by stream."""
+    from deltalake import DeltaTable
     from pyspark.sql import functions as F
 
+    from lakefold.core.object_store import storage_options_for
     from lakefold.spark import read_delta, write_batch
 
     def fold(batch: DataFrame, batch_id: int) -> None:
         counted = batch.groupBy("stream_id").agg(
             F.count("*").alias("n"), F.sum("data.amount").alias("a"),
             F.max("position").alias("last_position"))
-        if Path(target.path, "_delta_log").exists():
+        if DeltaTable.is_deltatable(target.path, storage_options_for(target.path)):
             before = read_delta(spark, target.path).select(
                 "stream_id", F.col("events").alias("n0"), F.col("amount").alias("a0"))
             counted = counted.join(before, "stream_id", "left")
@@ -201,12 +217,13 @@ def _replay_query(spark: SparkSession, dsn: str, fold: Callable[[DataFrame, int]
     )
 
 
-def _warm_up_replay(spark: SparkSession, dsn: str, scratch: Path, batch_events: int) -> None:
+def _warm_up_replay(spark: SparkSession, dsn: str, tables: str, checkpoints: str,
+                    batch_events: int) -> None:
     """The replay's first two micro-batches (a new table, then an upsert into it) into a
     scratch table, then stopped: the driver JVM compiles the replay's code, and each core's
     Python worker imports the source, before the timed replay, as in the long-lived runner
     (and as the JDBC baseline is measured warm)."""
-    fold = _fold(spark, _target(str(scratch / "table")))
+    fold = _fold(spark, _target(f"{tables}/warm-up"))
     done = threading.Event()
     folded: list[int] = []
 
@@ -217,7 +234,7 @@ def _warm_up_replay(spark: SparkSession, dsn: str, scratch: Path, batch_events: 
         if len(folded) == 2:
             done.set()
 
-    query = _replay_query(spark, dsn, counted, str(scratch / "checkpoint"), batch_events)
+    query = _replay_query(spark, dsn, counted, f"{checkpoints}/warm-up", batch_events)
     while not done.wait(0.1) and query.isActive:
         pass
     query.stop()
@@ -230,46 +247,81 @@ def _replay(spark: SparkSession, dsn: str, path: str, checkpoint: str,
                   batch_events).awaitTermination()
 
 
-def run(events: int, per_stream: int, batch_events: int, jdbc_jar: Path | None,
-        store_dsn: str | None = None) -> Report:
-    """Run the whole benchmark; see the module docstring."""
+def _measure(report: Report, spark: SparkSession, dsn: str, events: int, per_stream: int,
+             batch_events: int, tables: str, checkpoints: str) -> None:
+    """The reads, the warm-up and the timed replays on ``spark``, the replays' Delta tables
+    under ``tables`` and their checkpoints under ``checkpoints``, into ``report``."""
     from deltalake import DeltaTable
 
-    from lakefold.spark import register_sources, spark_session
+    from lakefold.core.object_store import storage_options_for
+    from lakefold.spark import register_sources
+
+    register_sources(spark)
+    _measure_reads(report, spark, dsn, events)
+    warm_up = min(batch_events, WARM_UP_BATCH)
+    _warm_up_replay(spark, dsn, tables, checkpoints, warm_up)
+    report.params["replay_warm_up_events"] = min(2 * warm_up, events)
+    expected = expected_totals(events, per_stream)
+    rates: list[float] = []
+    for replay_round in range(_REPLAY_ROUNDS):
+        path = f"{tables}/totals-{replay_round}"
+        began = time.perf_counter()
+        _replay(spark, dsn, path, f"{checkpoints}/replay-{replay_round}", batch_events)
+        rates.append(events / (time.perf_counter() - began))
+        table = DeltaTable(path, storage_options=storage_options_for(path))
+        got = {r["stream_id"]: (r["events"], r["amount"], r["last_position"])
+               for r in table.to_pyarrow_table().to_pylist()}
+        if got != expected:
+            raise BenchmarkError("the replayed Delta aggregate differs from the "
+                                 "expected totals; the benchmark's result is invalid")
+    report.params["replay_rounds_events_per_s"] = [round(x) for x in rates]
+    report.results["replay_events_per_s"] = max(rates)
+
+
+def run(events: int, per_stream: int, batch_events: int, jdbc_jar: Path | None,
+        store_dsn: str | None = None, master: str | None = None,
+        lake: str | None = None) -> Report:
+    """Run the whole benchmark; see the module docstring."""
+    from lakefold.spark import spark_session
 
     jar = find_jdbc_jar(jdbc_jar)
     report = Report("replay", {"events": events, "per_stream": per_stream,
                                "batch_events": batch_events, "jdbc_jar": jar.name})
+    where = elsewhere(master, lake)
+    if where is not None:
+        report.params |= {"master": master or "local[*]", "lake": lake or "local disk"}
+    store = lake_store(lake)
+    conf = {"spark.jars": str(jar), "spark.sql.shuffle.partitions": "4"}
     scratch = Path(tempfile.mkdtemp(prefix="lakefold-bench-replay-"))
     try:
         with history_store(report, events=events, per_stream=per_stream,
                            customers=DEFAULT_CUSTOMERS, store_dsn=store_dsn) as dsn:
-            spark = spark_session(conf={"spark.jars": str(jar),
-                                        "spark.sql.shuffle.partitions": "4"},
-                                  app_name="lakefold-bench-replay")
+            # One driver JVM for both: with --lake, hadoop-aws is on its class path from the
+            # start (the local figures' session carries it too, unused).
+            spark = spark_session(conf=conf, app_name="lakefold-bench-replay",
+                                  object_store=store)
             try:
-                register_sources(spark)
-                _measure_reads(report, spark, dsn, events)
-                warm_up = min(batch_events, WARM_UP_BATCH)
-                _warm_up_replay(spark, dsn, scratch / "warm-up", warm_up)
-                report.params["replay_warm_up_events"] = min(2 * warm_up, events)
-                expected = expected_totals(events, per_stream)
-                rates: list[float] = []
-                for replay_round in range(_REPLAY_ROUNDS):
-                    path = str(scratch / f"totals-{replay_round}")
-                    began = time.perf_counter()
-                    _replay(spark, dsn, path, str(scratch / f"checkpoint-{replay_round}"),
-                            batch_events)
-                    rates.append(events / (time.perf_counter() - began))
-                    got = {r["stream_id"]: (r["events"], r["amount"], r["last_position"])
-                           for r in DeltaTable(path).to_pyarrow_table().to_pylist()}
-                    if got != expected:
-                        raise BenchmarkError("the replayed Delta aggregate differs from the "
-                                            "expected totals; the benchmark's result is invalid")
-                report.params["replay_rounds_events_per_s"] = [round(x) for x in rates]
-                report.results["replay_events_per_s"] = max(rates)
+                _measure(report, spark, dsn, events, per_stream, batch_events,
+                         str(scratch / "tables"), str(scratch / "checkpoints"))
             finally:
                 spark.stop()
+            if where is not None:
+                there = Report("replay", {})
+                tables = run_root(lake, scratch) if lake else str(scratch / where / "tables")
+                checkpoints = (f"s3a{tables.removeprefix('s3')}/_checkpoints" if lake
+                               else str(scratch / where / "checkpoints"))
+                spark = spark_session(master, conf=conf, app_name="lakefold-bench-replay",
+                                      object_store=store)
+                try:
+                    _measure(there, spark, dsn, events, per_stream, batch_events, tables,
+                             checkpoints)
+                finally:
+                    spark.stop()
+                    if lake:
+                        remove_run_root(tables)
+                report.params[where] = there.params
+                report.results[where] = there.results
+                report.baseline[where] = there.baseline
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     return report
@@ -284,9 +336,12 @@ def replay(
     jdbc_jar: Annotated[Path | None, typer.Option(
         help="PostgreSQL JDBC driver jar for the baseline.")] = None,
     store_dsn: StoreDsnOption = None,
+    master: MasterOption = None,
+    lake: LakeOption = None,
     as_json: Annotated[bool, typer.Option("--json", help="One JSON object on stdout.")] = False,
 ) -> None:
     """Event store → Spark read and Delta replay throughput vs spark.read.jdbc."""
     if events < 1 or per_stream < 1 or batch_events < 1:
         raise BenchmarkError("--events, --per-stream and --batch-events must be at least 1")
-    run(events, per_stream, batch_events, jdbc_jar, store_dsn).emit(as_json=as_json)
+    run(events, per_stream, batch_events, jdbc_jar, store_dsn, master, lake).emit(
+        as_json=as_json)

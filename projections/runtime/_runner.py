@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import logging
 import re
-import shutil
 import threading
 import time
 from collections.abc import Iterable, Mapping
@@ -69,6 +68,7 @@ from lakefold.projections.state._readers import (
     committed_positions,
     keep_history_for,
     release_gone,
+    remove_checkpoint,
 )
 from lakefold.spark.internals import FoldKeys, source_reads
 
@@ -683,7 +683,7 @@ class Runner:
             drop_generation_storage(generation.locations, TargetContext(
                 generation.name, generation.generation, redis_url=self.config.redis_url,
                 redis_namespace=self.config.roots.redis_namespace))
-            shutil.rmtree(generation.checkpoint_dir, ignore_errors=True)
+            remove_checkpoint(generation.checkpoint_dir)
             FoldKeys(self.config.store_dsn).drop(generation.name, generation.generation)
             self.catalog.mark_dropped(generation.name, generation.generation)
 

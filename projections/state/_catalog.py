@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import psycopg
 import psycopg.errors
@@ -152,19 +153,30 @@ COMPONENT = migrations.register(
 class SinkRoots:
     """Where new generations put their sinks: ``lake``/NAME/gN for Delta, ``search``/NAME/gN
     for indexes, ``checkpoints``/NAME/gN for Spark, ``redis_namespace``:NAME:gN: for keys.
-    ``lake`` is a local directory or an object store URI (``s3://bucket/prefix``)."""
+    ``lake`` is a local directory or an object store URI (``s3://bucket/prefix``); with the
+    lake on a bucket, ``checkpoints`` is there too (``s3a://bucket/prefix/_checkpoints``: Spark
+    writes them through Hadoop's S3A, whose scheme is ``s3a``)."""
 
     lake: Path | str
     search: Path
-    checkpoints: Path
+    checkpoints: Path | str
     redis_namespace: str = "lf"
 
     @classmethod
     def under(cls, home: Path, lake: Path | str | None = None) -> SinkRoots:
-        root: Path | str = lake.rstrip("/") if isinstance(lake, str) and "://" in lake \
-            else Path(lake or home / "lake").resolve()
-        return cls(lake=root, search=(home / "search").resolve(),
+        if isinstance(lake, str) and "://" in lake:
+            root = lake.rstrip("/")
+            parts = urlsplit(root)
+            return cls(lake=root, search=(home / "search").resolve(),
+                       checkpoints=f"s3a://{parts.netloc}{parts.path}/_checkpoints")
+        return cls(lake=Path(lake or home / "lake").resolve(), search=(home / "search").resolve(),
                    checkpoints=(home / "checkpoints").resolve())
+
+    def checkpoint(self, name: str, generation: int) -> str:
+        """Spark's checkpoint directory of generation ``generation`` of NAME."""
+        if isinstance(self.checkpoints, str):
+            return f"{self.checkpoints}/{name}/g{generation}"
+        return str(self.checkpoints / name / f"g{generation}")
 
     def locations(self, name: str, generation: int) -> dict[str, str]:
         """Target kind → where generation ``generation`` of NAME keeps its storage."""
@@ -298,7 +310,7 @@ class Catalog:
                 "this catalog was opened without sink roots; pass SinkRoots to create generations"
             )
         return (Jsonb(self.roots.locations(name, generation)),
-                str(self.roots.checkpoints / name / f"g{generation}"))
+                self.roots.checkpoint(name, generation))
 
     def ensure(self, name: str, *, target_kind: str, fingerprint: str,
                keep_generations: int, definition: dict[str, Any] | None = None

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import json
 import logging
+import shutil
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -74,15 +75,66 @@ def changelog_streams(projection: Projection) -> dict[str, list[str]]:
     return streams
 
 
-def read_offsets(checkpoint_dir: str, batch_id: int) -> dict[str, int] | None:
-    """Source alias → end position of ``batch_id``, from Spark's offset log."""
-    path = Path(checkpoint_dir) / "offsets" / str(batch_id)
+def _on_object_store(location: str) -> bool:
+    return "://" in location and not location.startswith("file://")
+
+
+def _read_text(location: str) -> str | None:
+    """The text of the file at ``location`` (a local path, or an ``s3a://`` object of the lake's
+    bucket); None when it does not exist."""
+    if not _on_object_store(location):
+        try:
+            return Path(location.removeprefix("file://")).read_text()
+        except FileNotFoundError:
+            return None
+    from lakefold.core.object_store import filesystem_for
+
+    fs, path = filesystem_for(location)
     try:
-        lines = path.read_text().splitlines()
+        with fs.open_input_stream(path) as stream:
+            return bytes(stream.read()).decode()
     except FileNotFoundError:
         return None
+
+
+def _names(location: str) -> list[str]:
+    """The names in the directory at ``location`` ([] when it does not exist)."""
+    if not _on_object_store(location):
+        try:
+            return [p.name for p in Path(location.removeprefix("file://")).iterdir()]
+        except FileNotFoundError:
+            return []
+    import pyarrow.fs as pafs
+
+    from lakefold.core.object_store import filesystem_for
+
+    fs, path = filesystem_for(location)
+    infos = fs.get_file_info(pafs.FileSelector(path, allow_not_found=True))
+    return [info.base_name for info in infos]
+
+
+def remove_checkpoint(location: str) -> None:
+    """Delete a generation's Spark checkpoint directory, local or on the bucket (gone already:
+    nothing to do)."""
+    if not _on_object_store(location):
+        shutil.rmtree(location.removeprefix("file://"), ignore_errors=True)
+        return
+    from lakefold.core.object_store import filesystem_for
+
+    fs, path = filesystem_for(location)
+    try:
+        fs.delete_dir(path)
+    except FileNotFoundError:
+        pass
+
+
+def read_offsets(checkpoint_dir: str, batch_id: int) -> dict[str, int] | None:
+    """Source alias → end position of ``batch_id``, from Spark's offset log."""
+    text = _read_text(f"{checkpoint_dir.rstrip('/')}/offsets/{batch_id}")
+    if text is None:
+        return None
     positions: dict[str, int] = {}
-    for line in lines[2:]:
+    for line in text.splitlines()[2:]:
         line = line.strip()
         if not line or line == "-":
             continue
@@ -95,11 +147,8 @@ def read_offsets(checkpoint_dir: str, batch_id: int) -> dict[str, int] | None:
 def committed_positions(checkpoint_dir: str) -> dict[str, int]:
     """Source alias → the next position a generation's query reads when it starts again: the
     end of the last batch in Spark's commit log ({} for a query that never committed one)."""
-    commits = Path(checkpoint_dir) / "commits"
-    try:
-        batches = [int(p.name) for p in commits.iterdir() if p.name.isdigit()]
-    except FileNotFoundError:
-        return {}
+    batches = [int(name) for name in _names(f"{checkpoint_dir.rstrip('/')}/commits")
+               if name.isdigit()]
     return (read_offsets(checkpoint_dir, max(batches)) or {}) if batches else {}
 
 

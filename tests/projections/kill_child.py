@@ -19,14 +19,17 @@ from lakefold.spark import spark_session
 
 def main() -> None:
     module, dsn, redis_url, home, mode, *only = sys.argv[1:]
+    # With LAKEFOLD_S3_* in the environment the lake and the Spark checkpoints are in that
+    # bucket (the settings register its object store for this process); else under HOME.
+    settings = load_settings() if os.environ.get("LAKEFOLD_S3_BUCKET") else None
     spark = spark_session("local[2]", conf={
         **RUNNER_SPARK_CONF, "spark.sql.shuffle.partitions": "2",
         # a short-lived JVM: the C1 compiler alone starts about a third faster
-        "spark.driver.extraJavaOptions": "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC -Xss4m"})
+        "spark.driver.extraJavaOptions": "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC -Xss4m"},
+        object_store=settings.object_store() if settings else None,
+        hadoop_aws_jars=settings.hadoop_aws_jars if settings else None)
     registry = load_projections(str(Path(__file__).with_name(module)))
-    # With LAKEFOLD_S3_* in the environment the lake is in that bucket (the settings register
-    # its object store for this process); else under HOME.
-    lake = load_settings().lake_location if os.environ.get("LAKEFOLD_S3_BUCKET") else None
+    lake = settings.lake_location if settings else None
     config = RunnerConfig(store_dsn=dsn, roots=SinkRoots.under(Path(home), lake),
                           redis_url=redis_url,
                           poll_seconds=0.1, only=tuple(only))

@@ -95,7 +95,7 @@ def test_count_per_city_over_a_changelog_is_refused_at_registration(pg, spark, t
     assert "lakefold.view" in message and "Fold" in message and "lakefold query" in message
     with Catalog(pg.dsn) as catalog:  # nothing was registered or written
         assert catalog.projections() == []
-    written = [p for root in (Path(roots.lake), roots.search, roots.checkpoints)
+    written = [p for root in (Path(roots.lake), roots.search, Path(roots.checkpoints))
                if root.exists() for p in root.rglob("*")]
     assert written == []
 

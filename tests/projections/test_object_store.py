@@ -1,7 +1,9 @@
-"""Projections with their Delta tables in a bucket of a real S3-compatible server (SeaweedFS):
-a runner with an upsert, an append and an SCD2 target is killed with SIGKILL while events keep
-arriving; afterwards each table equals a fresh computation from the event store, row for row,
-and ``lakefold query`` reads them from the bucket through the projection catalog."""
+"""Projections with their Delta tables in a bucket of a real S3-compatible server (SeaweedFS),
+and Spark's checkpoints in the bucket too (through Hadoop's S3A): a runner with an upsert, an
+append and an SCD2 target is killed with SIGKILL while events keep arriving; afterwards each
+table equals a fresh computation from the event store, row for row, nothing of the lake or the
+checkpoints is on the local disk, and ``lakefold query`` reads the tables from the bucket
+through the projection catalog."""
 
 from __future__ import annotations
 
@@ -16,10 +18,11 @@ from collections import defaultdict
 from decimal import Decimal
 from pathlib import Path
 
+import pyarrow.fs as pafs
 import pytest
 from deltalake import DeltaTable
 
-from lakefold.core.object_store import storage_options_for
+from lakefold.core.object_store import filesystem_for, storage_options_for
 from lakefold.eventstore import EventStore
 from lakefold.projections.operations import Catalog
 from tests.fixtures.s3 import S3Lake
@@ -57,37 +60,26 @@ def events_in_order(dsn: str) -> list[tuple[int, str, dict[str, str]]]:
         store.close()
 
 
-def test_sigkill_loop_with_tables_in_the_bucket(pg, redis_url, s3_lake: S3Lake, tmp_path):
-    rng = random.Random(23)
-    env = s3_lake.environment()
-    helpers.append_orders(pg.dsn, rng, 24)
-    with Catalog(pg.dsn) as catalog:
-        check_the_bucket_tables(pg, redis_url, s3_lake, tmp_path, rng, env, catalog)
-
-
-def check_the_bucket_tables(pg, redis_url, s3_lake: S3Lake, tmp_path: Path, rng: random.Random,
-                            env: dict[str, str], catalog: Catalog) -> None:
-    for kill in range(KILLS):
-        before = helpers.committed_batches(catalog, NAMES)
-        child = start_child(pg.dsn, redis_url, tmp_path, "run", env)
-        helpers.append_orders(pg.dsn, rng, 6, first=24 + 6 * kill)
-        helpers.wait_for_commits(catalog, NAMES, before, timeout=120)
-        time.sleep(rng.uniform(0.0, 1.0))
-        os.killpg(child.pid, signal.SIGKILL)
-        child.wait()
-        assert child.stdout is not None
-        child.stdout.close()
-        print(f"kill {kill}: batches {helpers.committed_batches(catalog, NAMES)}", flush=True)
-    child = start_child(pg.dsn, redis_url, tmp_path, "finish", env)
-    out, _ = child.communicate(timeout=300)
-    assert child.returncode == 0 and b"caught up" in out, (tmp_path / "child.log").read_text()
-
-    recorded = events_in_order(pg.dsn)
-    assert len(recorded) == 24 + 6 * KILLS
-    # Every location is in the bucket, and nothing of the lake is on the local disk.
+def check_tables_in_the_bucket(catalog: Catalog, s3_lake: S3Lake,
+                               recorded: list[tuple[int, str, dict[str, str]]]
+                               ) -> dict[str, Decimal]:
+    """The tables of s3_projections.py and their Spark checkpoints are in the bucket, and each
+    table equals a fresh computation from ``recorded`` (the event store's events) row for row;
+    returns the revenue per customer."""
+    # Every location is in the bucket.
     locations = {name: catalog.current(name).location("delta") for name in NAMES}
     assert all(loc.startswith(f"{s3_lake.uri}/") for loc in locations.values()), locations
-    assert not (tmp_path / "lake").exists()
+    # Spark's checkpoints are in the bucket too (offset and commit logs of every projection).
+    checkpoints = {name: catalog.current(name).checkpoint_dir for name in NAMES}
+    assert all(c.startswith(f"s3a://{s3_lake.store.bucket}/lake/_checkpoints/{name}/g")
+               for name, c in checkpoints.items()), checkpoints
+    fs, root = filesystem_for(f"s3://{s3_lake.store.bucket}/lake/_checkpoints")
+    objects = [info.path.removeprefix(root + "/") for info in
+               fs.get_file_info(pafs.FileSelector(root, recursive=True))
+               if info.type == pafs.FileType.File]
+    for name in NAMES:
+        assert any(o.startswith(f"{name}/g1/commits/") for o in objects), objects
+        assert any(o.startswith(f"{name}/g1/offsets/") for o in objects), objects
 
     # upsert (a fold): one row per customer, the sum of its orders
     revenue: dict[str, Decimal] = defaultdict(Decimal)
@@ -115,6 +107,41 @@ def check_the_bucket_tables(pg, redis_url, s3_lake: S3Lake, tmp_path: Path, rng:
     assert {c: [r["amount"] for r in sorted(rows, key=lambda r: int(str(r["_position"])))]
             for c, rows in history.items()} == dict(versions)
     assert all(sum(bool(r["current"]) for r in rows) == 1 for rows in history.values())
+
+    return revenue
+
+
+def test_sigkill_loop_with_tables_in_the_bucket(pg, redis_url, s3_lake: S3Lake, tmp_path):
+    rng = random.Random(23)
+    env = s3_lake.environment()
+    helpers.append_orders(pg.dsn, rng, 24)
+    with Catalog(pg.dsn) as catalog:
+        check_the_bucket_tables(pg, redis_url, s3_lake, tmp_path, rng, env, catalog)
+
+
+def check_the_bucket_tables(pg, redis_url, s3_lake: S3Lake, tmp_path: Path, rng: random.Random,
+                            env: dict[str, str], catalog: Catalog) -> None:
+    for kill in range(KILLS):
+        before = helpers.committed_batches(catalog, NAMES)
+        child = start_child(pg.dsn, redis_url, tmp_path, "run", env)
+        helpers.append_orders(pg.dsn, rng, 6, first=24 + 6 * kill)
+        helpers.wait_for_commits(catalog, NAMES, before, timeout=120)
+        time.sleep(rng.uniform(0.0, 1.0))
+        os.killpg(child.pid, signal.SIGKILL)
+        child.wait()
+        assert child.stdout is not None
+        child.stdout.close()
+        print(f"kill {kill}: batches {helpers.committed_batches(catalog, NAMES)}", flush=True)
+    child = start_child(pg.dsn, redis_url, tmp_path, "finish", env)
+    out, _ = child.communicate(timeout=300)
+    assert child.returncode == 0 and b"caught up" in out, (tmp_path / "child.log").read_text()
+
+    recorded = events_in_order(pg.dsn)
+    assert len(recorded) == 24 + 6 * KILLS
+    # nothing of the lake or of Spark's checkpoints is on the local disk
+    assert not (tmp_path / "lake").exists()
+    assert not (tmp_path / "checkpoints").exists()
+    revenue = check_tables_in_the_bucket(catalog, s3_lake, recorded)
 
     # `lakefold query` resolves the names through the catalog and reads the bucket.
     clean = {k: v for k, v in os.environ.items() if not k.startswith("LAKEFOLD_")}

@@ -25,6 +25,7 @@ from lakefold.core.object_store import (
     storage_options_for,
     use_object_store,
 )
+from lakefold.projections.operations import SinkRoots
 from lakefold.spark import (
     DeltaTarget,
     Engine,
@@ -39,6 +40,7 @@ from lakefold.spark import (
 from lakefold.spark._delta_commit import CommitPolicy, commit_files, open_table
 from lakefold.spark._delta_files import FileWriteSpec, file_from_row, write_task_files
 from lakefold.spark._delta_schema import plan_write
+from lakefold.spark._s3a import HadoopAwsJarsError, hadoop_aws_jars, with_s3a
 from tests.fixtures.s3 import S3Lake
 
 pytestmark = pytest.mark.timeout(180)
@@ -252,3 +254,46 @@ def test_spark_reads_every_column_type_from_the_bucket(spark, s3_lake: S3Lake):
         "X'00FF' AS raw, array(1, 2) AS tags, 'eu' AS region")
     write_batch(frame, DeltaTarget(uri, app_id="typed@1", partition_by=("region",)), 0)
     assert read_delta(spark, uri).collect() == frame.collect()
+
+
+def test_missing_hadoop_aws_jars_are_one_line_naming_make_peers(pg, s3_lake: S3Lake,
+                                                                 tmp_path: Path):
+    """With the lake on a bucket, Spark's checkpoints go there through hadoop-aws; without its
+    jars, `lakefold run` stops before Spark starts, with one line saying how to get them."""
+    projections = Path(__file__).parents[1] / "projections" / "s3_projections.py"
+    env = s3_lake.environment() | {"LAKEFOLD_STORE_DSN": pg.dsn,
+                                   "LAKEFOLD_HADOOP_AWS_JARS": str(tmp_path / "nowhere")}
+    out = _lakefold(["run", "--projections", str(projections), "--until-caught-up"], env,
+                    tmp_path)
+    assert out.returncode == 1
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), out.stderr
+    assert "hadoop-aws" in lines[0] and "run `make peers`" in lines[0]
+    assert "LAKEFOLD_HADOOP_AWS_JARS" in lines[0]
+    assert s3_lake.server.secret_access_key not in out.stderr + out.stdout
+
+
+def test_the_s3a_conf_carries_the_endpoint_but_never_a_credential(s3_lake: S3Lake,
+                                                                    tmp_path: Path):
+    with pytest.raises(HadoopAwsJarsError, match=r"has no hadoop-aws, bundle jar; run "
+                                                 r"`make peers`"):
+        hadoop_aws_jars(tmp_path)
+    jars = tmp_path / "jars"
+    jars.mkdir()
+    for name in ("hadoop-aws-3.5.0.jar", "bundle-2.35.4.jar"):
+        (jars / name).touch()
+    store = s3_lake.store
+    conf = with_s3a({"spark.driver.extraClassPath": "/x/postgresql.jar"}, store, jars)
+    assert conf["spark.driver.extraClassPath"].split(os.pathsep) == [
+        "/x/postgresql.jar", str(jars / "bundle-2.35.4.jar"), str(jars / "hadoop-aws-3.5.0.jar")]
+    assert conf["spark.executor.extraClassPath"].split(os.pathsep) == [
+        str(jars / "bundle-2.35.4.jar"), str(jars / "hadoop-aws-3.5.0.jar")]
+    assert conf["spark.hadoop.fs.s3a.endpoint"] == store.endpoint
+    assert conf["spark.hadoop.fs.s3a.path.style.access"] == "true"
+    assert conf["spark.hadoop.fs.s3a.connection.ssl.enabled"] == "false"
+    text = repr(conf)
+    assert store.secret_access_key and store.secret_access_key not in text
+    assert store.access_key_id and store.access_key_id not in text
+    roots = SinkRoots.under(tmp_path, s3_lake.uri)
+    assert roots.checkpoint("revenue", 2) == \
+        f"s3a://{store.bucket}/lake/_checkpoints/revenue/g2"
