@@ -28,6 +28,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Final
 
+from lakefold.spark._fetched_jars import PEERS_DIR, fetched_jars
 from lakefold.spark.exceptions import SparkTerminalError
 
 if TYPE_CHECKING:
@@ -38,7 +39,7 @@ DELTA_SPARK_VERSION: Final = "4.4.0"
 DELTA_EXTENSION: Final = "io.delta.sql.DeltaSparkSessionExtension"
 DELTA_CATALOG: Final = "org.apache.spark.sql.delta.catalog.DeltaCatalog"
 #: Where ``make peers`` puts the jars.
-DEFAULT_JARS_DIR: Final = Path.home() / ".cache" / "lakefold" / "peers" / "delta-spark"
+DEFAULT_JARS_DIR: Final = PEERS_DIR / "delta-spark"
 # The jars without which the session cannot start Delta's extension.
 _REQUIRED: Final = ("delta-spark_2.13-", "delta-storage-")
 
@@ -51,9 +52,7 @@ def delta_spark_jars(jars_dir: Path | None = None) -> list[Path]:
     """The jars of ``jars_dir`` (default ``DEFAULT_JARS_DIR``), checked to hold delta-spark
     and delta-storage; raises DeltaSparkJarsError naming the fix when they are missing."""
     where = jars_dir if jars_dir is not None else DEFAULT_JARS_DIR
-    jars = sorted(where.glob("*.jar")) if where.is_dir() else []
-    missing = [prefix.rstrip("-") for prefix in _REQUIRED
-               if not any(jar.name.startswith(prefix) for jar in jars)]
+    jars, missing = fetched_jars(where, _REQUIRED)
     if missing:
         raise DeltaSparkJarsError(
             f"delta-spark is on (LAKEFOLD_DELTA_SPARK) but {where} has no {', '.join(missing)} "

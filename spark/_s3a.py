@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Final
 from urllib.parse import urlsplit
 
+from lakefold.spark._fetched_jars import PEERS_DIR, fetched_jars
 from lakefold.spark.exceptions import SparkTerminalError
 
 if TYPE_CHECKING:
@@ -39,7 +40,7 @@ if TYPE_CHECKING:
 #: The hadoop-aws release ``make peers`` fetches: pyspark 4.2.0's Hadoop.
 HADOOP_AWS_VERSION: Final = "3.5.0"
 #: Where ``make peers`` puts the jars.
-DEFAULT_JARS_DIR: Final = Path.home() / ".cache" / "lakefold" / "peers" / "hadoop-aws"
+DEFAULT_JARS_DIR: Final = PEERS_DIR / "hadoop-aws"
 _REQUIRED: Final = ("hadoop-aws-", "bundle-")
 _CLASS_PATHS: Final = ("spark.driver.extraClassPath", "spark.executor.extraClassPath")
 
@@ -52,9 +53,7 @@ def hadoop_aws_jars(jars_dir: Path | None = None) -> list[Path]:
     """The jars of ``jars_dir`` (default ``DEFAULT_JARS_DIR``), checked to hold hadoop-aws and
     the AWS SDK bundle; raises HadoopAwsJarsError naming the fix when they are missing."""
     where = jars_dir if jars_dir is not None else DEFAULT_JARS_DIR
-    jars = sorted(where.glob("*.jar")) if where.is_dir() else []
-    missing = [prefix.rstrip("-") for prefix in _REQUIRED
-               if not any(jar.name.startswith(prefix) for jar in jars)]
+    jars, missing = fetched_jars(where, _REQUIRED)
     if missing:
         raise HadoopAwsJarsError(
             f"the lake is on a bucket (LAKEFOLD_S3_BUCKET), whose Spark checkpoints need "

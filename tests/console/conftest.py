@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import threading
@@ -31,6 +30,7 @@ from lakefold.local import free_port
 from lakefold.projections.operations import SinkRoots
 from lakefold.schemas.events import NewEvent
 from tests.fixtures.postgres import PostgresServer, drop_database
+from tests.fixtures.processes import stop_group
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
@@ -152,16 +152,6 @@ def _start(system: System, name: str, *args: str) -> None:
             start_new_session=True)
 
 
-def _stop(process: subprocess.Popen[bytes]) -> None:
-    if process.poll() is None:
-        os.killpg(process.pid, signal.SIGTERM)
-        try:
-            process.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait(timeout=30)
-
-
 @pytest.fixture(scope="package")
 def system(postgres_server: PostgresServer, redis_server_url: str,
            tmp_path_factory: pytest.TempPathFactory) -> Iterator[System]:
@@ -205,7 +195,7 @@ def system(postgres_server: PostgresServer, redis_server_url: str,
             yield system
         finally:
             for process in system.processes.values():
-                _stop(process)
+                stop_group(process)
     drop_database(postgres_server, name)
 
 

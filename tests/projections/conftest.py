@@ -11,20 +11,12 @@ from lakefold.capture import Capture, CaptureConfig
 from lakefold.projections.operators._view_maintainer import ViewMaintainer
 from tests.capture.conftest import capture_now, execute
 from tests.fixtures.postgres import TestDatabase
-from tests.projections.view_shop import open_views
+from tests.projections.view_shop import SHOP_TABLES, open_views
 
 
 @pytest.fixture
 def shop(pg: TestDatabase) -> CaptureConfig:
-    execute(pg.dsn,
-            "CREATE TABLE customers (id int PRIMARY KEY, name text, city text)",
-            "CREATE TABLE products (id int PRIMARY KEY, category text)",
-            "CREATE TABLE orders (id int PRIMARY KEY, customer_id int, product_id int, "
-            "amount numeric(10, 2))",
-            "INSERT INTO customers SELECT i, 'c' || i, (ARRAY['Oslo', 'Lima'])[i % 2 + 1] "
-            "FROM generate_series(1, 6) i",
-            "INSERT INTO products SELECT i, 'k' || (i % 2) FROM generate_series(1, 4) i",
-            "INSERT INTO orders SELECT i, i % 7, i % 5, i * 1.25 FROM generate_series(1, 15) i")
+    execute(pg.dsn, *SHOP_TABLES)
     config = CaptureConfig(source_dsn=pg.dsn, tables=("customers", "products", "orders"),
                            slot="views")
     Capture(config).setup()

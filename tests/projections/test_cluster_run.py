@@ -36,8 +36,7 @@ from tests.fixtures.s3 import S3Lake
 from tests.fixtures.spark_cluster import ROOT, StandaloneCluster
 from tests.projections import helpers
 from tests.projections.test_object_store import check_tables_in_the_bucket, events_in_order
-from tests.projections.test_view_crash import _change
-from tests.projections.view_shop import oracle
+from tests.projections.view_shop import change_shop, oracle
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 LAKEFOLD = str(Path(sys.executable).parent / "lakefold")
@@ -61,7 +60,7 @@ def _view(catalog: Catalog, name: str, key: str) -> dict[Any, dict[str, Any]]:
 def _changes(shop: CaptureConfig, rng: random.Random, round_: int) -> None:
     """New order events, and a transaction over the shop's tables, captured."""
     helpers.append_orders(shop.source_dsn, rng, 6, first=12 + 6 * round_)
-    _change(shop.source_dsn, rng, round_)
+    change_shop(shop.source_dsn, rng, round_)
     capture_now(shop)
 
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import os
 import random
-import signal
 import subprocess
 import sys
 import time
@@ -32,7 +31,8 @@ from lakefold.projections.operations import Catalog
 from tests.capture.conftest import execute
 from tests.capture.two_sources import second_server
 from tests.fixtures.postgres import PostgresServer, TestDatabase, drop_database
-from tests.projections.view_shop import oracle
+from tests.fixtures.processes import stop_group
+from tests.projections.view_shop import SHOP_TABLES, change_shop, oracle
 
 __all__ = ["second_server"]  # a fixture, used by name
 pytestmark = pytest.mark.timeout(600)
@@ -79,29 +79,6 @@ def _start(*args: str, env: dict[str, str], log: Path) -> subprocess.Popen[bytes
     with log.open("ab") as out:
         return subprocess.Popen([LAKEFOLD, *args], env=env, cwd=env["LAKEFOLD_HOME"],
                                 stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
-
-
-def _stop(process: subprocess.Popen[bytes]) -> None:
-    if process.poll() is None:
-        os.killpg(process.pid, signal.SIGTERM)
-        try:
-            process.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait(timeout=30)
-
-
-def _change(dsn: str, rng: random.Random, round_: int) -> None:
-    """A transaction over the three tables: orders in and out, a customer moving city."""
-    with psycopg.connect(dsn) as conn, conn.transaction():
-        for i in range(5):
-            conn.execute("INSERT INTO orders VALUES (%s, %s, %s, %s) ON CONFLICT (id) DO UPDATE "
-                         "SET amount = excluded.amount",
-                         (100 + 10 * round_ + i, rng.randrange(1, 7), rng.randrange(1, 5),
-                          rng.randrange(1, 999)))
-        conn.execute("DELETE FROM orders WHERE id = %s", (rng.randrange(1, 16),))
-        conn.execute("UPDATE customers SET city = %s WHERE id = %s",
-                     (rng.choice(("Oslo", "Lima", "Pune")), rng.randrange(1, 7)))
 
 
 def _tables(store: str) -> dict[str, dict[Any, dict[str, Any]]]:
@@ -175,15 +152,7 @@ def test_the_store_on_a_server_of_its_own_end_to_end(pg: TestDatabase, store: st
                                                      tmp_path: Path) -> None:
     source = pg.dsn
     assert _port(source) != _port(store)  # two servers
-    execute(source,
-            "CREATE TABLE customers (id int PRIMARY KEY, name text, city text)",
-            "CREATE TABLE products (id int PRIMARY KEY, category text)",
-            "CREATE TABLE orders (id int PRIMARY KEY, customer_id int, product_id int, "
-            "amount numeric(10, 2))",
-            "INSERT INTO customers SELECT i, 'c' || i, (ARRAY['Oslo', 'Lima'])[i % 2 + 1] "
-            "FROM generate_series(1, 6) i",
-            "INSERT INTO products SELECT i, 'k' || (i % 2) FROM generate_series(1, 4) i",
-            "INSERT INTO orders SELECT i, i % 7, i % 5, i * 1.25 FROM generate_series(1, 15) i")
+    execute(source, *SHOP_TABLES)
     home = tmp_path / "home"
     home.mkdir()
     env = _env(source, store, home)
@@ -203,7 +172,7 @@ def test_the_store_on_a_server_of_its_own_end_to_end(pg: TestDatabase, store: st
     try:
         rng = random.Random(11)
         for round_ in range(4):
-            _change(source, rng, round_)
+            change_shop(source, rng, round_)
             time.sleep(0.5)
         deadline = time.monotonic() + 240
         while True:
@@ -217,8 +186,8 @@ def test_the_store_on_a_server_of_its_own_end_to_end(pg: TestDatabase, store: st
                 f"the views did not catch up: {log.read_text()[-3000:]}")
             time.sleep(0.5)
     finally:
-        _stop(runner)
-        _stop(capture)
+        stop_group(runner, grace_s=60)
+        stop_group(capture, grace_s=60)
     print(f"most connections seen at once, by process and server: {seen}")
     assert seen["runner"]["source"] == 0, seen  # the runner reads the store only
     assert seen["runner"]["store"] >= 1 and seen["capture"]["store"] >= 1, seen

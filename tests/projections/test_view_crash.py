@@ -28,7 +28,7 @@ from lakefold.schemas import NewEvent
 from tests.capture.conftest import capture_now
 from tests.projections.test_view_interval_joins import VIEWS as JOINS, append_web, check_join
 from tests.projections.test_view_sessions import append_visit, check_sessions
-from tests.projections.view_shop import oracle
+from tests.projections.view_shop import change_shop, oracle
 from tests.projections.window_oracle import BASE, check
 
 pytestmark = pytest.mark.timeout(900)
@@ -40,21 +40,6 @@ def _start(dsn: str, home: str, mode: str) -> subprocess.Popen[bytes]:
         [sys.executable, "-m", "tests.projections.kill_child", "view_projections.py", dsn,
          "redis://unused", home, mode],
         stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, start_new_session=True)
-
-
-def _change(dsn: str, rng: random.Random, round_: int) -> None:
-    """A transaction over the three tables: orders in and out, a customer moving city."""
-    with psycopg.connect(dsn) as conn, conn.transaction():
-        for i in range(5):
-            conn.execute("INSERT INTO orders VALUES (%s, %s, %s, %s) ON CONFLICT (id) DO UPDATE "
-                         "SET amount = excluded.amount",
-                         (100 + 10 * round_ + i, rng.randrange(1, 7), rng.randrange(1, 5),
-                          rng.randrange(1, 999)))
-        conn.execute("DELETE FROM orders WHERE id = %s", (rng.randrange(1, 16),))
-        conn.execute("UPDATE customers SET city = %s WHERE id = %s",
-                     (rng.choice(("Oslo", "Lima", "Pune")), rng.randrange(1, 7)))
-        conn.execute("UPDATE orders SET customer_id = %s WHERE id = %s",
-                     (rng.randrange(1, 7), rng.randrange(1, 16)))
 
 
 def _heads(dsn: str, views: tuple[str, ...] = ("order_lines", "revenue_by_city")
@@ -98,10 +83,10 @@ def test_sigkill_loop_over_a_chain_of_views(shop: CaptureConfig, tmp_path: Any) 
         # changes, then wait until both stages committed some (the child is at work), then
         # more changes and the kill at a random moment in either stage
         before = _heads(dsn)
-        _change(dsn, rng, 2 * kill)
+        change_shop(dsn, rng, 2 * kill)
         capture_now(shop)
         busy += _wait_for_progress(dsn, before, timeout=60)
-        _change(dsn, rng, 2 * kill + 1)
+        change_shop(dsn, rng, 2 * kill + 1)
         capture_now(shop)
         time.sleep(rng.uniform(0.0, 1.0))
         os.killpg(child.pid, signal.SIGKILL)

@@ -5,6 +5,7 @@ source (the oracle)."""
 from __future__ import annotations
 
 import itertools
+import random
 from decimal import ROUND_HALF_UP, Decimal
 from typing import Any
 
@@ -12,6 +13,35 @@ import psycopg
 
 from lakefold.projections.operators._view_core import Engine, output_stream
 from lakefold.projections.operators._view_maintainer import ViewMaintainer, open_view
+
+#: The shop's tables and first rows (``conftest.shop`` and the tests that set it up elsewhere).
+SHOP_TABLES = (
+    "CREATE TABLE customers (id int PRIMARY KEY, name text, city text)",
+    "CREATE TABLE products (id int PRIMARY KEY, category text)",
+    "CREATE TABLE orders (id int PRIMARY KEY, customer_id int, product_id int, "
+    "amount numeric(10, 2))",
+    "INSERT INTO customers SELECT i, 'c' || i, (ARRAY['Oslo', 'Lima'])[i % 2 + 1] "
+    "FROM generate_series(1, 6) i",
+    "INSERT INTO products SELECT i, 'k' || (i % 2) FROM generate_series(1, 4) i",
+    "INSERT INTO orders SELECT i, i % 7, i % 5, i * 1.25 FROM generate_series(1, 15) i",
+)
+
+
+def change_shop(dsn: str, rng: random.Random, round_: int) -> None:
+    """One transaction over the three tables: orders in, out and moved to another customer,
+    a customer moving city."""
+    with psycopg.connect(dsn) as conn, conn.transaction():
+        for i in range(5):
+            conn.execute("INSERT INTO orders VALUES (%s, %s, %s, %s) ON CONFLICT (id) DO UPDATE "
+                         "SET amount = excluded.amount",
+                         (100 + 10 * round_ + i, rng.randrange(1, 7), rng.randrange(1, 5),
+                          rng.randrange(1, 999)))
+        conn.execute("DELETE FROM orders WHERE id = %s", (rng.randrange(1, 16),))
+        conn.execute("UPDATE customers SET city = %s WHERE id = %s",
+                     (rng.choice(("Oslo", "Lima", "Pune")), rng.randrange(1, 7)))
+        conn.execute("UPDATE orders SET customer_id = %s WHERE id = %s",
+                     (rng.randrange(1, 7), rng.randrange(1, 16)))
+
 
 ORDER_LINES = """
     SELECT o.id AS order_id, o.customer_id, o.amount, c.city, p.category
