@@ -29,6 +29,14 @@ into the changelog by an initial snapshot; the views of the user story: ``order_
   for ``revenue_by_city``); ``views_bytes_per_input_row``: both views over the source's rows.
   ``bytes_per_change_under_load``: the store's growth (the source's tables left out) during
   the steady load, per source change (changelog, states and both output streams).
+
+With ``--master spark://...`` and/or ``--lake s3://BUCKET/PREFIX`` (endpoint and credentials
+from the ``LAKEFOLD_S3_*`` settings), a second chain (generation 2, its own state tables and
+output streams) is built after the local figures, on the same source, with its Spark jobs on
+that cluster and its Delta tables in that bucket: ``results.<where>`` (rebuild, 1 % batch and
+its ratio, one-change batch) and ``baseline.<where>`` (its full recompute, same session),
+``<where>`` being ``cluster``, ``s3`` or ``cluster+s3``. The latency under load is measured
+locally only.
 """
 
 from __future__ import annotations
@@ -45,6 +53,14 @@ from typing import Annotated, Any
 import typer
 
 from lakefold._bench import bench_app
+from lakefold._bench._elsewhere import (
+    LakeOption,
+    MasterOption,
+    elsewhere,
+    lake_store,
+    remove_run_root,
+    run_root,
+)
 from lakefold._bench.latency import _capture_main, _percentile
 from lakefold._bench.report import BenchmarkError, Report
 
@@ -94,7 +110,10 @@ def _load(dsn: str, shape: _Shape) -> None:
 class _Chain:
     """The two views (maintainers and Delta target writers), stepped together."""
 
-    def __init__(self, spark: Any, dsn: str, scratch: Path) -> None:
+    def __init__(self, spark: Any, dsn: str, root: str, generation: int = 1) -> None:
+        """The views as generation ``generation`` (a second chain beside the first keeps state
+        tables and output streams of its own), their Delta tables under ``root`` (a local
+        directory or ``s3://BUCKET/PREFIX``)."""
         from lakefold.projections import delta_table
         from lakefold.projections.operations import (
             TargetContext,
@@ -106,20 +125,21 @@ class _Chain:
         tables = {"orders": "public.orders", "customers": "public.customers",
                   "products": "public.products"}
         self.dsn = dsn
-        self.lines = open_view(spark, dsn, view="order_lines", generation=1, inputs=tables,
+        g = generation
+        self.lines = open_view(spark, dsn, view="order_lines", generation=g, inputs=tables,
                                query=ORDER_LINES, key=["order_id"])
-        self.revenue = open_view(spark, dsn, view="revenue_by_city", generation=1,
-                                 inputs={"lines": output_stream("order_lines", 1)},
+        self.revenue = open_view(spark, dsn, view="revenue_by_city", generation=g,
+                                 inputs={"lines": output_stream("order_lines", g)},
                                  query=REVENUE_BY_CITY, key=["city"])
-        self.path = str(scratch / "revenue_by_city")
+        self.path = f"{root}/revenue_by_city"
         self.writers = [
             ViewTargetWriter(dsn, self.lines.output.name, delta_table(
-                "upsert", keys=["order_id"]).open(str(scratch / "order_lines"),
-                                                  TargetContext("order_lines", 1)),
-                reader="bench:order_lines"),
+                "upsert", keys=["order_id"]).open(f"{root}/order_lines",
+                                                  TargetContext("order_lines", g)),
+                reader=f"bench:order_lines@{g}"),
             ViewTargetWriter(dsn, self.revenue.output.name, delta_table(
-                "upsert", keys=["city"]).open(self.path, TargetContext("revenue_by_city", 1)),
-                reader="bench:revenue_by_city"),
+                "upsert", keys=["city"]).open(self.path, TargetContext("revenue_by_city", g)),
+                reader=f"bench:revenue_by_city@{g}"),
         ]
 
     def build(self) -> dict[str, dict[str, Any]]:
@@ -158,6 +178,43 @@ class _Chain:
         for writer in self.writers:
             writer.close()
             writer.target.close()
+
+
+def _measure(spark: Any, dsn: str, root: str, generation: int, rows: int
+             ) -> tuple[_Chain, dict[str, Any], dict[str, Any], dict[str, dict[str, Any]]]:
+    """A chain built from nothing under ``root``, then its batch after 1 % of the orders
+    changed (against a full recompute on the same session) and after one change: (the chain,
+    results, baseline, what each view's build kept in the store)."""
+    import psycopg
+
+    began = time.perf_counter()
+    chain = _Chain(spark, dsn, root, generation)
+    try:
+        kept = chain.build()
+        results: dict[str, Any] = {
+            "rebuild_rows_per_s": round(rows / (time.perf_counter() - began))}
+        chain.step()  # warm: the first incremental batch plans Spark's jobs
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            conn.execute("UPDATE orders SET amount = amount + 1 WHERE id % 100 = 0")
+        _capture(dsn)
+        began = time.perf_counter()
+        chain.step()
+        batch = time.perf_counter() - began
+        full = chain.full_recompute_s()
+        results["batch_s"] = round(batch, 3)
+        baseline = {"full_recompute_s": round(full, 3),
+                    "full_recompute_rows_per_s": round(rows / full)}
+        results["batch_cost_ratio"] = round(batch / full, 4)
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            conn.execute("UPDATE orders SET amount = amount + 1 WHERE id = 1")
+        _capture(dsn)
+        began = time.perf_counter()
+        chain.step()
+        results["empty_batch_s"] = round(time.perf_counter() - began, 3)
+    except BaseException:
+        chain.close()
+        raise
+    return chain, results, baseline, kept
 
 
 def _capture(dsn: str) -> None:
@@ -295,7 +352,7 @@ class _StoreApart:
         return (self.database - before.database) - (self.source - before.source)
 
 
-def run(shape: _Shape) -> Report:
+def run(shape: _Shape, master: str | None = None, lake: str | None = None) -> Report:
     """Run the benchmark on throwaway services; see the module docstring."""
     import psycopg
 
@@ -308,6 +365,11 @@ def run(shape: _Shape) -> Report:
     report = Report("views", {"orders": shape.orders, "customers": shape.customers,
                               "products": shape.products, "rate": shape.rate,
                               "seconds": shape.seconds, "probes_per_s": shape.probes_per_s})
+    where = elsewhere(master, lake)
+    if where is not None:
+        report.params |= {"master": master or "local[2]", "lake": lake or "local disk"}
+    store = lake_store(lake)
+    conf = {**RUNNER_SPARK_CONF, "spark.sql.shuffle.partitions": "2"}
     scratch = Path(tempfile.mkdtemp(prefix="lakefold-bench-views-"))
     spawn = multiprocessing.get_context("spawn")
     capture_stop = spawn.Event()
@@ -325,33 +387,15 @@ def run(shape: _Shape) -> Report:
             Capture(_config(dsn)).setup()  # the initial snapshot
             _capture(dsn)
             captured = StoreSize.of(dsn).growth_since(before)["store_bytes"]
-            spark = spark_session("local[2]", conf={**RUNNER_SPARK_CONF,
-                                                    "spark.sql.shuffle.partitions": "2"},
-                                  app_name="lakefold-bench-views")
-            began = time.perf_counter()
-            chain = _Chain(spark, dsn, scratch)
-            kept = chain.build()
-            report.results["rebuild_rows_per_s"] = round(rows / (time.perf_counter() - began))
+            # One driver JVM for every figure: with --lake, hadoop-aws is on its class path
+            # from the start (the local figures' session carries it too, unused).
+            spark = spark_session("local[2]", conf=conf, app_name="lakefold-bench-views",
+                                  object_store=store)
+            chain, results, baseline, kept = _measure(spark, dsn, str(scratch / "local"), 1,
+                                                      rows)
+            report.results |= results
+            report.baseline |= baseline
             report.results["store"] = _store_figures(shape, captured, kept)
-            chain.step()  # warm: the first incremental batch plans Spark's jobs
-
-            with psycopg.connect(dsn, autocommit=True) as conn:
-                conn.execute("UPDATE orders SET amount = amount + 1 WHERE id % 100 = 0")
-            _capture(dsn)
-            began = time.perf_counter()
-            chain.step()
-            batch = time.perf_counter() - began
-            full = chain.full_recompute_s()
-            report.results["batch_s"] = round(batch, 3)
-            report.baseline["full_recompute_s"] = round(full, 3)
-            report.baseline["full_recompute_rows_per_s"] = round(rows / full)
-            report.results["batch_cost_ratio"] = round(batch / full, 4)
-            with psycopg.connect(dsn, autocommit=True) as conn:
-                conn.execute("UPDATE orders SET amount = amount + 1 WHERE id = 1")
-            _capture(dsn)
-            began = time.perf_counter()
-            chain.step()
-            report.results["empty_batch_s"] = round(time.perf_counter() - began, 3)
 
             capture = spawn.Process(target=_capture_main, args=(_config(dsn), capture_stop),
                                     daemon=True)
@@ -391,6 +435,22 @@ def run(shape: _Shape) -> Report:
             report.results["view_p99_ms"] = round(_percentile(latencies, 0.99), 1)
             capture_stop.set()
             capture.join(timeout=60)
+            if where is not None:  # the same figures on the cluster and/or in the bucket
+                chain.close()
+                chain = None
+                spark.stop()
+                spark = spark_session(master or "local[2]", conf=conf,
+                                      app_name="lakefold-bench-views", object_store=store)
+                root = run_root(lake, scratch) if lake else str(scratch / where)
+                try:
+                    away, results, baseline, _ = _measure(spark, dsn, root, 2, rows)
+                    away.close()
+                finally:
+                    spark.stop()
+                    if lake:
+                        remove_run_root(root)
+                report.results[where] = results
+                report.baseline[where] = baseline
     finally:
         capture_stop.set()
         if chain is not None:
@@ -408,6 +468,8 @@ def views(
     rate: Annotated[int, typer.Option(help="Changes per second under load.")] = 1_000,
     probes: Annotated[float, typer.Option(help="Probes per second.")] = 2.0,
     warmup: Annotated[float, typer.Option(help="Seconds of load not counted.")] = 10.0,
+    master: MasterOption = None,
+    lake: LakeOption = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
 ) -> None:
     """A chain of views (a join, then a GROUP BY over it): rebuild rate, incremental batch
@@ -416,5 +478,5 @@ def views(
             or warmup < 0:
         raise BenchmarkError("need --orders, --customers and --products >= 100, --seconds > 0, "
                              "--rate > 0, --probes > 0 and --warmup >= 0")
-    run(_Shape(orders, customers, products, seconds, rate, probes, warmup)).emit(
+    run(_Shape(orders, customers, products, seconds, rate, probes, warmup), master, lake).emit(
         as_json=as_json)

@@ -13,31 +13,12 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(240)
-def test_bench_replay_tiny_run_reports_all_keys():
-    out = subprocess.run(
-        [sys.executable, "-c", "from lakefold.cli import main; main()", "bench", "replay",
-         "--events", "3000", "--per-stream", "100", "--batch-events", "1000", "--json"],
-        cwd=ROOT, capture_output=True, text=True, timeout=230, check=False,
-    )
-    assert out.returncode == 0, out.stderr[-3000:]
-    report = json.loads(out.stdout.strip().splitlines()[-1])
-    assert report["benchmark"] == "replay"
-    assert report["params"]["events"] == 3000
-    assert report["results"]["read_events_per_s"] > 0
-    rounds = report["params"]["replay_rounds_events_per_s"]
-    assert len(rounds) == 2 and report["results"]["replay_events_per_s"] == pytest.approx(
-        max(rounds), abs=1)
-    assert report["baseline"]["jdbc_read_events_per_s"] > 0
-    assert report["machine"]["cores"] >= 1
-
-
-@pytest.mark.slow
 @pytest.mark.timeout(300)
-def test_bench_replay_on_a_cluster_and_a_bucket(cluster, s3_lake, tmp_path):
-    """--master and --lake: the reads and replays measured again on a standalone cluster with
-    the replays' tables and checkpoints in a bucket, beside the local figures, in one JSON;
-    the run's prefix in the bucket is removed afterwards."""
+def test_bench_replay_reports_every_key_here_and_on_a_cluster_and_a_bucket(cluster, s3_lake,
+                                                                          tmp_path):
+    """The replay bench's figures, and with --master and --lake the reads and replays
+    measured again on a standalone cluster with the replays' tables and checkpoints in a
+    bucket, in one JSON; the run's prefix in the bucket is removed afterwards."""
     import os
 
     import pyarrow.fs as pafs
@@ -55,8 +36,14 @@ def test_bench_replay_on_a_cluster_and_a_bucket(cluster, s3_lake, tmp_path):
     )
     assert out.returncode == 0, out.stderr[-3000:]
     report = json.loads(out.stdout.strip().splitlines()[-1])
-    assert report["params"]["master"] == cluster.url
-    assert report["results"]["replay_events_per_s"] > 0
+    assert report["benchmark"] == "replay"  # the local figures
+    assert report["params"]["events"] == 3000 and report["params"]["master"] == cluster.url
+    assert report["results"]["read_events_per_s"] > 0
+    rounds = report["params"]["replay_rounds_events_per_s"]
+    assert len(rounds) == 2 and report["results"]["replay_events_per_s"] == pytest.approx(
+        max(rounds), abs=1)
+    assert report["baseline"]["jdbc_read_events_per_s"] > 0
+    assert report["machine"]["cores"] >= 1
     there = report["results"]["cluster+s3"]
     assert there["read_events_per_s"] > 0 and there["replay_events_per_s"] > 0
     assert report["baseline"]["cluster+s3"]["jdbc_read_events_per_s"] > 0
