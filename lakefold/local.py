@@ -444,7 +444,11 @@ class LocalS3(_Service):
             data.mkdir(exist_ok=True)
             argv = [str(self.executable), "server", f"-dir={data}", "-ip=127.0.0.1",
                     "-ip.bind=127.0.0.1", "-s3", f"-s3.config={config}", "-s3.port.iceberg=0",
-                    "-s3.port.lance=0", "-master.telemetry=false", "-volume.max=0",
+                    "-s3.port.lance=0", "-master.telemetry=false",
+                    # Each bucket is a collection that grows 7 volumes at its first write. The
+                    # default (0: free disk / volume size) and the 1 % free-space floor made a
+                    # nearly full disk refuse every write after a few buckets: fixed instead.
+                    "-volume.max=2000", "-volume.minFreeSpace=256MiB",
                     "-master.volumeSizeLimitMB=64", "-volume.preStopSeconds=0",
                     *(f"-{name}={port}" for name, port in self.ports.items())]
             self._spawn(argv, log=self._dir / "weed.log", user=None, cwd=self._dir,
@@ -473,7 +477,12 @@ class LocalS3(_Service):
             except OSError:
                 if not self.running or time.monotonic() > deadline:
                     log = (self._dir / "weed.log").read_text(errors="replace")
+                    free_mib = shutil.disk_usage(self._dir).free // 2**20
                     self.stop()
+                    if free_mib < 1024:
+                        raise LocalServiceError(
+                            f"SeaweedFS did not start: only {free_mib} MiB free on the disk of "
+                            f"{tempfile.gettempdir()}; free some space and run again") from None
                     raise LocalServiceError(f"SeaweedFS did not start: {log[-2000:]}") from None
                 time.sleep(0.2)
 

@@ -22,7 +22,9 @@ only without the speed-up. A failed attempt to write it is not repeated for a da
 
 Each archive is some 180 MB, and an upgrade of pyspark or Java, another ``spark.jars`` or a new
 training makes a new one: a session that maps an archive marks it used (its mtime, at most
-hourly), and writing a new archive deletes those unused for ``UNUSED_ARCHIVE_DAYS``.
+hourly), and writing a new archive deletes those unused for ``UNUSED_ARCHIVE_DAYS`` and all
+but the ``KEPT_ARCHIVES`` used last. (Each virtual environment has its own: a machine that made a
+fresh clone every hour had 23 of them, 4 GB, in a day, and its disk filled.)
 """
 
 from __future__ import annotations
@@ -50,6 +52,7 @@ _DETACH: Final = "import subprocess, sys; subprocess.Popen(sys.argv[1:], start_n
 # Part of the archive's name: a new training (_class_archive_training._train), a new archive.
 _TRAINING: Final = "training 2"
 UNUSED_ARCHIVE_DAYS: Final = 7
+KEPT_ARCHIVES: Final = 3  # the new one included
 _MARK_USED_S: Final = 3_600.0
 
 
@@ -98,14 +101,20 @@ def _mark_used(path: Path) -> None:
 
 
 def prune_unused(directory: Path, *, keep: Path) -> None:
-    """Delete the archives in ``directory`` not used for ``UNUSED_ARCHIVE_DAYS``, but ``keep``."""
+    """Delete the archives in ``directory`` but ``keep`` not used for ``UNUSED_ARCHIVE_DAYS``,
+    and all but the ``KEPT_ARCHIVES - 1`` others used last."""
     cutoff = time.time() - UNUSED_ARCHIVE_DAYS * 86_400
+    used: list[tuple[float, Path]] = []
     for archive in directory.glob("spark-driver-*.jsa"):
         try:
-            if archive != keep and archive.stat().st_mtime < cutoff:
-                archive.unlink()
+            if archive != keep:
+                used.append((archive.stat().st_mtime, archive))
         except OSError:
             continue
+    used.sort(reverse=True)
+    for rank, (mtime, archive) in enumerate(used):
+        if mtime < cutoff or rank >= KEPT_ARCHIVES - 1:
+            archive.unlink(missing_ok=True)
 
 
 def _start_creation(path: Path, conf: Mapping[str, str]) -> None:

@@ -73,6 +73,31 @@ def test_servers_die_with_a_sigkilled_owner(tmp_path: Path) -> None:
 
 
 @pytest.mark.timeout(30)
+@pytest.mark.timeout(120)
+def test_s3_takes_writes_to_many_buckets() -> None:
+    """Each bucket is a SeaweedFS collection that grows 7 volumes at its first write. With the
+    server's defaults its volume count followed the free disk, and on a nearly full disk a
+    session's server refused every write after a few buckets (a CI run lost four tests so).
+    The count is now fixed (this machine's disk may be too roomy to show the old failure; the
+    weed default of 8 volumes would): forty buckets with a file each (280 volumes) take writes."""
+    import pyarrow.fs as pafs
+
+    from lakefold.local import LocalS3
+
+    with LocalS3() as server:
+        server.start()
+        fs = pafs.S3FileSystem(access_key=server.access_key_id,
+                               secret_key=server.secret_access_key,
+                               endpoint_override=server.endpoint.removeprefix("http://"),
+                               scheme="http", region="us-east-1")
+        for i in range(40):
+            server.create_bucket(f"bucket-{i}")
+            with fs.open_output_stream(f"bucket-{i}/file") as out:
+                out.write(str(i).encode())
+        assert [fs.open_input_stream(f"bucket-{i}/file").read() for i in range(40)] == [
+            str(i).encode() for i in range(40)]
+
+
 def test_redis_answers_and_stops() -> None:
     server = LocalRedis().start()
     client = redis.Redis.from_url(server.url)

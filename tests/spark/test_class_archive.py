@@ -11,7 +11,13 @@ from pathlib import Path
 
 import pytest
 
-from lakefold.spark._class_archive import UNUSED_ARCHIVE_DAYS, archive_path, driver_options
+from lakefold.spark._class_archive import (
+    KEPT_ARCHIVES,
+    UNUSED_ARCHIVE_DAYS,
+    archive_path,
+    driver_options,
+    prune_unused,
+)
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(400)]
 
@@ -32,6 +38,29 @@ def _driver(java_options: str = "", log: Path | None = None
         "print(' '.join(runtime.getInputArguments()))\n")
     return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           timeout=240, check=False)
+
+
+def test_writing_an_archive_keeps_only_the_ones_used_last(tmp_path: Path) -> None:
+    """Each virtual environment has an archive of its own (180 MB): the ones used last stay, the
+    others and any unused for a week go, whatever the count of environments made."""
+    now = time.time()
+    archives = [tmp_path / f"spark-driver-{i:016x}.jsa" for i in range(6)]
+    for age, archive in enumerate(archives):
+        archive.write_bytes(b"x")
+        os.utime(archive, (now - age * 60, now - age * 60))  # archives[0] used last
+    new = tmp_path / "spark-driver-ffffffffffffffff.jsa"
+    new.write_bytes(b"x")
+    os.utime(new, (now - 86_400, now - 86_400))
+    old = archives[1]
+    os.utime(old, (now - (UNUSED_ARCHIVE_DAYS + 1) * 86_400,) * 2)
+    (tmp_path / "spark-driver-ffffffffffffffff.lock").write_bytes(b"")  # not an archive
+
+    prune_unused(tmp_path, keep=new)
+
+    left = sorted(p.name for p in tmp_path.glob("*.jsa"))
+    assert len(left) == KEPT_ARCHIVES
+    assert left == sorted([new.name, archives[0].name, archives[2].name][:KEPT_ARCHIVES])
+    assert (tmp_path / "spark-driver-ffffffffffffffff.lock").exists()
 
 
 def test_the_archive_is_written_once_then_mapped_and_a_damaged_one_is_passed_over(
