@@ -27,6 +27,7 @@ if TYPE_CHECKING:
     from lakefold.spark._query import (
         no_duplicate_error_logs as no_duplicate_error_logs,
     )
+    from lakefold.spark._s3a import checkpoint_root as checkpoint_root
     from lakefold.spark._source_columns import (
         EVENT_META_SOURCE_COLUMNS as EVENT_META_SOURCE_COLUMNS,
     )
@@ -63,6 +64,7 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
                                      "quote_identifier"),
     "lakefold.spark._event_payloads": ("PayloadDecoder",),
     "lakefold.spark._query": ("no_duplicate_error_logs",),
+    "lakefold.spark._s3a": ("checkpoint_root",),
     "lakefold.spark._source_columns": ("EVENT_META_SOURCE_COLUMNS",),
     "lakefold.spark._source_cuts": ("CutGroup",),
     "lakefold.spark._source_inputs": ("ChangelogSource", "EventSource", "Source"),

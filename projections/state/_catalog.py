@@ -25,7 +25,6 @@ from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
 
 import psycopg
 import psycopg.errors
@@ -165,10 +164,11 @@ class SinkRoots:
     @classmethod
     def under(cls, home: Path, lake: Path | str | None = None) -> SinkRoots:
         if isinstance(lake, str) and "://" in lake:
+            from lakefold.spark.internals import checkpoint_root
+
             root = lake.rstrip("/")
-            parts = urlsplit(root)
             return cls(lake=root, search=(home / "search").resolve(),
-                       checkpoints=f"s3a://{parts.netloc}{parts.path}/_checkpoints")
+                       checkpoints=checkpoint_root(root))
         return cls(lake=Path(lake or home / "lake").resolve(), search=(home / "search").resolve(),
                    checkpoints=(home / "checkpoints").resolve())
 
