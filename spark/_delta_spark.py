@@ -28,7 +28,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Final
 
-from lakefold.spark._fetched_jars import PEERS_DIR, fetched_jars
+from lakefold.core.fetched_jars import PEERS_DIR, fetched_jars
 from lakefold.spark.exceptions import SparkTerminalError
 
 if TYPE_CHECKING:

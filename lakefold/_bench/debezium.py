@@ -18,14 +18,15 @@ from pathlib import Path
 from psycopg.conninfo import conninfo_to_dict
 
 from lakefold._bench.report import BenchmarkError
+from lakefold.core.fetched_jars import PEERS_DIR, fetched_jars
 
-JARS = Path.home() / ".cache" / "lakefold" / "peers" / "debezium"
+JARS = PEERS_DIR / "debezium"
 SOURCE = Path(__file__).with_name("DebeziumPeer.java")
 
 
 def _argv(dsn: str, slot: str, publication: str, table: str, changes: int,
           mode: str) -> list[str]:
-    if not any(JARS.glob("debezium-embedded-*.jar")):
+    if fetched_jars(JARS, ["debezium-embedded-", "debezium-connector-postgres-"])[1]:
         raise BenchmarkError(f"Debezium's jars are not in {JARS}; run `make peers` (Maven "
                              "fetches them once)")
     info = conninfo_to_dict(dsn)

@@ -32,3 +32,22 @@ def test_bench_capture_json_shape() -> None:
     for key in ("ratio_to_debezium_small_txn", "ratio_to_debezium_large_txn"):
         assert report["results"][key] > 0, key
     assert report["machine"]["cores"] >= 1
+
+
+def test_a_peer_without_its_jars_is_one_line_naming_make_peers(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Debezium's and Flink's jars come from ``make peers``; where they are not, the bench says
+    so in one line before it starts anything."""
+    from lakefold._bench import debezium
+    from lakefold._bench.nexmark import flink_peer
+    from lakefold._bench.report import BenchmarkError
+
+    monkeypatch.setattr(debezium, "JARS", tmp_path / "debezium")
+    with pytest.raises(BenchmarkError, match=r"^Debezium's jars are not in .*`make peers`"):
+        debezium._argv("host=127.0.0.1 dbname=x user=u", "s", "p", "t", 10, "small")
+    monkeypatch.setattr(flink_peer, "JARS", tmp_path / "flink")
+    (tmp_path / "flink").mkdir()
+    (tmp_path / "flink" / "slf4j-api-1.7.36.jar").write_bytes(b"")  # not the Parquet format
+    with pytest.raises(BenchmarkError, match=r"Flink's Parquet jars .* run `make peers`"):
+        flink_peer.run_queries([], folder=tmp_path, scratch=tmp_path, events=0,
+                               python=Path(sys.executable), collect=False, log=tmp_path / "log")

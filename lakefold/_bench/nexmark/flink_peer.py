@@ -25,9 +25,10 @@ import pyarrow as pa
 from lakefold._bench.nexmark.queries import LATENESS_S, Query
 from lakefold._bench.nexmark.spark_peer import PeerRun
 from lakefold._bench.report import BenchmarkError
+from lakefold.core.fetched_jars import PEERS_DIR, fetched_jars
 
 #: Where ``make peers`` puts the jars (a cache the project controls).
-JARS = Path.home() / ".cache" / "lakefold" / "peers" / "flink"
+JARS = PEERS_DIR / "flink"
 JOB = Path(__file__).with_name("flink_job.py")
 
 
@@ -48,8 +49,8 @@ def run_queries(queries: list[Query], *, folder: Path, scratch: Path, events: in
                 timeout_s: float = 600) -> dict[str, PeerRun]:
     """Run ``queries`` in one PyFlink process (see the module docstring); a job still running
     after ``timeout_s`` is cancelled and reported as not run."""
-    jars = sorted(JARS.glob("*.jar"))
-    if not python.exists() or not jars:
+    jars, missing = fetched_jars(JARS, ["flink-sql-parquet-"])
+    if not python.exists() or missing:
         raise BenchmarkError(
             f"the Flink peer needs PyFlink in {python.parent.parent} and Flink's Parquet jars "
             f"in {JARS}; run `make peers` (or pass --peers spark to leave Flink out)")

@@ -1,5 +1,6 @@
-"""The JVM jars ``make peers`` fetches with Maven for an opt-in part of a session (delta-spark,
-hadoop-aws): where they are kept, and which of the needed ones a directory lacks."""
+"""The JVM jars ``make peers`` fetches with Maven (delta-spark and hadoop-aws for a session, the
+benches' Flink and Debezium): where they are kept, and which of the needed ones a directory
+lacks."""
 
 from __future__ import annotations
 
