@@ -203,6 +203,8 @@ def run(
     source = _source_dsn(dsn)
     store = store_dsn or _configured_store_dsn()
     slot = resolve_slot(slot, source, store)
+    if schema is None and not table:  # a restart: what the publication covers
+        schema, table = publication_scope(source, publication)
     config = CaptureConfig(
         source_dsn=source, store_dsn=store, slot=slot,
         publication=publication, schema=schema,
@@ -236,6 +238,42 @@ def run(
     else:
         _out.print(f"stored {stats.records:,} records in {stats.batches:,} batches; slot "
                    f"confirmed at {stats.flushed_lsn_text} ({stats.reconnects} reconnects)")
+
+
+def publication_scope(dsn: str, publication: str) -> tuple[str | None, list[str]]:
+    """What ``publication`` on the source covers, as ``--schema`` or ``--table`` would say it
+    (so a capture or a recovery started again needs neither)."""
+    import psycopg
+
+    from lakefold.capture import StoreUnavailableError
+    from lakefold.core.dsn import connection_problem, mask_dsn
+
+    try:
+        with psycopg.connect(dsn, autocommit=True, connect_timeout=10) as conn:
+            exists = conn.execute("SELECT 1 FROM pg_publication WHERE pubname = %s",
+                                  (publication,)).fetchone()
+            schemas = [r[0] for r in conn.execute(
+                "SELECT n.nspname FROM pg_publication_namespace pn JOIN pg_publication p "
+                "ON p.oid = pn.pnpubid JOIN pg_namespace n ON n.oid = pn.pnnspid "
+                "WHERE p.pubname = %s", (publication,)).fetchall()]
+            tables = [f"{r[0]}.{r[1]}" for r in conn.execute(
+                "SELECT n.nspname, c.relname FROM pg_publication_rel pr JOIN pg_publication p "
+                "ON p.oid = pr.prpubid JOIN pg_class c ON c.oid = pr.prrelid "
+                "JOIN pg_namespace n ON n.oid = c.relnamespace WHERE p.pubname = %s "
+                "ORDER BY 1, 2", (publication,)).fetchall()]
+    except psycopg.OperationalError as e:
+        raise StoreUnavailableError(f"cannot connect to the source at {mask_dsn(dsn)}: "
+                                    f"{connection_problem(e, dsn)}") from e
+    if not exists:
+        raise ConfigurationError(
+            f"say what to capture: publication {publication!r} does not exist yet; pass "
+            "--table schema.table (repeat for more) or --schema NAME")
+    if len(schemas) == 1 and not tables:
+        return schemas[0], []
+    if tables and not schemas:
+        return None, tables
+    raise ConfigurationError(
+        f"cannot tell what publication {publication!r} captures; pass --schema or --table")
 
 
 def _current_lsn(dsn: str) -> int:

@@ -27,6 +27,7 @@ from lakefold.cli._capture import (
     _source_dsn,
     _store_dsn,
     capture_app,
+    publication_scope,
     resolve_slot,
 )
 from lakefold.cli._common import SnapshotProgress, print_table
@@ -197,31 +198,10 @@ def recover_command(
 
     source = _source_dsn(dsn)
     if schema is None and not table:
-        schema, table = _publication_scope(source, publication)
+        schema, table = publication_scope(source, publication)
     config = _config(source, store_dsn, slot, publication, list(table or []), stream_prefix,
                      schema=schema)
     with SnapshotProgress() as progress:
         recover(config, listener=progress)
     _out.print(f"recovered capture {escape(config.slot)}: new slot, streams truncated and "
                "re-snapshotted; start it again with `lakefold capture run`")
-
-
-def _publication_scope(dsn: str, publication: str) -> tuple[str | None, list[str]]:
-    import psycopg
-
-    with psycopg.connect(dsn, autocommit=True, connect_timeout=10) as conn:
-        schemas = [r[0] for r in conn.execute(
-            "SELECT n.nspname FROM pg_publication_namespace pn JOIN pg_publication p "
-            "ON p.oid = pn.pnpubid JOIN pg_namespace n ON n.oid = pn.pnnspid "
-            "WHERE p.pubname = %s", (publication,)).fetchall()]
-        tables = [f"{r[0]}.{r[1]}" for r in conn.execute(
-            "SELECT n.nspname, c.relname FROM pg_publication_rel pr JOIN pg_publication p "
-            "ON p.oid = pr.prpubid JOIN pg_class c ON c.oid = pr.prrelid "
-            "JOIN pg_namespace n ON n.oid = c.relnamespace WHERE p.pubname = %s "
-            "ORDER BY 1, 2", (publication,)).fetchall()]
-    if len(schemas) == 1 and not tables:
-        return schemas[0], []
-    if tables and not schemas:
-        return None, tables
-    raise ConfigurationError(
-        f"cannot tell what publication {publication!r} captured; pass --schema or --table")

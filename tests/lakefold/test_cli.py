@@ -1,5 +1,6 @@
 """The CLI answers --help, and bad settings give one line saying what to fix, not a traceback."""
 
+import json
 import os
 import subprocess
 import sys
@@ -90,6 +91,40 @@ def test_capture_setup_error_is_not_preceded_by_a_running_message(pg: TestDataba
     assert out.returncode == 1, out.stdout + out.stderr
     assert "capturing through slot" not in out.stdout
     assert out.stderr.startswith("error: ") and "nowhere" in out.stderr, out.stderr
+
+
+def test_capture_run_again_captures_what_its_publication_covers(pg: TestDatabase,
+                                                                tmp_path: Path) -> None:
+    """A capture started again, as after a restart or a crash, needs no --table: it captures
+    what its publication covers. A first start without --table or --schema is one line
+    saying to pass one."""
+    import psycopg
+
+    env = {"LAKEFOLD_DSN": pg.dsn}
+    first = _run("capture", "run", "--until-current", env=env, cwd=tmp_path)
+    assert first.returncode == 1, first.stdout + first.stderr
+    assert first.stderr.strip().splitlines() == [
+        "error: say what to capture: publication 'lakefold' does not exist yet; pass --table "
+        "schema.table (repeat for more) or --schema NAME"], first.stderr
+    with psycopg.connect(pg.dsn, autocommit=True) as conn:
+        conn.execute("CREATE TABLE items (id int PRIMARY KEY, name text)")
+        conn.execute("CREATE TABLE other (id int PRIMARY KEY)")
+        conn.execute("INSERT INTO items VALUES (1, 'a')")
+    started = _run("capture", "run", "--table", "public.items", "--until-current", "--json",
+                   env=env, cwd=tmp_path)
+    assert started.returncode == 0, started.stderr
+    with psycopg.connect(pg.dsn, autocommit=True) as conn:
+        conn.execute("INSERT INTO items VALUES (2, 'b')")
+        conn.execute("INSERT INTO other VALUES (1)")
+    again = _run("capture", "run", "--until-current", "--json", env=env, cwd=tmp_path)
+    assert again.returncode == 0, again.stderr
+    with psycopg.connect(pg.dsn) as conn:
+        stored = conn.execute(
+            "SELECT s.name, c.op, c.after FROM lakefold.changelog c "
+            "JOIN lakefold.changelog_streams s USING (stream_id) ORDER BY c.position").fetchall()
+    # the insert after the first run's snapshot; nothing of the table outside the publication
+    assert stored == [("public.items", "i", ["2", "b"])], stored
+    assert json.loads(again.stdout)["records"] == 1
 
 
 def _readme_default(variable: str) -> str:
