@@ -169,7 +169,8 @@ def _raw_columns(width: int) -> tuple[list[str], dict[str, pa.DataType]]:
     return names, dict(_CSV_META_TYPES) | {f"v{i + 1}": pa.string() for i in range(width)}
 
 
-def _empty_raw(meta: StreamMeta) -> pa.Table:
+def empty_raw(meta: StreamMeta) -> pa.Table:
+    """No records, in the raw layout ``copy_records`` returns for ``meta``."""
     names, types = _raw_columns(meta.width)
     return pa.schema([(n, types[n]) for n in names]).empty_table()
 
@@ -233,7 +234,7 @@ def copy_records(conn: psycopg.Connection[Any], meta: StreamMeta,
         for chunk in copy:
             buffer.write(chunk)
     if buffer.tell() == 0:
-        return _empty_raw(meta)
+        return empty_raw(meta)
     buffer.seek(0)
     names, types = _raw_columns(width)
     return pacsv.read_csv(
@@ -454,7 +455,7 @@ class ChangelogStore:
         meta = stream_meta(conn, stream)
         start = max(from_position, 1)
         if start > meta.info.head:
-            return typed(_empty_raw(meta), meta)
+            return typed(empty_raw(meta), meta)
         return typed(_copy_range(conn, meta, start, meta.info.head + 1, limit), meta)
 
     def read_events(self, stream: str, from_position: int = 1,

@@ -30,6 +30,7 @@ if TYPE_CHECKING:
         StreamMeta as StreamMeta,
         copy_records as copy_records,
         data_columns as data_columns,
+        empty_raw as empty_raw,
         row_schema as row_schema,
         stream_meta as stream_meta,
         typed as typed,
@@ -77,8 +78,8 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
     "lakefold.store._arrow_columns": ("arrow_type", "typed_array"),
     "lakefold.store._capture_state": ("event_commit_lsns", "slot_flushed"),
     "lakefold.store._changelog_store": (
-        "ChangelogStore", "StreamMeta", "copy_records", "data_columns", "row_schema",
-        "stream_meta", "typed",
+        "ChangelogStore", "StreamMeta", "copy_records", "data_columns", "empty_raw",
+        "row_schema", "stream_meta", "typed",
     ),
     "lakefold.store._changelog_writer": (
         "Batch", "CapturedMessage", "ChangelogWriter", "Checkpoint", "NOTIFY_CHANNEL",

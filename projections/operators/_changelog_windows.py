@@ -212,7 +212,7 @@ class ChangelogWindowFeed:
             return typed(copy_records(conn, meta, sql.SQL(
                 "SELECT s.*, s.after AS v FROM {} s").format(staged)), meta)
         finally:
-            conn.execute(sql.SQL("DROP TABLE {}").format(staged))
+            conn.execute(sql.SQL("DELETE FROM {}").format(staged))
 
     def _held(self, conn: psycopg.Connection[Any], state: LatestRows, changes: pa.Table
               ) -> dict[tuple[Any, ...], dict[int, Row]]:

@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Final
 
 import psycopg
@@ -47,7 +47,14 @@ from psycopg import sql
 from lakefold.core import migrations
 from lakefold.core.migrations import Migration
 from lakefold.store.exceptions import StoreError
-from lakefold.store.internals import StreamMeta, copy_records, snapshot_segments, stream_meta, typed
+from lakefold.store.internals import (
+    StreamMeta,
+    copy_records,
+    empty_raw,
+    snapshot_segments,
+    stream_meta,
+    typed,
+)
 
 STATE_SCHEMA: Final = "lakefold_state"
 
@@ -64,6 +71,7 @@ _DDL: Final = [
 COMPONENT: Final = migrations.register(
     "stream_states", Migration(1, "registry of the views' stream states", *_DDL))
 _STAGED: Final = "lf_state_staged"
+_LAST: Final = sql.Identifier("lf_state_last")  # the staged records' last per key
 _COLUMNS: Final = sql.SQL(
     "key, position, ordinal, commit_lsn, xid, commit_ts, schema_version, op, after")
 
@@ -94,15 +102,19 @@ def install_states(conn: psycopg.Connection[Any]) -> None:
 def stage_records(conn: psycopg.Connection[Any], meta: StreamMeta, start: int,
                   end: int) -> sql.Identifier:
     """The records of ``[start, end)`` (rows and snapshot segments) in a temporary table
-    (returned; dropped at commit) shaped like ``lakefold.changelog``; a delete's values are
-    its before-image."""
+    (returned; ``create_scratch``'s: emptied at commit, and by the caller before another
+    staging in the same transaction) with the columns of ``lakefold.changelog``; a delete's
+    values are its before-image."""
     staged = sql.Identifier(_STAGED)
-    conn.execute(sql.SQL("CREATE TEMP TABLE {} ON COMMIT DROP AS SELECT * FROM "
-                         "lakefold.changelog WHERE false").format(staged))
-    conn.execute(sql.SQL(
-        "INSERT INTO {} SELECT * FROM lakefold.changelog WHERE stream_id = %s "
-        "AND position >= %s AND position < %s").format(staged),
-        (meta.info.stream_id, start, end))
+    # Made once per connection and emptied, not made per batch: creating a table writes the
+    # catalog, 3-4 ms of a batch of one change each time (and a batch made two per input).
+    with conn.pipeline():
+        create_scratch(conn, staged)
+        conn.execute(sql.SQL(
+            "INSERT INTO {} SELECT stream_id, position, ordinal, commit_lsn, xid, commit_ts, "
+            "schema_version, op, key, before, CASE WHEN op = 'd' THEN before ELSE after END "
+            "FROM lakefold.changelog WHERE stream_id = %s AND position >= %s AND position < %s"
+        ).format(staged), (meta.info.stream_id, start, end))
     for segment, texts in snapshot_segments.read_range(conn, meta.info.stream_id, start,
                                                          end, None):
         data = snapshot_segments.binary_copy(
@@ -112,9 +124,16 @@ def stage_records(conn: psycopg.Connection[Any], meta: StreamMeta, start: int,
                 "COPY {} (position, ordinal, commit_lsn, xid, commit_ts, stream_id, "
                 "schema_version, op, key, before, after) FROM STDIN (FORMAT BINARY)")
                 .format(staged)) as copy:
-            copy.write(data)
-    conn.execute(sql.SQL("UPDATE {} SET after = before WHERE op = 'd'").format(staged))
+            copy.write(data)  # a snapshot's records are reads: no delete among them
     return staged
+
+
+def create_scratch(conn: psycopg.Connection[Any], table: sql.Identifier) -> None:
+    """An empty temporary table of this connection shaped like ``lakefold.changelog``, made
+    when missing and kept (its rows are deleted at each commit)."""
+    conn.execute(sql.SQL("CREATE TEMP TABLE IF NOT EXISTS {} (LIKE lakefold.changelog) "
+                         "ON COMMIT DELETE ROWS").format(table))
+    conn.execute(sql.SQL("DELETE FROM {}").format(table))
 
 
 def state_table_name(owner: str, stream: str) -> str:
@@ -179,6 +198,27 @@ class LatestRows:
             raise StoreError(f"no state of {self.stream} for {self.owner}; create it first")
         return int(row[0])
 
+    def _position_and_meta(self, conn: psycopg.Connection[Any]) -> tuple[int, StreamMeta]:
+        """The state's position (its row locked) and the stream's meta, in one round trip
+        while the stream keeps the schema version of the meta read last (a new version, or a
+        stream dropped and made again, reads it anew)."""
+        row = conn.execute(
+            "SELECT st.position, cs.stream_id, cs.head, cs.schema_version, cs.last_commit_ts "
+            "FROM lakefold.stream_states st LEFT JOIN lakefold.changelog_streams cs "
+            "ON cs.name = st.stream WHERE st.owner = %s AND st.stream = %s FOR UPDATE OF st",
+            (self.owner, self.stream)).fetchone()
+        if row is None:
+            raise StoreError(f"no state of {self.stream} for {self.owner}; create it first")
+        position, stream_id, head, version, last_commit_ts = row
+        known = self._meta
+        if (known is None or stream_id is None or known.info.stream_id != stream_id
+                or known.info.schema_version != version):
+            self._meta = stream_meta(conn, self.stream)
+        else:
+            self._meta = StreamMeta(replace(known.info, head=int(head),
+                                            last_commit_ts=last_commit_ts), known.versions)
+        return int(position), self._meta
+
     # ------------------------------------------------------------------ applying a range
 
     def apply(self, conn: psycopg.Connection[Any], end: int, *, images: bool = True
@@ -187,46 +227,46 @@ class LatestRows:
         capped at the stream's head); see the module docstring. Without ``images``, the
         before- and after-images are not read (the changes returned hold no rows)."""
         with conn.transaction():
-            start = self.position(conn, lock=True)
-            meta = self._meta = stream_meta(conn, self.stream)
+            start, meta = self._position_and_meta(conn)
             end = min(end, meta.info.head + 1)
             if end <= start:
-                empty = self._raw(conn, meta, sql.SQL("SELECT * FROM {} WHERE false")
-                                  .format(self.table))
+                empty = empty_raw(meta)
                 return StateChanges(empty, empty, False, start, max(start, end))
             stage_records(conn, meta, start, end)
             top = conn.execute(sql.SQL("SELECT max(position) FROM {} WHERE op = 't'")
                                .format(sql.Identifier(_STAGED))).fetchone()
             truncate_at = top[0] if top is not None else None
             truncated = truncate_at is not None
-            none = sql.SQL("SELECT * FROM {} WHERE false").format(self.table)
+            before = empty_raw(meta)
             if truncated:
-                before = self._raw(conn, meta, sql.SQL("SELECT * FROM {}").format(self.table)
-                                   if images else none)
+                if images:
+                    before = self._raw(conn, meta, sql.SQL("SELECT * FROM {}").format(self.table))
                 conn.execute(sql.SQL("TRUNCATE {}").format(self.table))
                 conn.execute(sql.SQL("DELETE FROM {} WHERE position <= %s")
                              .format(sql.Identifier(_STAGED)), (truncate_at,))
-            conn.execute(sql.SQL(
-                "CREATE TEMP TABLE lf_state_last ON COMMIT DROP AS SELECT DISTINCT ON (key) "
-                "* FROM {} WHERE key IS NOT NULL ORDER BY key, position DESC")
-                .format(sql.Identifier(_STAGED)))
-            # Without statistics the planner guesses the batch's size and may hash-join the
-            # whole state; with them, a small batch probes the state's key index.
-            conn.execute("ANALYZE lf_state_last")
-            if not truncated:
+            with conn.pipeline():  # statements whose results are not read: one round trip
+                create_scratch(conn, _LAST)
+                conn.execute(sql.SQL(
+                    "INSERT INTO {} SELECT DISTINCT ON (key) * FROM {} WHERE key IS NOT NULL "
+                    "ORDER BY key, position DESC").format(_LAST, sql.Identifier(_STAGED)))
+                # Without statistics the planner guesses the batch's size and may hash-join
+                # the whole state; with them, a small batch probes the state's key index.
+                conn.execute("ANALYZE lf_state_last")
+            if not truncated and images:
                 before = self._raw(conn, meta, sql.SQL(
                     "SELECT s.* FROM {} s JOIN lf_state_last l ON l.key = s.key")
-                    .format(self.table) if images else none)
-            conn.execute(sql.SQL("DELETE FROM {} s USING lf_state_last l WHERE s.key = l.key")
-                         .format(self.table))
-            conn.execute(sql.SQL("INSERT INTO {} ({}) SELECT {} FROM lf_state_last "
-                                 "WHERE op <> 'd'").format(self.table, _COLUMNS, _COLUMNS))
+                    .format(self.table))
             after = self._raw(conn, meta, sql.SQL(
-                "SELECT * FROM lf_state_last WHERE op <> 'd'") if images else none)
-            conn.execute(sql.SQL("DROP TABLE lf_state_last, {}").format(
-                sql.Identifier(_STAGED)))
-            conn.execute("UPDATE lakefold.stream_states SET position = %s "
-                         "WHERE owner = %s AND stream = %s", (end, self.owner, self.stream))
+                "SELECT * FROM lf_state_last WHERE op <> 'd'")) if images else empty_raw(meta)
+            with conn.pipeline():
+                conn.execute(sql.SQL("DELETE FROM {} s USING lf_state_last l "
+                                     "WHERE s.key = l.key").format(self.table))
+                conn.execute(sql.SQL("INSERT INTO {} ({}) SELECT {} FROM lf_state_last "
+                                     "WHERE op <> 'd'").format(self.table, _COLUMNS, _COLUMNS))
+                conn.execute(sql.SQL("DELETE FROM {}").format(_LAST))
+                conn.execute(sql.SQL("DELETE FROM {}").format(sql.Identifier(_STAGED)))
+                conn.execute("UPDATE lakefold.stream_states SET position = %s "
+                             "WHERE owner = %s AND stream = %s", (end, self.owner, self.stream))
         return StateChanges(before, after, truncated, start, end)
 
     def move_to(self, conn: psycopg.Connection[Any], other: LatestRows,

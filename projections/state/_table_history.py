@@ -118,7 +118,7 @@ class TableHistory:
                 "INSERT INTO {} ({}) SELECT CASE WHEN op = 't' THEN NULL ELSE key END, "
                 "commit_lsn, position, ordinal, xid, commit_ts, schema_version, op, after "
                 "FROM {}").format(self.table, _COLUMNS, staged))
-            conn.execute(sql.SQL("DROP TABLE {}").format(staged))
+            conn.execute(sql.SQL("DELETE FROM {}").format(staged))
             conn.execute("UPDATE lakefold.table_histories SET position = %s, start_lsn = %s "
                          "WHERE stream = %s", (end, start_lsn, self.stream))
             reader_registry.commit(conn, HISTORY_READER, meta.info.stream_id, self.stream,
