@@ -76,7 +76,7 @@ _CDF_TYPES: Final = {"insert": "insert", "update_postimage": "update", "delete":
 _CDF_PROPERTY: Final = "delta.enableChangeDataFeed"
 
 Storage = Mapping[str, str] | None
-Kind = Literal["cdf", "append", "skip", "refused", "snapshot"]
+Kind = Literal["cdf", "append", "skip", "refused", "reshaped", "snapshot"]
 
 
 # ------------------------------------------------------------------------------- positions
@@ -90,6 +90,9 @@ def first_position(version: int) -> int:
 def version_at(position: int) -> int:
     """The version a position belongs to (the offsets 0 .. ``VERSION_STRIDE``: version 0)."""
     return max(0, position // VERSION_STRIDE - 1)
+
+
+delta_version_at = version_at  # its name in ``lakefold.spark.internals``
 
 
 # ------------------------------------------------------------------------------- the table
@@ -323,6 +326,8 @@ class VersionPlan:
     kind: Kind
     rows: int
     commit: DeltaCommit | None = None
+    #: Of a ``reshaped`` version: what changed in the table's columns.
+    change: str | None = None
 
 
 def plan_version(source: DeltaSource, version: int, storage: Storage = None) -> VersionPlan:
@@ -334,6 +339,10 @@ def plan_version(source: DeltaSource, version: int, storage: Storage = None) -> 
             "num_records").to_pylist())
         return VersionPlan(version, "snapshot", rows)
     commit = read_commit(source, version, storage)
+    if commit.schema is not None and version > 0:
+        change = schema_change(source, _schema_at(source, version - 1, storage), commit.schema)
+        if change is not None:
+            return VersionPlan(version, "reshaped", 0, commit, change)
     cdf = configuration_at(source, version, storage).get(_CDF_PROPERTY, "false").lower() \
         == "true"
     if commit.cdc or (commit.removes and cdf):
@@ -346,9 +355,68 @@ def plan_version(source: DeltaSource, version: int, storage: Storage = None) -> 
     return VersionPlan(version, "skip", 0, commit)
 
 
+def _schema_at(source: DeltaSource, version: int, storage: Storage) -> pa.Schema:
+    from deltalake import DeltaTable
+
+    table = DeltaTable(source.uri, version=version, storage_options=_options(source.uri, storage))
+    return pa.schema(table.schema().to_arrow())
+
+
+def widens(have: pa.DataType, need: pa.DataType) -> bool:
+    """Whether every value of type ``have`` is read as the same value of type ``need``: the
+    same type, or a widening (Delta's type widening: a larger integer or float, an integer to
+    a double, a decimal with more digits, a date to a timestamp; a view or large string)."""
+    t = pa.types
+    if have == need:
+        return True
+    if t.is_integer(have) and t.is_integer(need):
+        return bool(need.bit_width >= have.bit_width
+                    and (t.is_signed_integer(need) or not t.is_signed_integer(have))
+                    and not (t.is_signed_integer(need) and not t.is_signed_integer(have)
+                             and need.bit_width == have.bit_width))
+    if t.is_floating(have) and t.is_floating(need):
+        return bool(need.bit_width >= have.bit_width)
+    if t.is_integer(have) and t.is_floating(need):
+        return bool(need.bit_width == 64)
+    if t.is_decimal(have) and t.is_decimal(need):
+        return bool(need.scale >= have.scale
+                    and need.precision - need.scale >= have.precision - have.scale)
+    if t.is_date(have) and t.is_timestamp(need):
+        return True
+    if t.is_timestamp(have) and t.is_timestamp(need):
+        return True
+    texts = (t.is_string, t.is_large_string, t.is_string_view)
+    if any(f(have) for f in texts) and any(f(need) for f in texts):
+        return True
+    return str(have) == str(need)  # nested types: only the very same
+
+
+def schema_change(source: DeltaSource, before: pa.Schema, after: pa.Schema) -> str | None:
+    """What makes ``after`` unreadable as a continuation of ``before`` (a key column gone, a
+    column's type changed other than by widening); None when rows read on (added columns,
+    other columns dropped: read as null)."""
+    for key in source.key:
+        if key in before.names and key not in after.names:
+            return f"drops key column {key!r}"
+    for field_ in before:
+        if field_.name in after.names:
+            new = after.field(field_.name).type
+            if not widens(field_.type, new):
+                return f"changes column {field_.name!r} from {field_.type} to {new}"
+    return None
+
+
 def refusal(source: DeltaSource, plan: VersionPlan) -> DeltaInputError:
-    """The one-line error for a version that removes data without the change data feed."""
+    """The one-line error for a version that cannot be read on from the one before: it
+    removes data without the change data feed, or changes the columns incompatibly."""
     operation = plan.commit.operation if plan.commit is not None else "?"
+    if plan.kind == "reshaped":
+        return DeltaInputError(
+            f"version {plan.version} of delta table {source.uri} ({operation}) {plan.change}, "
+            "so the rows before it and after it cannot go on into one projection; rebuild "
+            f"the projection from there with delta_changes(..., starting_version={plan.version})"
+            " (the table as of that version, then its changes), or undo the change in the "
+            "table")
     uri = source.uri.replace("`", "``")
     return DeltaInputError(
         f"version {plan.version} of delta table {source.uri} ({operation}) removes or rewrites "
@@ -381,7 +449,7 @@ def batch_end(source: DeltaSource, begin: int, end: int, limit: int | None,
     rows, current = 0, version
     while current <= last and current - version < MAX_VERSIONS_PER_BATCH:
         plan = plan_version(source, current, storage)
-        if plan.kind == "refused":
+        if plan.kind in ("refused", "reshaped"):
             if current == version:
                 raise refusal(source, plan)
             break
@@ -510,15 +578,11 @@ def _check_columns(source: DeltaSource, version: int, data: pa.Table,
         if name not in wanted.names or name == "_op":
             continue
         have, need = data.schema.field(name).type, wanted.field(name).type
-        if have == need:
-            continue
-        try:
-            pc.cast(pa.nulls(0, have), need)
-        except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+        if not widens(have, need):
             raise DeltaInputError(
                 f"column {name!r} of delta table {source.uri} is {have} at version {version} "
                 f"but {need} when the projection started (the table's schema changed "
-                "incompatibly); rebuild the projection (`lakefold rebuild`)") from None
+                "incompatibly); rebuild the projection (`lakefold rebuild`)")
 
 
 def _ordered(data: pa.Table, key: tuple[str, ...]) -> pa.Table:
@@ -537,7 +601,7 @@ def read_version(source: DeltaSource, plan: VersionPlan, schema: pa.Schema,
     """The change rows of one version as a batch of ``schema`` (None: it holds none)."""
     if plan.kind == "skip":
         return None
-    if plan.kind == "refused":
+    if plan.kind in ("refused", "reshaped"):
         raise refusal(source, plan)
     if plan.kind == "snapshot":
         data = _snapshot_rows(source, plan.version, storage)

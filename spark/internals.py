@@ -35,7 +35,10 @@ if TYPE_CHECKING:
     from lakefold.spark._source_cuts import (
         CutGroup as CutGroup,
     )
-    from lakefold.spark._source_delta import check_delta_table as check_delta_table
+    from lakefold.spark._source_delta import (
+        check_delta_table as check_delta_table,
+        delta_version_at as delta_version_at,
+    )
     from lakefold.spark._source_inputs import (
         ChangelogSource as ChangelogSource,
         DeltaSource as DeltaSource,
@@ -71,7 +74,7 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
     "lakefold.spark._s3a": ("checkpoint_root",),
     "lakefold.spark._source_columns": ("EVENT_META_SOURCE_COLUMNS",),
     "lakefold.spark._source_cuts": ("CutGroup",),
-    "lakefold.spark._source_delta": ("check_delta_table",),
+    "lakefold.spark._source_delta": ("check_delta_table", "delta_version_at"),
     "lakefold.spark._source_inputs": ("ChangelogSource", "DeltaSource", "EventSource",
                                        "Source"),
     "lakefold.spark._source_live": ("LIVE_READ_MAX", "live_frame"),

@@ -4,9 +4,10 @@ standard input, one answer a line (prefixed ``ANSWER``) on standard output.
 
 Commands: ``read`` (a table, optionally ``version``, through ``spark.read.format("delta")``,
 written to ``out`` as Parquet), ``lakefold_read`` (the same through lakefold's ``read_delta`` on
-this delta-spark session), ``sql`` (statements; the rows of the last one), ``maintain``
-(OPTIMIZE and VACUUM RETAIN ``retain_hours`` HOURS on ``paths`` in a loop until the file
-``stop`` exists; whole hours, as delta-spark rounds them), ``quit``.
+this delta-spark session), ``changes`` (a table's change data feed from ``start``, through
+``readChangeFeed``, written to ``out``), ``sql`` (statements; the rows of the last one),
+``maintain`` (OPTIMIZE and VACUUM RETAIN ``retain_hours`` HOURS on ``paths`` in a loop until
+the file ``stop`` exists; whole hours, as delta-spark rounds them), ``quit``.
 """
 
 from __future__ import annotations
@@ -96,6 +97,13 @@ def main() -> None:
                     frame = reader.load(command["path"])
                 else:
                     frame = read_delta(spark, command["path"], version=command.get("version"))
+                table = frame.toArrow()
+                pq.write_table(table, command["out"])
+                answer({"rows": table.num_rows})
+            elif op == "changes":
+                frame = (spark.read.format("delta").option("readChangeFeed", "true")
+                         .option("startingVersion", command.get("start", 0))
+                         .load(command["path"]))
                 table = frame.toArrow()
                 pq.write_table(table, command["out"])
                 answer({"rows": table.num_rows})
