@@ -102,6 +102,15 @@ _lock = threading.Lock()
 _tables: dict[str, DeltaTable] = {}
 _commits: dict[tuple[str, int], DeltaCommit] = {}
 _configs: dict[tuple[str, int], dict[str, str]] = {}
+#: Commits and properties kept per process (a version's commit never changes).
+_CACHED: Final = 20_000
+
+
+def _remember(cache: dict[Any, Any], key: Any, value: Any) -> None:
+    """Keep ``value`` in a per-process cache of at most ``_CACHED`` entries (oldest out)."""
+    cache[key] = value
+    while len(cache) > _CACHED:
+        cache.pop(next(iter(cache)))
 
 
 def _options(uri: str, storage: Storage) -> dict[str, str] | None:
@@ -289,7 +298,7 @@ def read_commit(source: DeltaSource, version: int, storage: Storage = None) -> D
             "DESCRIBE HISTORY>) and rebuild the projection") from None
     commit = _parse_commit(version, text)
     with _lock:
-        _commits[key] = commit
+        _remember(_commits, key, commit)
     return commit
 
 
@@ -314,7 +323,7 @@ def configuration_at(source: DeltaSource, version: int, storage: Storage = None
                            storage_options=_options(source.uri, storage))
         config = dict(table.metadata().configuration)
     with _lock:
-        _configs[key] = config
+        _remember(_configs, key, config)
     return config
 
 
