@@ -345,3 +345,64 @@ def test_bad_inputs_are_refused_in_one_line(
         assert "starting_version=" in error
         assert sorted(output(catalog, "item_changes", ["id"]).column(0).to_pylist()) == \
             list(range(5))
+
+
+# ----------------------------------------------------------------- the reader alone (delta-rs)
+
+
+def _changes(source: Any, schema: pa.Schema, start: int = 0) -> list[dict[str, Any]]:
+    from lakefold.spark import _source_delta
+    from lakefold.spark._source_positions import PositionRange
+
+    end = _source_delta.head(source) + 1
+    return [r for batch in _source_delta.read_range(source, PositionRange(start, end), schema)
+            for r in batch.to_pylist()]
+
+
+def test_versions_read_as_changes_in_order_and_optimize_as_nothing(tmp_path: Path) -> None:
+    """A table delta-rs writes: each version's rows, at positions that grow with the version,
+    deletes before inserts within one (an overwrite); OPTIMIZE reads as nothing."""
+    from deltalake import write_deltalake
+
+    from lakefold.spark import _source_delta
+
+    path = str(tmp_path / "t")
+    write_deltalake(path, pa.table({"id": [3, 1, 2], "v": ["c", "a", "b"]}),
+                    configuration={"delta.enableChangeDataFeed": "true"})
+    write_deltalake(path, pa.table({"id": [4], "v": ["d"]}), mode="append")
+    DeltaTable(path).update(predicate="id = 2", updates={"v": "'B'"})
+    DeltaTable(path).delete("id = 3")
+    DeltaTable(path).optimize.compact()
+    write_deltalake(path, pa.table({"id": [1, 5], "v": ["x", "y"]}), mode="overwrite")
+    source = delta_changes(path, key="id")
+    schema = _source_delta.arrow_schema(source)
+    seen = [(r["_commit_version"], r["_type"], r["id"], r["v"], r["_deleted"])
+            for r in _changes(source, schema)]
+    assert seen == [
+        (0, "insert", 1, "a", False), (0, "insert", 2, "b", False), (0, "insert", 3, "c", False),
+        (1, "insert", 4, "d", False), (2, "update", 2, "B", False), (3, "delete", 3, "c", True),
+        (5, "delete", 1, "a", True), (5, "delete", 2, "B", True), (5, "delete", 4, "d", True),
+        (5, "insert", 1, "x", False), (5, "insert", 5, "y", False)]
+    positions = [r["_position"] for r in _changes(source, schema)]
+    assert positions == sorted(positions) and len(set(positions)) == len(positions)
+    assert {_source_delta.version_at(p) for p in positions} == {0, 1, 2, 3, 5}
+    # Whole versions per batch: a limit of one row still takes version 0's three.
+    assert _source_delta.version_at(_source_delta.batch_end(
+        source, 0, _source_delta.head(source) + 1, 1)) == 1
+    # From version 2: the table as of version 2, then the versions after it.
+    later = delta_changes(path, key="id", starting_version=2)
+    seen = [(r["_commit_version"], r["_type"], r["id"]) for r in _changes(later, schema)]
+    assert seen[:4] == [(2, "insert", 1), (2, "insert", 2), (2, "insert", 3), (2, "insert", 4)]
+    assert seen[4] == (3, "delete", 3)
+
+
+def test_types_widen_but_do_not_change() -> None:
+    from lakefold.spark._source_delta import widens
+
+    assert widens(pa.int32(), pa.int64()) and widens(pa.int64(), pa.float64())
+    assert widens(pa.decimal128(10, 2), pa.decimal128(12, 2)) and widens(pa.date32(),
+                                                                         pa.timestamp("us"))
+    assert widens(pa.string_view(), pa.string())
+    assert not widens(pa.int64(), pa.int32()) and not widens(pa.int64(), pa.string())
+    assert not widens(pa.string(), pa.int64()) and not widens(pa.decimal128(10, 2),
+                                                              pa.decimal128(10, 3))
