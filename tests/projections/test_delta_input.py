@@ -391,9 +391,9 @@ def test_versions_read_as_changes_in_order_and_optimize_as_nothing(tmp_path: Pat
         source, 0, _source_delta.head(source) + 1, 1)) == 1
     # From version 2: the table as of version 2, then the versions after it.
     later = delta_changes(path, key="id", starting_version=2)
-    seen = [(r["_commit_version"], r["_type"], r["id"]) for r in _changes(later, schema)]
-    assert seen[:4] == [(2, "insert", 1), (2, "insert", 2), (2, "insert", 3), (2, "insert", 4)]
-    assert seen[4] == (3, "delete", 3)
+    tail = [(r["_commit_version"], r["_type"], r["id"]) for r in _changes(later, schema)]
+    assert tail[:4] == [(2, "insert", 1), (2, "insert", 2), (2, "insert", 3), (2, "insert", 4)]
+    assert tail[4] == (3, "delete", 3)
 
 
 def test_types_widen_but_do_not_change() -> None:
