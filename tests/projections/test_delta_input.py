@@ -406,3 +406,63 @@ def test_types_widen_but_do_not_change() -> None:
     assert not widens(pa.int64(), pa.int32()) and not widens(pa.int64(), pa.string())
     assert not widens(pa.string(), pa.int64()) and not widens(pa.decimal128(10, 2),
                                                               pa.decimal128(10, 3))
+
+
+def test_a_partitioned_table_in_a_bucket(spark: Any, pg: Any, s3_lake: Any,
+                                         tmp_path: Path) -> None:
+    """A Delta table in a bucket of a real S3 server (written by delta-rs, partitioned, change
+    data feed on): Spark's workers read it with the object store's options passed along, and
+    the projections equal the table's snapshot at the version they caught up to."""
+    from deltalake import write_deltalake
+
+    from lakefold.core.object_store import storage_options_for
+
+    uri = f"{s3_lake.uri}/raw/items"
+    options = storage_options_for(uri)
+
+    def batch(ids: range, tag: str) -> pa.Table:
+        return pa.table({"id": pa.array(list(ids), pa.int64()),
+                         "name": [f"{tag}-{i}" for i in ids],
+                         "qty": pa.array([i % 7 for i in ids], pa.int64()),
+                         "region": ["eu" if i % 2 else "us" for i in ids]})
+
+    write_deltalake(uri, batch(range(0, 20), "v1"), partition_by=["region"],
+                    storage_options=options,
+                    configuration={"delta.enableChangeDataFeed": "true"})
+    write_deltalake(uri, batch(range(20, 30), "v1"), mode="append", storage_options=options)
+    registry = registry_for_uri(uri)
+    roots = SinkRoots.under(tmp_path / "sinks")
+    with Catalog(pg.dsn) as catalog:
+        run(spark, registry, pg.dsn, roots)
+        check_snapshot(uri, catalog)
+        DeltaTable(uri, storage_options=options).update(
+            predicate="id % 3 = 0", updates={"qty": "qty + 100"})
+        DeltaTable(uri, storage_options=options).delete("id % 5 = 0")
+        DeltaTable(uri, storage_options=options).optimize.compact()
+        write_deltalake(uri, batch(range(30, 35), "v2"), mode="append", storage_options=options)
+        run(spark, registry, pg.dsn, roots)
+        check_snapshot(uri, catalog)
+        assert len(output(catalog, "item_changes", ["id"])) == 30 + 10 + 6 + 5
+
+
+def registry_for_uri(uri: str) -> Registry:
+    registry = Registry()
+    with registering_into(registry):
+        source = delta_changes(uri, key=["id"], alias="items")
+
+        @projection("latest_items", sources=[source], target=delta_table("upsert", keys=["id"]))
+        def latest_items(items: Any) -> Any:
+            return items.select(*COLUMNS, "region", "_position", "_deleted")
+
+        @projection("item_changes", sources=[source], target=delta_table("append"))
+        def item_changes(items: Any) -> Any:
+            return items.select(*COLUMNS, "region", "_type", "_commit_version")
+    return registry
+
+
+def check_snapshot(uri: str, catalog: Catalog) -> None:
+    from lakefold.core.object_store import storage_options_for
+
+    table = pa.table(DeltaTable(uri, storage_options=storage_options_for(uri))
+                     .to_pyarrow_table()).select([*COLUMNS, "region"])
+    assert rows(output(catalog, "latest_items", [*COLUMNS, "region"])) == rows(table)
