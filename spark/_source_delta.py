@@ -138,6 +138,21 @@ def open_input_table(uri: str, storage: Storage = None) -> DeltaTable:
                               ) from e
 
 
+def table_at(source: DeltaSource, version: int, storage: Storage = None) -> DeltaTable:
+    """The table as of ``version``; DeltaInputError (one line) when it cannot be loaded."""
+    from deltalake.exceptions import DeltaError
+
+    table = open_input_table(source.uri, storage)
+    try:
+        table.load_as_version(version)
+    except (DeltaError, OSError, ValueError) as e:
+        raise DeltaInputError(
+            f"cannot load version {version} of delta table {source.uri} "
+            f"({str(e).splitlines()[0] if str(e) else type(e).__name__}); its versions are "
+            "listed by DESCRIBE HISTORY (log retention removes old ones)") from e
+    return table
+
+
 def _table(uri: str, storage: Storage) -> DeltaTable:
     """A long-lived handle per table in this process, moved to the latest version."""
     with _lock:
@@ -317,11 +332,7 @@ def configuration_at(source: DeltaSource, version: int, storage: Storage = None
     elif before is not None:
         config = before
     else:
-        from deltalake import DeltaTable
-
-        table = DeltaTable(source.uri, version=version,
-                           storage_options=_options(source.uri, storage))
-        config = dict(table.metadata().configuration)
+        config = dict(table_at(source, version, storage).metadata().configuration)
     with _lock:
         _remember(_configs, key, config)
     return config
@@ -342,8 +353,7 @@ class VersionPlan:
 def plan_version(source: DeltaSource, version: int, storage: Storage = None) -> VersionPlan:
     """How ``version`` is read (see the module docstring)."""
     if source.starting_version is not None and version == source.starting_version:
-        table = open_input_table(source.uri, storage)
-        table.load_as_version(version)
+        table = table_at(source, version, storage)
         rows = sum(int(n or 0) for n in pa.table(table.get_add_actions()).column(
             "num_records").to_pylist())
         return VersionPlan(version, "snapshot", rows)
@@ -365,10 +375,7 @@ def plan_version(source: DeltaSource, version: int, storage: Storage = None) -> 
 
 
 def _schema_at(source: DeltaSource, version: int, storage: Storage) -> pa.Schema:
-    from deltalake import DeltaTable
-
-    table = DeltaTable(source.uri, version=version, storage_options=_options(source.uri, storage))
-    return pa.schema(table.schema().to_arrow())
+    return pa.schema(table_at(source, version, storage).schema().to_arrow())
 
 
 def widens(have: pa.DataType, need: pa.DataType) -> bool:
@@ -554,7 +561,15 @@ def _file_rows(source: DeltaSource, commit: DeltaCommit, storage: Storage,
             fs_file, location = filesystem_for(location, _options(source.uri, storage))
         else:
             fs_file, location = fs, f"{root.rstrip('/')}/{location}"
-        data = pq.read_table(location, filesystem=fs_file)
+        try:
+            data = pq.read_table(location, filesystem=fs_file)
+        except (OSError, pa.ArrowInvalid) as e:  # FileNotFoundError included
+            raise DeltaInputError(
+                f"cannot read data file {path} of version {commit.version} of delta table "
+                f"{source.uri} ({str(e).splitlines()[0] if str(e) else type(e).__name__}); "
+                "a VACUUM with a retention shorter than the projection's lag removes the files "
+                "of versions it has not read yet: rebuild it with delta_changes(..., "
+                "starting_version=<the oldest version whose files are kept>)") from e
         for name, value in partition.items():
             if name in data.column_names:
                 continue
@@ -568,9 +583,14 @@ def _file_rows(source: DeltaSource, commit: DeltaCommit, storage: Storage,
 
 
 def _snapshot_rows(source: DeltaSource, version: int, storage: Storage) -> pa.Table:
-    table = open_input_table(source.uri, storage)
-    table.load_as_version(version)
-    data = pa.table(table.to_pyarrow_table())
+    from deltalake.exceptions import DeltaError
+
+    try:
+        data = pa.table(table_at(source, version, storage).to_pyarrow_table())
+    except (DeltaError, OSError) as e:
+        raise DeltaInputError(
+            f"cannot read delta table {source.uri} as of version {version}: "
+            f"{str(e).splitlines()[0] if str(e) else type(e).__name__}") from e
     return data.append_column("_op", pa.array(["insert"] * data.num_rows, pa.string()))
 
 
