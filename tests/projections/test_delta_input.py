@@ -399,7 +399,7 @@ def test_versions_read_as_changes_in_order_and_optimize_as_nothing(tmp_path: Pat
 
 
 def test_types_widen_but_do_not_change() -> None:
-    from lakefold.spark._source_delta import widens
+    from lakefold.spark._source_delta_log import widens
 
     assert widens(pa.int32(), pa.int64()) and widens(pa.int64(), pa.float64())
     assert widens(pa.decimal128(10, 2), pa.decimal128(12, 2)) and widens(pa.date32(),
