@@ -132,6 +132,11 @@ def check_delta_table(source: DeltaSource, storage: Storage = None) -> list[str]
         raise DeltaInputColumnError(
             f"delta table {source.uri} has no column {missing[0]!r} (key={list(source.key)}); "
             f"its columns are {columns}")
+    newest = int(table.version())
+    if source.starting_version is not None and source.starting_version > newest:
+        raise DeltaInputError(
+            f"delta_changes({source.uri!r}, starting_version={source.starting_version}): the "
+            f"table's newest version is {newest}; start at a version it has")
     clash = sorted(_RESERVED.intersection(columns))
     if clash:
         raise DeltaInputError(

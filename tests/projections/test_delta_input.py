@@ -320,6 +320,8 @@ def test_bad_inputs_are_refused_in_one_line(
                        ) as missing:
         prepare(delta_changes(str(path), key=["sku"]))
     assert "\n" not in str(missing.value)
+    with pytest.raises(UnknownSourceError, match="newest version is 1; start at a version"):
+        prepare(delta_changes(str(path), key=["id"], starting_version=7))
     with pytest.raises(StatefulChangelogError, match="delta table"):
         prepare(delta_changes(str(path), key=["id"]), stateful=True)
     with pytest.raises(ProjectionDefinitionError, match="needs key="):
