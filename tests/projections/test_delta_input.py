@@ -477,3 +477,23 @@ def check_snapshot(uri: str, catalog: Catalog) -> None:
     table = pa.table(DeltaTable(uri, storage_options=storage_options_for(uri))
                      .to_pyarrow_table()).select([*COLUMNS, "region"])
     assert rows(output(catalog, "latest_items", [*COLUMNS, "region"])) == rows(table)
+
+
+def test_the_change_feed_turned_on_midway(tmp_path: Path) -> None:
+    """Appends before the feed was on, updates and deletes after: all read; the property
+    change itself (a new metaData, the same columns) is no change of rows."""
+    from deltalake import write_deltalake
+
+    from lakefold.spark import _source_delta
+
+    path = str(tmp_path / "t")
+    write_deltalake(path, pa.table({"id": [1, 2, 3], "v": ["a", "b", "c"]}))
+    write_deltalake(path, pa.table({"id": [4], "v": ["d"]}), mode="append")
+    DeltaTable(path).alter.set_table_properties({"delta.enableChangeDataFeed": "true"})
+    DeltaTable(path).delete("id = 2")
+    DeltaTable(path).update(predicate="id = 4", updates={"v": "'D'"})
+    source = delta_changes(path, key="id")
+    seen = [(r["_commit_version"], r["_type"], r["id"], r["v"])
+            for r in _changes(source, _source_delta.arrow_schema(source))]
+    assert seen == [(0, "insert", 1, "a"), (0, "insert", 2, "b"), (0, "insert", 3, "c"),
+                    (1, "insert", 4, "d"), (3, "delete", 2, "b"), (4, "update", 4, "D")]
