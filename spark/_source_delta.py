@@ -29,16 +29,15 @@ Positions: the offset is the table version. The rows of version ``v`` have posit
 then inserts, each by key: a version that deletes and re-inserts a key ends with the insert),
 so positions grow with the table's commit order and a replayed version gets the same ones. A
 micro-batch holds whole versions (never part of one), at least one, and as many more as its
-record limit allows (estimated from the commit's file statistics). Reads of a committed
-version are final, so a micro-batch replayed after a crash holds the same rows: the targets'
-batch ids make the effect exactly once.
+record limit allows (rows counted from the commits: statistics, or the files' Parquet
+footers). Reads of a committed version are final, so a micro-batch replayed after a crash
+holds the same rows: the targets' batch ids make the effect exactly once.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 from typing import Final
-from urllib.parse import unquote
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -50,11 +49,11 @@ from lakefold.spark._source_delta_log import (
     Storage,
     VersionPlan,
     current_table,
+    data_file,
     latest_version,
     plan_version,
     read_commit,
     refusal,
-    storage_options,
     table_at,
     widens,
 )
@@ -204,7 +203,7 @@ def batch_ranges(source: DeltaSource, start: int, end: int, options: ReadOptions
 
 
 def batch_rows(source: DeltaSource, start: int, end: int, storage: Storage = None) -> int:
-    """About how many change rows the versions of ``[start, end)`` hold (file statistics)."""
+    """About how many change rows the versions of ``[start, end)`` hold (``change_rows``)."""
     if end <= start:
         return 0
     first, last = first_version(source, start), version_at(end - 1)
@@ -253,16 +252,9 @@ def _file_rows(source: DeltaSource, commit: DeltaCommit, storage: Storage,
     """The rows of the data files a version adds (an append), partition values included."""
     import pyarrow.parquet as pq
 
-    from lakefold.core.object_store import filesystem_for
-
-    fs, root = filesystem_for(source.uri, storage_options(source.uri, storage))
     parts = []
     for path, partition in zip(commit.adds, commit.add_partitions, strict=True):
-        location = unquote(path)
-        if "://" in location:
-            fs_file, location = filesystem_for(location, storage_options(source.uri, storage))
-        else:
-            fs_file, location = fs, f"{root.rstrip('/')}/{location}"
+        fs_file, location = data_file(source, path, storage)
         try:
             data = pq.read_table(location, filesystem=fs_file)
         except (OSError, pa.ArrowInvalid) as e:  # FileNotFoundError included

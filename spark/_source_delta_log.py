@@ -44,6 +44,7 @@ _lock = threading.Lock()
 _tables: dict[str, DeltaTable] = {}
 _commits: dict[tuple[str, int], DeltaCommit] = {}
 _configs: dict[tuple[str, int], dict[str, str]] = {}
+_change_rows: dict[tuple[str, int], int] = {}
 #: Commits and properties kept per process (a version's commit never changes).
 _CACHED: Final = 20_000
 
@@ -128,6 +129,8 @@ class DeltaCommit:
     add_rows: int = 0
     removes: int = 0
     remove_rows: int = 0
+    #: Added and removed files whose action carries no row count (statistics).
+    uncounted: tuple[str, ...] = ()
     cdc: tuple[str, ...] = ()
     #: The table properties this version sets (None: it sets none).
     configuration: Mapping[str, str] | None = None
@@ -150,6 +153,7 @@ def _parse_commit(version: int, text: str) -> DeltaCommit:
     partitions: list[Mapping[str, str | None]] = []
     cdc: list[str] = []
     add_rows = removes = remove_rows = 0
+    uncounted: list[str] = []
     operation, timestamp = "?", None
     configuration: Mapping[str, str] | None = None
     schema: pa.Schema | None = None
@@ -162,12 +166,18 @@ def _parse_commit(version: int, text: str) -> DeltaCommit:
             if add.get("dataChange", True):
                 adds.append(str(add["path"]))
                 partitions.append(dict(add.get("partitionValues") or {}))
-                add_rows += _stats_rows(add)
+                counted = _stats_rows(add)
+                add_rows += counted
+                if not counted:
+                    uncounted.append(str(add["path"]))
         elif "remove" in action:
             remove = action["remove"]
             if remove.get("dataChange", True):
                 removes += 1
-                remove_rows += _stats_rows(remove)
+                counted = _stats_rows(remove)
+                remove_rows += counted
+                if not counted:
+                    uncounted.append(str(remove["path"]))
         elif "cdc" in action:
             cdc.append(str(action["cdc"]["path"]))
         elif "commitInfo" in action:
@@ -184,7 +194,8 @@ def _parse_commit(version: int, text: str) -> DeltaCommit:
                 schema = pa.schema(Schema.from_json(meta["schemaString"]).to_arrow())
     return DeltaCommit(version=version, operation=operation, timestamp_ms=timestamp,
                        adds=tuple(adds), add_partitions=tuple(partitions), add_rows=add_rows,
-                       removes=removes, remove_rows=remove_rows, cdc=tuple(cdc),
+                       removes=removes, remove_rows=remove_rows,
+                       uncounted=tuple(uncounted), cdc=tuple(cdc),
                        configuration=configuration, schema=schema)
 
 
@@ -263,12 +274,11 @@ def plan_version(source: DeltaSource, version: int, storage: Storage = None) -> 
     cdf = configuration_at(source, version, storage).get(_CDF_PROPERTY, "false").lower() \
         == "true"
     if commit.cdc or (commit.removes and cdf):
-        return VersionPlan(version, "cdf", commit.add_rows + commit.remove_rows
-                           + 2 * len(commit.cdc), commit)
+        return VersionPlan(version, "cdf", change_rows(source, commit, storage), commit)
     if commit.removes:
         return VersionPlan(version, "refused", 0, commit)
     if commit.adds:
-        return VersionPlan(version, "append", commit.add_rows, commit)
+        return VersionPlan(version, "append", change_rows(source, commit, storage), commit)
     return VersionPlan(version, "skip", 0, commit)
 
 
@@ -318,6 +328,52 @@ def schema_change(source: DeltaSource, before: pa.Schema, after: pa.Schema) -> s
             if not widens(field_.type, new):
                 return f"changes column {field_.name!r} from {field_.type} to {new}"
     return None
+
+
+def data_file(source: DeltaSource, path: str, storage: Storage) -> tuple[Any, str]:
+    """The file system and path of a data file a commit names (relative to the table's root,
+    URI-encoded, or absolute)."""
+    from urllib.parse import unquote
+
+    from lakefold.core.object_store import filesystem_for
+
+    location = unquote(path)
+    if "://" in location:
+        return filesystem_for(location, storage_options(source.uri, storage))
+    fs, root = filesystem_for(source.uri, storage_options(source.uri, storage))
+    return fs, f"{root.rstrip('/')}/{location}"
+
+
+def change_rows(source: DeltaSource, commit: DeltaCommit, storage: Storage) -> int:
+    """About how many change rows a version holds: the rows of its change data files
+    (pre-images of updates included), or else of the files it adds and removes (the commit's
+    statistics, or the files' Parquet footers); kept per process."""
+    key = (source.uri, commit.version)
+    with _lock:
+        known = _change_rows.get(key)
+    if known is not None:
+        return known
+    if commit.cdc:
+        total = _footer_rows(source, commit.cdc, storage)
+    else:
+        total = commit.add_rows + commit.remove_rows \
+            + _footer_rows(source, commit.uncounted, storage)
+    with _lock:
+        _remember(_change_rows, key, total)
+    return total
+
+
+def _footer_rows(source: DeltaSource, paths: tuple[str, ...], storage: Storage) -> int:
+    import pyarrow.parquet as pq
+
+    total = 0
+    for path in paths:
+        fs, location = data_file(source, path, storage)
+        try:
+            total += int(pq.read_metadata(location, filesystem=fs).num_rows)
+        except (OSError, pa.ArrowInvalid):
+            total += 1  # an estimate only: reading the version says what is wrong
+    return total
 
 
 def refusal(source: DeltaSource, plan: VersionPlan) -> DeltaInputError:

@@ -194,7 +194,7 @@ def read(dsn: str, source: Source, start: int, end: int, *,
 def records_between(source: Source, start: int, end: int) -> int:
     """About how many records an input holds at positions ``[start, end)``: exactly the
     positions for the stores' inputs (dense, up to compaction's holes); for a Delta table, its
-    versions' change rows as the commits' file statistics count them."""
+    versions' change rows as their commits count them (statistics or Parquet footers)."""
     if isinstance(source, DeltaSource):
         from lakefold.spark import _source_delta
 

@@ -229,7 +229,7 @@ def _source_status(dsn: str, sources: list[Source], generation: Generation
 def _delta_status(source: DeltaSource, next_position: int, head: int) -> SourceStatus:
     """A Delta input: its position and head are table versions (the last one applied, -1
     before any; the newest), its lag the change rows of the versions not applied yet (as
-    their commits' file statistics count them)."""
+    their commits count them, an update's pre-image included)."""
     from lakefold.spark.internals import delta_version_at
 
     applied = delta_version_at(next_position) - 1 if next_position else -1

@@ -390,6 +390,9 @@ def test_versions_read_as_changes_in_order_and_optimize_as_nothing(tmp_path: Pat
     positions = [r["_position"] for r in _changes(source, schema)]
     assert positions == sorted(positions) and len(set(positions)) == len(positions)
     assert {_source_delta.version_at(p) for p in positions} == {0, 1, 2, 3, 5}
+    # The versions' rows as the commits count them (the update's pre-image too).
+    end = _source_delta.head(source) + 1
+    assert _source_delta.batch_rows(source, 0, end) == len(positions) + 1
     # Whole versions per batch: a limit of one row still takes version 0's three.
     assert _source_delta.version_at(_source_delta.batch_end(
         source, 0, _source_delta.head(source) + 1, 1)) == 1
