@@ -3,8 +3,8 @@
 Define projections in a Python module (see ``lakefold.projections.definitions._api`` for a
 full example)::
 
-    from lakefold.projections import Fold, changelog, events, projection, delta_table, \\
-        redis_cache, search_index
+    from lakefold.projections import Fold, changelog, events, delta_changes, projection, \\
+        delta_table, redis_cache, search_index
 
 and run them with ``lakefold run --projections FILE`` (or ``Runner`` in-process). Readers:
 ``RedisCacheReader.get(view, key)``, ``SearchIndexReader.search(view, query)`` and
@@ -29,7 +29,13 @@ if TYPE_CHECKING:  # the real names for type checkers; at run time they load laz
         projection,
         view,
     )
-    from lakefold.projections.definitions._model import ProjectionOptions, Record, changelog, events
+    from lakefold.projections.definitions._model import (
+        ProjectionOptions,
+        Record,
+        changelog,
+        delta_changes,
+        events,
+    )
     from lakefold.projections.definitions._target_specs import (
         DeltaTableTarget,
         RedisCacheTarget,
@@ -66,7 +72,7 @@ if TYPE_CHECKING:  # the real names for type checkers; at run time they load laz
     from lakefold.projections.targets._search import SearchHit, SearchIndexReader
     from lakefold.projections.targets._search_matches import MatchedText
     from lakefold.projections.targets._tables import ProjectionTableCatalog
-    from lakefold.spark.internals import ChangelogSource, EventSource
+    from lakefold.spark.internals import ChangelogSource, DeltaSource, EventSource
 
 # Lazy exports: Spark's Python workers may import a projections module (the retry source),
 # which runs this file; importing Redis, Tantivy and psycopg here would add a second to every
@@ -77,8 +83,8 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
         "view",
     ),
     "lakefold.projections.definitions._model": (
-        "ChangelogSource", "EventSource", "ProjectionOptions", "Record", "changelog",
-        "events",
+        "ChangelogSource", "DeltaSource", "EventSource", "ProjectionOptions", "Record",
+        "changelog", "delta_changes", "events",
     ),
     "lakefold.projections.definitions._target_specs": (
         "DeltaTableTarget", "RedisCacheTarget", "SearchIndexTarget", "delta_table",
@@ -109,6 +115,7 @@ __all__ = [
     "ChangelogSource",
     "DeadLetter",
     "DeadLetters",
+    "DeltaSource",
     "DeltaTableTarget",
     "EventSource",
     "Fold",
@@ -140,6 +147,7 @@ __all__ = [
     "View",
     "Window",
     "changelog",
+    "delta_changes",
     "delta_table",
     "events",
     "hopping",

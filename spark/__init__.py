@@ -1,7 +1,8 @@
 """Spark: the session, the source layer, the Delta sink, query.
 
 The source layer is the one way anything reads the stores into Spark (the ``_source_*``
-modules): ``_source_inputs`` (what is read: ``ChangelogSource``, ``EventSource``),
+modules): ``_source_inputs`` (what is read: ``ChangelogSource``, ``EventSource``, and
+``DeltaSource``, a Delta table's versions as change rows, read by ``_source_delta``),
 ``_source_columns`` (the record metadata columns every frame starts with, documented there),
 ``_source_reads`` (heads and typed range reads of both stores), ``_source_positions`` (offsets,
 read limits, partition splitting), ``_source_truncates`` (how truncate records are handed

@@ -33,6 +33,7 @@ from lakefold.spark._source_records import (
     TruncateOptions,
     read_options,
     spark_schema,
+    with_storage,
 )
 
 if TYPE_CHECKING:
@@ -99,5 +100,5 @@ def live_frame(spark: SparkSession, dsn: str, source: Source, *, max_records: in
               .option("dsn", dsn)
               .option("source", source_to_json(source))
               .option("max_records", str(max_records)))
-    frame: DataFrame = truncates.apply(reader).load()
+    frame: DataFrame = truncates.apply(with_storage(reader, source)).load()
     return frame

@@ -17,7 +17,7 @@ from typing import Any
 import pyarrow as pa
 
 from lakefold.spark._source_columns import META_FIELDS, changelog_records, event_records
-from lakefold.spark._source_inputs import ChangelogSource, EventSource, Source
+from lakefold.spark._source_inputs import ChangelogSource, DeltaSource, EventSource, Source
 from lakefold.spark._source_truncates import Truncate
 from lakefold.spark.exceptions import SourceUnavailableError
 
@@ -170,6 +170,10 @@ def head(dsn: str, source: Source) -> int:
     """The input's last visible position."""
     if isinstance(source, EventSource):
         return events_head(dsn)
+    if isinstance(source, DeltaSource):
+        from lakefold.spark import _source_delta
+
+        return _source_delta.head(source)
     return changelog_head(dsn, source.table)
 
 
@@ -178,11 +182,32 @@ def read(dsn: str, source: Source, start: int, end: int, *,
     """Records at ``[start, end)`` of an input; ``columns`` prunes event columns."""
     if isinstance(source, EventSource):
         return read_events(dsn, source, start, end, columns=columns)
+    if isinstance(source, DeltaSource):
+        from lakefold.spark import _source_delta
+        from lakefold.spark._source_positions import PositionRange
+
+        return _source_delta.read_range(source, PositionRange(start, end),
+                                        arrow_schema(dsn, source))
     return read_changelog(dsn, source, start, end)
+
+
+def records_between(source: Source, start: int, end: int) -> int:
+    """About how many records an input holds at positions ``[start, end)``: exactly the
+    positions for the stores' inputs (dense, up to compaction's holes); for a Delta table, its
+    versions' change rows as their commits count them (statistics or Parquet footers)."""
+    if isinstance(source, DeltaSource):
+        from lakefold.spark import _source_delta
+
+        return _source_delta.batch_rows(source, start, end)
+    return max(0, end - max(start, 1))
 
 
 def arrow_schema(dsn: str, source: Source) -> pa.Schema:
     """The Arrow schema of an input's records (metadata columns first)."""
     if isinstance(source, EventSource):
         return events_arrow_schema()
+    if isinstance(source, DeltaSource):
+        from lakefold.spark import _source_delta
+
+        return _source_delta.arrow_schema(source)
     return changelog_arrow_schema(dsn, source.table)

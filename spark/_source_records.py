@@ -44,7 +44,7 @@ import pyarrow as pa
 from pyspark.sql.datasource import DataSource, DataSourceReader, DataSourceStreamReader
 
 from lakefold.schemas.arrow import conform_batch
-from lakefold.spark import _source_reads
+from lakefold.spark import _source_delta, _source_reads
 from lakefold.spark._source_cuts import CutGroup, cut_end
 from lakefold.spark._source_formats import (
     PositionBatchReader,
@@ -53,6 +53,7 @@ from lakefold.spark._source_formats import (
 )
 from lakefold.spark._source_inputs import (
     ChangelogSource,
+    DeltaSource,
     Source,
     source_from_json,
     source_to_json,
@@ -97,6 +98,12 @@ class InputQuery:
     fold: tuple[str, int] | None = None
     #: The sources whose batches end at one source commit (``_source_cuts``).
     cuts: CutGroup | None = None
+    #: A Delta input's object-store options (option ``storage``; workers have no registry).
+    storage: tuple[tuple[str, str], ...] | None = None
+
+    @property
+    def storage_options(self) -> dict[str, str] | None:
+        return dict(self.storage) if self.storage is not None else None
 
     @classmethod
     def parse(cls, options: dict[str, str]) -> InputQuery:
@@ -107,7 +114,9 @@ class InputQuery:
         if not isinstance(source, ChangelogSource):
             truncates = "keep"  # events have no truncates
         fold = json.loads(options["fold"]) if options.get("fold") else None
+        storage = json.loads(options["storage"]) if options.get("storage") else None
         return cls(dsn=options["dsn"], source=source,
+                   storage=tuple(sorted(storage.items())) if storage is not None else None,
                    columns=tuple(columns.split(",")) if columns else None,
                    truncates=truncates,
                    fold=(str(fold["name"]), int(fold["generation"])) if fold else None,
@@ -117,14 +126,21 @@ class InputQuery:
         return {"source": self.source.alias}
 
     def head(self) -> int:
+        if isinstance(self.source, DeltaSource):
+            return _source_delta.head(self.source, self.storage_options)
         return _source_reads.head(self.dsn, self.source)
 
     def cut(self, start: int, end: int, limit: int | None, round_: int) -> int:
+        if isinstance(self.source, DeltaSource):  # whole table versions
+            return _source_delta.batch_end(self.source, start, end, limit,
+                                           self.storage_options)
         if self.cuts is None or not isinstance(self.source, ChangelogSource):
             return capped_end(start, end - 1, limit)
         return cut_end(self.dsn, self.cuts, self.source.table, round_, start, end, limit)
 
     def arrow_schema(self) -> pa.Schema:
+        if isinstance(self.source, DeltaSource):
+            return _source_delta.arrow_schema(self.source, self.storage_options)
         return _source_reads.arrow_schema(self.dsn, self.source)
 
     def batch_truncates(self, begin: int, stop: int) -> tuple[int, ...]:
@@ -136,12 +152,20 @@ class InputQuery:
         return tuple(t.position for t in found)
 
     def ranges(self, start: int, end: int, options: ReadOptions) -> list[PositionRange]:
-        """The batch's partitions, each told of every truncate of the batch (asked once)."""
+        """The batch's partitions, each told of every truncate of the batch (asked once); a
+        Delta input's are runs of whole versions."""
+        if isinstance(self.source, DeltaSource):
+            return _source_delta.batch_ranges(self.source, start, end, options,
+                                              self.storage_options)
         truncates = self.batch_truncates(start, end)
         return [InputRange(r.start, r.end, truncates) for r in split_range(start, end, options)]
 
     def read_range(self, positions: PositionRange, schema: pa.Schema
                    ) -> Iterator[pa.RecordBatch]:
+        if isinstance(self.source, DeltaSource):
+            yield from _source_delta.read_range(self.source, positions, schema,
+                                                self.storage_options)
+            return
         truncates = positions.truncates if isinstance(positions, InputRange) else ()
         keys: list[str] | None = None
         for batch in _source_reads.read(self.dsn, self.source, positions.start, positions.end,
@@ -232,18 +256,30 @@ class TruncateOptions:
         return reader
 
 
+def with_storage(reader: Any, source: Source) -> Any:
+    """``reader`` with a Delta input's object-store options (option ``storage``): Spark's
+    Python workers are other processes, without this process's object-store registry."""
+    if not isinstance(source, DeltaSource):
+        return reader
+    from lakefold.core.object_store import storage_options_for
+
+    options = storage_options_for(source.uri)
+    return reader.option("storage", json.dumps(options)) if options is not None else reader
+
+
 def range_frame(spark: SparkSession, dsn: str, source: Source, start: int, end: int, *,
                 truncates: Mode = "keep") -> DataFrame:
     """A batch DataFrame of positions ``[start, end)`` of one source."""
     register(spark)
-    return (spark.read.format(FORMAT)
-            .schema(spark_schema(dsn, source))
-            .option("dsn", dsn)
-            .option("source", source_to_json(source))
-            .option("start", str(start))
-            .option("end", str(end))
-            .option("truncates", truncates)
-            .load())
+    reader = (spark.read.format(FORMAT)
+              .schema(spark_schema(dsn, source))
+              .option("dsn", dsn)
+              .option("source", source_to_json(source))
+              .option("start", str(start))
+              .option("end", str(end))
+              .option("truncates", truncates))
+    frame: DataFrame = with_storage(reader, source).load()
+    return frame
 
 
 def source_frame(spark: SparkSession, dsn: str, source: Source, *, max_records: int,
@@ -262,5 +298,5 @@ def source_frame(spark: SparkSession, dsn: str, source: Source, *, max_records: 
               .option("partition_records", str(partition_records)))
     if columns is not None:
         reader = reader.option("columns", ",".join(columns))
-    frame: DataFrame = truncates.apply(reader).load()
+    frame: DataFrame = truncates.apply(with_storage(reader, source)).load()
     return frame

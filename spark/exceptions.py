@@ -26,6 +26,16 @@ class NotADeltaTableError(SparkTerminalError):
     """A path that should hold a Delta table does not."""
 
 
+class DeltaInputError(SparkTerminalError):
+    """A Delta table read as a projection input (``delta_changes``) cannot be read as asked: a
+    version that removes rows without the change data feed, a missing key column, a schema
+    that changed incompatibly, a version the log no longer has."""
+
+
+class DeltaInputColumnError(DeltaInputError):
+    """A Delta input's table lacks a column the input names (its ``key``)."""
+
+
 class UnknownTableError(SparkTerminalError):
     """A query names a table the catalog does not know."""
 

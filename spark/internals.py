@@ -21,6 +21,7 @@ if TYPE_CHECKING:
         keys_match as keys_match,
         quote_identifier as quote_identifier,
     )
+    from lakefold.spark._delta_target import normalize_table_uri as normalize_table_uri
     from lakefold.spark._event_payloads import (
         PayloadDecoder as PayloadDecoder,
     )
@@ -34,8 +35,13 @@ if TYPE_CHECKING:
     from lakefold.spark._source_cuts import (
         CutGroup as CutGroup,
     )
+    from lakefold.spark._source_delta import (
+        check_delta_table as check_delta_table,
+        delta_version_at as delta_version_at,
+    )
     from lakefold.spark._source_inputs import (
         ChangelogSource as ChangelogSource,
+        DeltaSource as DeltaSource,
         EventSource as EventSource,
         Source as Source,
     )
@@ -62,12 +68,15 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
     "lakefold.spark._catalog": ("is_delta_table",),
     "lakefold.spark._delta_commit": ("batch_properties", "is_committed", "keys_match",
                                      "quote_identifier"),
+    "lakefold.spark._delta_target": ("normalize_table_uri",),
     "lakefold.spark._event_payloads": ("PayloadDecoder",),
     "lakefold.spark._query": ("no_duplicate_error_logs",),
     "lakefold.spark._s3a": ("checkpoint_root",),
     "lakefold.spark._source_columns": ("EVENT_META_SOURCE_COLUMNS",),
     "lakefold.spark._source_cuts": ("CutGroup",),
-    "lakefold.spark._source_inputs": ("ChangelogSource", "EventSource", "Source"),
+    "lakefold.spark._source_delta": ("check_delta_table", "delta_version_at"),
+    "lakefold.spark._source_inputs": ("ChangelogSource", "DeltaSource", "EventSource",
+                                       "Source"),
     "lakefold.spark._source_live": ("LIVE_READ_MAX", "live_frame"),
     "lakefold.spark._source_records": (
         "TruncateOptions", "range_frame", "source_frame", "spark_schema",

@@ -32,7 +32,7 @@ import importlib
 import importlib.util
 import sys
 import uuid
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, overload
@@ -62,7 +62,7 @@ from lakefold.projections.exceptions import (
     ProjectionNotFoundError,
 )
 from lakefold.schemas import EventRegistry
-from lakefold.spark.internals import ChangelogSource, EventSource, Source
+from lakefold.spark.internals import ChangelogSource, DeltaSource, EventSource, Source
 
 Handler = Callable[[dict[str, Any], Any], dict[str, Any] | None]
 #: The key of a fold: a field of every record's data, ``"$stream"`` (the event stream id, or
@@ -198,16 +198,18 @@ def registering_into(registry: Registry) -> Iterator[Registry]:
 
 
 def _check_sources(name: str, sources: object) -> tuple[Source, ...]:
-    if isinstance(sources, ChangelogSource | EventSource):
+    if isinstance(sources, ChangelogSource | EventSource | DeltaSource):
         sources = [sources]
     if not isinstance(sources, list | tuple) or not sources:
         raise ProjectionDefinitionError(
-            f"projection {name}: sources=[...] needs at least one changelog(...) or events(...)"
+            f"projection {name}: sources=[...] needs at least one changelog(...), events(...) "
+            "or delta_changes(...)"
         )
     for source in sources:
-        if not isinstance(source, ChangelogSource | EventSource):
+        if not isinstance(source, ChangelogSource | EventSource | DeltaSource):
             raise ProjectionDefinitionError(
-                f"projection {name}: source {source!r} is not a changelog(...) or events(...)"
+                f"projection {name}: source {source!r} is not a changelog(...), events(...) "
+                "or delta_changes(...)"
             )
     aliases = [s.alias for s in sources]
     duplicates = sorted({a for a in aliases if aliases.count(a) > 1})
@@ -255,7 +257,7 @@ def check_static(projection: Projection) -> None:
 def projection(
     name: str,
     *,
-    sources: list[Source] | tuple[Source, ...] | Source,
+    sources: Sequence[Source] | Source,
     target: Target,
     options: ProjectionOptions | None = None,
 ) -> Callable[[Callable[..., Any]], Projection]:
@@ -340,7 +342,7 @@ class Fold:
         self,
         name: str,
         *,
-        sources: list[Source] | tuple[Source, ...] | Source,
+        sources: Sequence[Source] | Source,
         key: FoldKey,
         schema: str,
         target: Target,

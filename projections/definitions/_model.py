@@ -1,6 +1,7 @@
 """Values that describe a projection: its sources, its target, its options, and the record that
 fold handlers receive. A source is an input of the source layer
-(``lakefold.spark._source_inputs``); ``changelog()`` and ``events()`` build and validate one.
+(``lakefold.spark._source_inputs``); ``changelog()``, ``events()`` and ``delta_changes()`` build
+and validate one.
 
 All of them are frozen dataclasses: a projection definition is data that the registry validates
 once, the runner ships to Spark's Python workers (so every value here pickles), and the catalog
@@ -20,7 +21,7 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol
 from lakefold.projections.exceptions import (
     ProjectionDefinitionError,
 )
-from lakefold.spark.internals import ChangelogSource, EventSource
+from lakefold.spark.internals import ChangelogSource, DeltaSource, EventSource
 
 if TYPE_CHECKING:
     from lakefold.spark.internals import Source
@@ -82,6 +83,46 @@ def changelog(table: str, *, alias: str | None = None) -> ChangelogSource:
     return ChangelogSource(
         table=qualified, alias=check_name("source alias", alias or qualified.rsplit(".", 1)[1])
     )
+
+
+def delta_changes(uri: str, *, key: str | list[str] | tuple[str, ...], alias: str | None = None,
+                  starting_version: int | None = None) -> DeltaSource:
+    """A Delta table's changes as a source: ``delta_changes("s3://lake/orders", key=["id"])``
+    or a local path. Each committed version of the table is read once, in version order, as
+    change rows shaped like a changelog's (``_type``/``_op`` ``insert``, ``update`` or
+    ``delete``, ``_deleted``, ``_commit_version``, then the table's columns), so folds and
+    transforms written for ``changelog()`` work unchanged. Updates and deletes need the
+    table's change data feed (``delta.enableChangeDataFeed = true``); without it only
+    appends can be read, and a version that deletes or rewrites rows stops the projection
+    with an error saying what to run (see ``lakefold.spark._source_delta``).
+
+    ``key``: the column(s) that identify a row of the table (checked against it; they order
+    a version's rows). ``starting_version``: start with the whole table as of that version
+    (every row an insert), then its later versions; by default every version from 0.
+    ``alias`` defaults to the path's last part.
+    """
+    if not isinstance(uri, str) or not uri.strip():
+        raise ProjectionDefinitionError(
+            "delta_changes() needs a Delta table path or URI such as 's3://lake/orders'")
+    keys = (key,) if isinstance(key, str) else tuple(key) if isinstance(key, list | tuple) \
+        else ()
+    if not keys or not all(isinstance(k, str) and k for k in keys):
+        raise ProjectionDefinitionError(
+            f"delta_changes({uri!r}) needs key=[...]: the column(s) that identify a row")
+    if starting_version is not None and (not isinstance(starting_version, int)
+                                         or isinstance(starting_version, bool)
+                                         or starting_version < 0):
+        raise ProjectionDefinitionError(
+            f"delta_changes({uri!r}): starting_version must be a table version (>= 0)")
+    from lakefold.spark.internals import normalize_table_uri
+
+    normalized = normalize_table_uri(uri)
+    default_alias = re.sub(r"[^a-z0-9_]", "_", normalized.rstrip("/").rsplit("/", 1)[-1].lower())
+    if not default_alias[:1].isalpha():
+        default_alias = f"t_{default_alias}"
+    return DeltaSource(uri=normalized, key=keys,
+                       alias=check_name("source alias", alias or default_alias[:63]),
+                       starting_version=starting_version)
 
 
 def event_type_name(event_type: object) -> str:

@@ -48,7 +48,7 @@ from lakefold.projections.exceptions import (
     UnknownSourceError,
 )
 from lakefold.schemas import EventRegistry
-from lakefold.spark.internals import ChangelogSource, EventSource
+from lakefold.spark.internals import ChangelogSource, DeltaSource, EventSource
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
@@ -140,6 +140,11 @@ def _inputs(name: str, inputs: object) -> dict[str, ViewInput]:
             checked[alias] = ViewInput(view=value.name)
         elif isinstance(value, str):
             checked[alias] = ViewInput(view=check_name("view", value))
+        elif isinstance(value, DeltaSource):
+            raise ProjectionDefinitionError(
+                f"view {name}: input {alias} is {value.label}; views do not read Delta "
+                "inputs yet: project it with a projection or Fold (sources=[delta_changes(...)]"
+                ", e.g. into delta_table('upsert', keys=[...])), and query that")
         else:
             raise ProjectionDefinitionError(
                 f"view {name}: input {alias}={value!r} is not a changelog(...) table, "

@@ -1,7 +1,8 @@
 """Checks of a projection's inputs against the stores, before anything runs.
 
-``check_sources_exist`` refuses a changelog source whose table is not captured and an event
-type neither in the store nor registered; an event category without events is only a warning
+``check_sources_exist`` refuses a changelog source whose table is not captured, a Delta input
+that is not a readable Delta table with its key columns, and an event type neither in the
+store nor registered; an event category without events is only a warning
 (a new system has none yet). The stores are asked through the source layer
 (``lakefold.spark._source_reads``).
 """
@@ -12,9 +13,18 @@ import difflib
 import logging
 from collections.abc import Sequence
 
-from lakefold.projections.exceptions import CatalogUnavailableError, UnknownSourceError
-from lakefold.spark.exceptions import SourceUnavailableError
-from lakefold.spark.internals import ChangelogSource, Source, source_reads
+from lakefold.projections.exceptions import (
+    CatalogUnavailableError,
+    MissingKeyError,
+    UnknownSourceError,
+)
+from lakefold.spark.exceptions import (
+    DeltaInputColumnError,
+    DeltaInputError,
+    NotADeltaTableError,
+    SourceUnavailableError,
+)
+from lakefold.spark.internals import ChangelogSource, DeltaSource, Source, source_reads
 
 log = logging.getLogger(__name__)
 
@@ -52,6 +62,9 @@ def check_sources_exist(dsn: str, sources: Sequence[Source], *, projection: str,
     streams: list[str] | None = None
     categories: list[str] | None = None
     for source in sources:
+        if isinstance(source, DeltaSource):
+            check_delta_input(source, projection=projection)
+            continue
         if isinstance(source, ChangelogSource):
             if streams is None:
                 streams = source_reads.changelog_streams(dsn)
@@ -78,3 +91,16 @@ def check_sources_exist(dsn: str, sources: Sequence[Source], *, projection: str,
                     f"projection {projection}: event type {unknown[0]!r} is neither in "
                     f"{where} nor registered; known types: {', '.join(sorted(known)) or 'none'}"
                 )
+
+
+def check_delta_input(source: DeltaSource, *, projection: str) -> None:
+    """A Delta input must be a Delta table lakefold can read, with the key columns:
+    UnknownSourceError or MissingKeyError naming what is wrong (one line)."""
+    from lakefold.spark.internals import check_delta_table
+
+    try:
+        check_delta_table(source)
+    except DeltaInputColumnError as e:
+        raise MissingKeyError(f"projection {projection}: {e}") from e
+    except (NotADeltaTableError, DeltaInputError) as e:
+        raise UnknownSourceError(f"projection {projection}: {e}") from e

@@ -10,7 +10,8 @@ run``, ``lakefold rebuild``, ``Runner.prepare``), before anything is written.
 
 What stays allowed: per-row operators over changelogs (select, filter, withColumn, UDFs,
 explode, union, mapInPandas), any operator over event sources only (events are append-only
-facts), and folds (``Fold``), whose handlers see each insert, update and delete.
+facts), and folds (``Fold``), whose handlers see each insert, update and delete. A Delta
+input (``delta_changes``) is a table's changes too, and is treated as a changelog here.
 
 How: the analyzed logical plan of the transform's output is walked; an operator that keeps
 state across records (``STATEFUL_OPERATORS``) is refused when a changelog source's leaf (the
@@ -28,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 from lakefold.projections.definitions._api import Projection
 from lakefold.projections.exceptions import StatefulChangelogError
-from lakefold.spark.internals import ChangelogSource
+from lakefold.spark.internals import ChangelogSource, DeltaSource
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
@@ -95,6 +96,8 @@ def _leaf_changelog(node: Any) -> str | None:
             return None
         if isinstance(source, dict) and source.get("kind") == "changelog":
             return str(source.get("table"))
+        if isinstance(source, dict) and source.get("kind") == "delta":  # a table's changes too
+            return f"delta table {source.get('uri')}"
         return None
     return None
 
@@ -140,7 +143,8 @@ def check_no_state_over_changelogs(projection: Projection, output: DataFrame,
     projection that reads a changelog is refused)."""
     if projection.fold is not None:
         return
-    changelogs = [s.table for s in projection.sources if isinstance(s, ChangelogSource)]
+    changelogs = [s.table if isinstance(s, ChangelogSource) else s.label
+                  for s in projection.sources if isinstance(s, ChangelogSource | DeltaSource)]
     if not changelogs:
         return
     uses = stateful_changelog_uses(output)

@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from lakefold.core.exceptions import LakefoldError
 from lakefold.projections.definitions import _codec
 from lakefold.projections.definitions._api import Projection
 from lakefold.projections.definitions._codec import key_text
@@ -42,7 +43,13 @@ from lakefold.projections.operators._fold import DEAD_LETTER_COLUMN
 from lakefold.projections.state._catalog import Catalog, Generation
 from lakefold.projections.state._deadletters import DeadLetter, DeadLetters, NewDeadLetter
 from lakefold.projections.state._readers import GenerationReads, read_offsets
-from lakefold.spark.internals import ChangelogSource, FoldKeys, Truncate, source_reads
+from lakefold.spark.internals import (
+    ChangelogSource,
+    DeltaSource,
+    FoldKeys,
+    Truncate,
+    source_reads,
+)
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
@@ -121,8 +128,9 @@ class GenerationSink:
         # What came before this batch is in the target and in Spark's checkpoint: compaction
         # may pass it now (and a generation that compaction passed anyway stops here).
         self.reads.advance({a: p for a, p in start.items() if a != RETRY_SOURCE})
-        # A new generation's first batch starts at offset 0, but positions start at 1.
-        records = sum(max(0, p - max(start.get(a, 0), 1)) for a, p in end.items()
+        # A new generation's first batch starts at offset 0, but positions start at 1; a
+        # Delta input's positions number table versions (``records_between``).
+        records = sum(self._records(a, start.get(a, 0), p) for a, p in end.items()
                       if a != RETRY_SOURCE)
         batch_position = sum(p for a, p in end.items() if a != RETRY_SOURCE)
         with self.progress.lock:
@@ -145,6 +153,16 @@ class GenerationSink:
             self.progress.batches += 1
             self.progress.last_batch_at = time.time()
             self.progress.error = None
+
+    def _records(self, alias: str, start: int, end: int) -> int:
+        """About how many input records ``[start, end)`` of a source holds."""
+        try:
+            source = self.projection.source(alias)
+        except LakefoldError:  # not a source of the definition: counted by positions
+            return max(0, end - max(start, 1))
+        if not isinstance(source, DeltaSource):
+            return max(0, end - max(start, 1))
+        return source_reads.records_between(source, start, end)
 
     def _truncates(self, start: Mapping[str, int], end: Mapping[str, int]) -> list[Truncate]:
         """The truncates of the batch's changelog ranges that the target must apply itself

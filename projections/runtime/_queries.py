@@ -37,6 +37,7 @@ from lakefold.spark.internals import (
     LIVE_READ_MAX,
     ChangelogSource,
     CutGroup,
+    DeltaSource,
     EventSource,
     TruncateOptions,
     live_frame,
@@ -153,13 +154,14 @@ def _check_fold_keys(projection: Projection, dsn: str) -> None:
     check_fold_truncates(projection)
     for source in projection.sources:
         field = fold.key[source.alias] if isinstance(fold.key, Mapping) else fold.key
-        if field == STREAM_KEY or not isinstance(source, ChangelogSource):
+        if field == STREAM_KEY or not isinstance(source, ChangelogSource | DeltaSource):
             continue
         columns = spark_schema(dsn, source).fieldNames()
         if field not in columns:
+            where = source.table if isinstance(source, ChangelogSource) else source.label
             raise MissingKeyError(
                 f"fold {projection.name}: key field {field!r} is not a column of "
-                f"{source.table}; its columns are {[c for c in columns if not c.startswith('_')]}"
+                f"{where}; its columns are {[c for c in columns if not c.startswith('_')]}"
             )
     for source in projection.sources:
         if not isinstance(source, EventSource):

@@ -33,7 +33,13 @@ from lakefold.projections.state._deadletters import DeadLetters
 from lakefold.projections.state._late_events import count_late
 from lakefold.projections.state._readers import compaction_holders
 from lakefold.projections.state._stream_state import LatestRows
-from lakefold.spark.internals import ChangelogSource, EventSource, Source, source_reads
+from lakefold.spark.internals import (
+    ChangelogSource,
+    DeltaSource,
+    EventSource,
+    Source,
+    source_reads,
+)
 
 _LAG_WINDOW = 10_000
 
@@ -107,6 +113,10 @@ def _sources(definition: dict[str, Any] | None) -> list[Source]:
                                      alias=entry["alias"]))
         elif entry.get("kind") == "changelog":
             found.append(ChangelogSource(table=entry["table"], alias=entry["alias"]))
+        elif entry.get("kind") == "delta":
+            found.append(DeltaSource(uri=entry["uri"], key=tuple(entry.get("key") or ()),
+                                     alias=entry["alias"],
+                                     starting_version=entry.get("starting_version")))
     return found
 
 
@@ -206,11 +216,28 @@ def _source_status(dsn: str, sources: list[Source], generation: Generation
         except LakefoldError:
             continue
         next_position = int(generation.position.get(source.alias, 0))
+        if isinstance(source, DeltaSource):
+            result.append(_delta_status(source, next_position, head))
+            continue
         lag = max(0, head - max(next_position, 1) + 1) if head else 0
         seconds = _lag_seconds(dsn, source, max(next_position, 1), head) if lag else 0.0
         result.append(SourceStatus(source.alias, max(0, next_position - 1), head, lag,
                                    round(seconds, 3)))
     return result
+
+
+def _delta_status(source: DeltaSource, next_position: int, head: int) -> SourceStatus:
+    """A Delta input: its position and head are table versions (the last one applied, -1
+    before any; the newest), its lag the change rows of the versions not applied yet (as
+    their commits count them, an update's pre-image included)."""
+    from lakefold.spark.internals import delta_version_at
+
+    applied = delta_version_at(next_position) - 1 if next_position else -1
+    newest = delta_version_at(head)
+    lag = source_reads.records_between(source, next_position, head + 1) \
+        if applied < newest else 0
+    seconds = _lag_seconds("", source, next_position, head) if applied < newest else 0.0
+    return SourceStatus(source.alias, applied, newest, lag, round(seconds, 3))
 
 
 def projection_status(catalog: Catalog, dsn: str, names: list[str] | None = None

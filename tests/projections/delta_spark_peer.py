@@ -4,9 +4,12 @@ standard input, one answer a line (prefixed ``ANSWER``) on standard output.
 
 Commands: ``read`` (a table, optionally ``version``, through ``spark.read.format("delta")``,
 written to ``out`` as Parquet), ``lakefold_read`` (the same through lakefold's ``read_delta`` on
-this delta-spark session), ``sql`` (statements; the rows of the last one), ``maintain``
-(OPTIMIZE and VACUUM RETAIN ``retain_hours`` HOURS on ``paths`` in a loop until the file
-``stop`` exists; whole hours, as delta-spark rounds them), ``quit``.
+this delta-spark session), ``changes`` (a table's change data feed from ``start``, through
+``readChangeFeed``, written to ``out``), ``write`` (the rows of a ``query`` written to a table
+with ``mode`` and writer ``options``, e.g. ``overwriteSchema``), ``sql`` (statements; the rows
+of the last one),
+``maintain`` (OPTIMIZE and VACUUM RETAIN ``retain_hours`` HOURS on ``paths`` in a loop until
+the file ``stop`` exists; whole hours, as delta-spark rounds them), ``quit``.
 """
 
 from __future__ import annotations
@@ -99,6 +102,20 @@ def main() -> None:
                 table = frame.toArrow()
                 pq.write_table(table, command["out"])
                 answer({"rows": table.num_rows})
+            elif op == "changes":
+                frame = (spark.read.format("delta").option("readChangeFeed", "true")
+                         .option("startingVersion", command.get("start", 0))
+                         .load(command["path"]))
+                table = frame.toArrow()
+                pq.write_table(table, command["out"])
+                answer({"rows": table.num_rows})
+            elif op == "write":
+                writer = spark.sql(command["query"]).write.format("delta") \
+                    .mode(command.get("mode", "append"))
+                for key, value in (command.get("options") or {}).items():
+                    writer = writer.option(key, value)
+                writer.save(command["path"])
+                answer({"written": True})
             elif op == "sql":
                 rows: list[Any] = []
                 for statement in command["statements"]:
