@@ -439,6 +439,12 @@ def test_a_partitioned_table_in_a_bucket(spark: Any, pg: Any, s3_lake: Any,
     write_deltalake(uri, batch(range(20, 30), "v1"), mode="append", storage_options=options)
     registry = registry_for_uri(uri)
     roots = SinkRoots.under(tmp_path / "sinks")
+    # The workers get the store's credentials in a source option, which no plan shows.
+    from lakefold.spark.internals import range_frame
+
+    frame = range_frame(spark, pg.dsn, delta_changes(uri, key=["id"]), 0, 2**40)
+    plans = frame._jdf.queryExecution().toString()
+    assert s3_lake.server.secret_access_key not in plans, plans
     with Catalog(pg.dsn) as catalog:
         run(spark, registry, pg.dsn, roots)
         check_snapshot(uri, catalog)
