@@ -122,6 +122,14 @@ def changelog_streams(dsn: str) -> list[str]:
         return [info.name for info in store.streams()]
 
 
+def changelog_key_columns(dsn: str, stream: str) -> tuple[str, ...]:
+    """The columns a changelog stream's records are keyed by (its newest schema version)."""
+    from lakefold.store import ChangelogStore
+
+    with ChangelogStore(dsn) as store:
+        return store.stream_schema(stream).key_columns
+
+
 def changelog_head(dsn: str, stream: str) -> int:
     """The last position of a changelog stream that readers may see (0 when empty)."""
     with _handles_lock:

@@ -13,6 +13,14 @@ explode, union, mapInPandas), any operator over event sources only (events are a
 facts), and folds (``Fold``), whose handlers see each insert, update and delete. A Delta
 input (``delta_changes``) is a table's changes too, and is treated as a changelog here.
 
+A filter is per-row, but over a table's changes it drops updates: an update that takes a row
+out of ``filter("status = 'open'")`` never reaches the target, and a target that keeps a row
+per key (a Delta upsert or SCD2 table, Redis, a search index) would keep the old row for ever.
+So into such a target a filter over a changelog may read only values an update cannot change:
+the key columns and the change's own metadata (``_type``, ``_deleted``, ...); a filter on
+anything else is refused (``check_filters_over_changelogs``), and the same query as a view
+is kept right. Into an append target every change is a row, and any filter is fine.
+
 How: the analyzed logical plan of the transform's output is walked; an operator that keeps
 state across records (``STATEFUL_OPERATORS``) is refused when a changelog source's leaf (the
 streaming relation whose ``source`` option names a changelog) is anywhere below it. A join is
@@ -23,7 +31,7 @@ again at every micro-batch, so a replay or rebuild would join with other data.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -121,6 +129,59 @@ def _walk(node: Any, found: list[StatefulUse]) -> set[str]:
     if description is not None and tables:
         found.append(StatefulUse(name, description, tuple(sorted(tables))))
     return tables
+
+
+def _filtered_columns(node: Any, keys: Mapping[str, tuple[str, ...]], stable: set[int],
+                      found: list[tuple[str, str]]) -> set[str]:
+    """The changelog tables read below ``node``; for each filter over one of them whose
+    condition reads a column other than the tables' ``keys`` and metadata columns (whose
+    attribute ids are ``stable``, added here from the leaves' outputs), ``(table, column)``
+    is appended to ``found``."""
+    tables: set[str] = set()
+    children = list(_java_seq(node.children()))
+    if not children:
+        table = _leaf_changelog(node)
+        if table is not None:
+            tables.add(table)
+            for attribute in _java_seq(node.output()):
+                name = str(attribute.name())
+                if name.startswith("_") or name in keys.get(table, ()):
+                    stable.add(int(attribute.exprId().id()))
+    for child in children:
+        tables |= _filtered_columns(child, keys, stable, found)
+    if str(node.nodeName()) == "Filter" and tables:
+        for attribute in _java_seq(node.condition().references().toSeq()):
+            if int(attribute.exprId().id()) not in stable:
+                found.append((", ".join(sorted(tables)), str(attribute.name())))
+    return tables
+
+
+def check_filters_over_changelogs(projection: Projection, output: DataFrame,
+                                  keys: Mapping[str, tuple[str, ...]]) -> None:
+    """Raise StatefulChangelogError when ``projection``'s transform filters a changelog (or a
+    Delta input's changes) on a column an update can change and its target keeps a row per
+    key (see the module docstring). ``keys``: each changelog table's (and Delta input's
+    label's) key columns."""
+    if projection.fold is not None or getattr(projection.target, "mode", None) == "append":
+        return
+    if not any(isinstance(s, ChangelogSource | DeltaSource) for s in projection.sources):
+        return
+    found: list[tuple[str, str]] = []
+    try:
+        _filtered_columns(output._jdf.queryExecution().analyzed(), keys, set(), found)
+    except Exception:  # a plan that cannot be inspected is not refused for this
+        return
+    if not found:
+        return
+    table, column = found[0]
+    key = ", ".join(keys.get(table, ())) or "its key"
+    raise StatefulChangelogError(
+        f"projection {projection.name}: its transform filters the changelog of {table} on "
+        f"{column}, which an update can change: an update that takes a row out of the filter "
+        f"would never reach {projection.target.describe()}, which would keep the old row. "
+        f"Filter on the key ({key}) or on _type/_deleted only; or write it as a view "
+        "(lakefold.view, the same query, kept equal to the table under updates and deletes); "
+        "or write every change to delta_table('append').")
 
 
 def stateful_changelog_uses(output: DataFrame) -> list[StatefulUse] | None:

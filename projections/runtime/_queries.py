@@ -13,6 +13,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from lakefold.core.exceptions import LakefoldError
 from lakefold.projections.definitions._api import STREAM_KEY, Projection, Registry
 from lakefold.projections.definitions._model import (
     DELETED_COLUMN,
@@ -32,7 +33,10 @@ from lakefold.projections.exceptions import (
 from lakefold.projections.operators._fold import DEAD_LETTER_COLUMN, apply_fold, fold_input
 from lakefold.projections.plan._input_checks import check_sources_exist
 from lakefold.projections.plan._pruning import event_columns_read
-from lakefold.projections.plan._stateful import check_no_state_over_changelogs
+from lakefold.projections.plan._stateful import (
+    check_filters_over_changelogs,
+    check_no_state_over_changelogs,
+)
 from lakefold.spark.internals import (
     LIVE_READ_MAX,
     ChangelogSource,
@@ -122,8 +126,24 @@ def build(spark: SparkSession, projection: Projection, dsn: str, *, max_records:
             )
         stateful = is_stateful(output)
         check_no_state_over_changelogs(projection, output, stateful)
+        check_filters_over_changelogs(projection, output, _source_keys(projection, dsn))
     types = {f.name: f.dataType.simpleString() for f in output.schema.fields}
     return Plan(output=output, stateful=stateful, columns=tuple(output.columns), types=types)
+
+
+def _source_keys(projection: Projection, dsn: str) -> dict[str, tuple[str, ...]]:
+    """The key columns of each changelog and Delta input, by the name the plan's leaves give
+    them (``_stateful._leaf_changelog``)."""
+    keys: dict[str, tuple[str, ...]] = {}
+    for source in projection.sources:
+        if isinstance(source, ChangelogSource):
+            try:
+                keys[source.table] = source_reads.changelog_key_columns(dsn, source.table)
+            except LakefoldError:  # not captured: check_sources_exist says so
+                keys[source.table] = ()
+        elif isinstance(source, DeltaSource):
+            keys[f"delta table {source.uri}"] = tuple(source.key)
+    return keys
 
 
 def check_target(projection: Projection, plan: Plan) -> None:
