@@ -60,8 +60,10 @@ def test_retained_wal_stays_bounded_while_only_uncaptured_tables_are_written(
     finally:
         stop.set()
         runner.join(30)
-    # all the while, the slot stayed close to the WAL insert position
-    assert max(samples[len(samples) // 4:]) < 32 * MB, samples
+    # all the while, the slot stayed far less behind than the 96 MB written: without heartbeats
+    # it falls behind by all of it; with them, a loaded machine (a suite run) once saw it 38 MB
+    # behind between two confirmations
+    assert max(samples[len(samples) // 4:]) < 48 * MB, samples
     assert health.lag_bytes is not None and health.lag_bytes < MB
     assert health.lag_seconds is not None and health.lag_seconds < 10
     with psycopg.connect(pg.dsn) as conn:
